@@ -1,0 +1,69 @@
+// The CPU backend's op set. Each op is a synchronous function (run on the calling thread,
+// parallel on the compute arena) that tests and benches may call directly; CpuOps enqueues
+// the same functions on a CPU stream's worker.
+#pragma once
+#include <functional>
+#include <memory>
+
+#include "kernels/ops.h"
+#include "kernels/runtime.h"
+
+namespace strata::kernels::cpu {
+
+void matmul(const MatmulArgs& a);
+void bias_add(const BiasAddArgs& a);
+void bias_backward(const BiasBackwardArgs& a);
+void embedding(const EmbeddingArgs& a);
+void embedding_backward(const EmbeddingBackwardArgs& a);
+void rmsnorm(const NormArgs& a);
+void rmsnorm_backward(const NormBackwardArgs& a);
+void layernorm(const NormArgs& a);
+void layernorm_backward(const NormBackwardArgs& a);
+void rope(const RopeArgs& a);
+void attention(const AttentionArgs& a);
+void attention_backward(const AttentionBackwardArgs& a);
+void swiglu(const SwigluArgs& a);
+void swiglu_backward(const SwigluBackwardArgs& a);
+void gelu(const GeluArgs& a);
+void gelu_backward(const GeluBackwardArgs& a);
+void add(const AddArgs& a);
+void cross_entropy(const CrossEntropyArgs& a);
+void adamw(const AdamWArgs& a);
+void sum_squares(const SumSquaresArgs& a);
+void scale(const ScaleArgs& a);
+void cast(const CastArgs& a);
+
+// Runs fn on CPU stream s's worker, in order (s must be a CPU stream).
+void enqueue(Stream& s, std::function<void()> fn);
+std::unique_ptr<Runtime> make_cpu_runtime();
+
+class CpuOps final : public Ops {
+ protected:
+#define STRATA_CPU_OP(name, Args) \
+  void do_##name(Stream& s, const Args& a) override { enqueue(s, [a] { cpu::name(a); }); }
+  STRATA_CPU_OP(matmul, MatmulArgs)
+  STRATA_CPU_OP(bias_add, BiasAddArgs)
+  STRATA_CPU_OP(bias_backward, BiasBackwardArgs)
+  STRATA_CPU_OP(embedding, EmbeddingArgs)
+  STRATA_CPU_OP(embedding_backward, EmbeddingBackwardArgs)
+  STRATA_CPU_OP(rmsnorm, NormArgs)
+  STRATA_CPU_OP(rmsnorm_backward, NormBackwardArgs)
+  STRATA_CPU_OP(layernorm, NormArgs)
+  STRATA_CPU_OP(layernorm_backward, NormBackwardArgs)
+  STRATA_CPU_OP(rope, RopeArgs)
+  STRATA_CPU_OP(attention, AttentionArgs)
+  STRATA_CPU_OP(attention_backward, AttentionBackwardArgs)
+  STRATA_CPU_OP(swiglu, SwigluArgs)
+  STRATA_CPU_OP(swiglu_backward, SwigluBackwardArgs)
+  STRATA_CPU_OP(gelu, GeluArgs)
+  STRATA_CPU_OP(gelu_backward, GeluBackwardArgs)
+  STRATA_CPU_OP(add, AddArgs)
+  STRATA_CPU_OP(cross_entropy, CrossEntropyArgs)
+  STRATA_CPU_OP(adamw, AdamWArgs)
+  STRATA_CPU_OP(sum_squares, SumSquaresArgs)
+  STRATA_CPU_OP(scale, ScaleArgs)
+  STRATA_CPU_OP(cast, CastArgs)
+#undef STRATA_CPU_OP
+};
+
+}  // namespace strata::kernels::cpu

@@ -1,0 +1,245 @@
+// The CPU runtime: "device" memory is host memory, a stream is one in-order worker thread,
+// an event is a flag set when the worker reaches the point where it was recorded.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <new>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/runtime.h"
+
+namespace strata::kernels {
+namespace cpu {
+namespace {
+
+// One recorded point of an event: completed by the worker, with the stream's error (if any).
+struct Marker {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+  void complete(std::exception_ptr e) {
+    std::lock_guard lock(mu);
+    done = true;
+    error = e;
+    cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+};
+
+class CpuEvent final : public Event {
+ public:
+  void synchronize() override {
+    auto m = current();
+    if (!m) return;
+    m->wait();
+    if (m->error) std::rethrow_exception(m->error);
+  }
+  bool query() override {
+    auto m = current();
+    if (!m) return true;
+    std::lock_guard lock(m->mu);
+    return m->done;
+  }
+  std::shared_ptr<Marker> current() {
+    std::lock_guard lock(mu_);
+    return marker_;
+  }
+  void set(std::shared_ptr<Marker> m) {
+    std::lock_guard lock(mu_);
+    marker_ = std::move(m);
+  }
+
+ private:
+  std::mutex mu_;
+  std::shared_ptr<Marker> marker_;
+};
+
+class CpuStream final : public Stream {
+ public:
+  CpuStream() : worker_([this] { run(); }) {}
+  ~CpuStream() override {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  void record(Event& e) override {
+    auto m = std::make_shared<Marker>();
+    static_cast<CpuEvent&>(e).set(m);
+    push([this, m] { m->complete(error_); }, /*always=*/true);
+  }
+  void wait(Event& e) override {
+    auto m = static_cast<CpuEvent&>(e).current();
+    if (!m) return;
+    push([this, m] {
+      m->wait();
+      if (m->error && !error_) error_ = m->error;
+    }, /*always=*/true);
+  }
+  void synchronize() override {
+    auto m = std::make_shared<Marker>();
+    push([this, m] { m->complete(error_); error_ = nullptr; }, /*always=*/true);
+    m->wait();
+    if (m->error) std::rethrow_exception(m->error);
+  }
+  void memcpy_async(void* dst, const void* src, size_t bytes) override {
+    push([=] { std::memcpy(dst, src, bytes); });
+  }
+  void memset_async(void* dst, int value, size_t bytes) override {
+    push([=] { std::memset(dst, value, bytes); });
+  }
+  void host_fn(std::function<void()> fn) override { push(std::move(fn)); }
+
+  // Enqueues fn; if an earlier task failed, fn is skipped (unless `always`).
+  void push(std::function<void()> fn, bool always = false) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back({std::move(fn), always});
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  struct Task {
+    std::function<void()> fn;
+    bool always;
+  };
+  void run() {
+    for (;;) {
+      Task t;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and drained
+        t = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (t.always) {
+        t.fn();
+      } else if (!error_) {
+        try {
+          t.fn();
+        } catch (...) {
+          error_ = std::current_exception();
+        }
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+  std::exception_ptr error_;  // touched only by the worker
+  std::thread worker_;
+};
+
+size_t physical_ram() {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
+
+bool cpu_has_bf16() { return __builtin_cpu_supports("avx512bf16"); }
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      auto pos = line.find(':');
+      if (pos != std::string::npos) return line.substr(pos + 2);
+    }
+  return "cpu";
+}
+
+constexpr size_t kHuge = size_t{2} << 20;
+
+// Host memory, 4 KiB aligned; allocations of 2 MiB or more are 2 MiB aligned and advised as
+// huge pages (fresh 4 KiB pages fault in slowly: DESIGN.md "Memory is allocated once").
+void* host_alloc(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  size_t align = bytes >= kHuge ? kHuge : 4096;
+  size_t rounded = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded);
+  if (!p) throw std::runtime_error("cpu runtime: out of memory allocating " + std::to_string(bytes) + " bytes");
+  if (align == kHuge) madvise(p, rounded, MADV_HUGEPAGE);  // advisory; failure is harmless
+  return p;
+}
+
+std::atomic<bool> g_mlock_warned{false};
+
+class CpuRuntime final : public Runtime {
+ public:
+  CpuRuntime() {
+    info_.backend = Backend::cpu;
+    info_.index = 0;
+    info_.name = cpu_model_name();
+    info_.total_bytes = physical_ram();
+    info_.n_threads = num_threads();
+    info_.has_bf16_matmul = cpu_has_bf16();
+  }
+  const DeviceInfo& info() const override { return info_; }
+  void* alloc_device(size_t bytes) override { return host_alloc(bytes); }
+  void free_device(void* p) override { std::free(p); }
+  void* alloc_pinned(size_t bytes) override {
+    void* p = host_alloc(bytes);
+    if (mlock(p, bytes) != 0 && !g_mlock_warned.exchange(true)) {
+      std::fprintf(stderr,
+                   "strata: warning: mlock of %zu bytes failed (%s): pinned host memory is pageable; raise "
+                   "RLIMIT_MEMLOCK (ulimit -l) to pin it\n",
+                   bytes, std::strerror(errno));
+    }
+    std::lock_guard lock(mu_);
+    pinned_sizes_.insert({p, bytes});
+    return p;
+  }
+  void free_pinned(void* p) override {
+    if (!p) return;
+    {
+      std::lock_guard lock(mu_);
+      auto it = pinned_sizes_.lower_bound({p, 0});
+      if (it != pinned_sizes_.end() && it->first == p) {
+        munlock(p, it->second);
+        pinned_sizes_.erase(it);
+      }
+    }
+    std::free(p);
+  }
+  std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(); }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
+  Ops& ops() override { return ops_; }
+
+ private:
+  DeviceInfo info_;
+  CpuOps ops_;
+  std::mutex mu_;
+  std::set<std::pair<void*, size_t>> pinned_sizes_;
+};
+
+}  // namespace
+
+void enqueue(Stream& s, std::function<void()> fn) { static_cast<CpuStream&>(s).push(std::move(fn)); }
+
+std::unique_ptr<Runtime> make_cpu_runtime() { return std::make_unique<CpuRuntime>(); }
+
+}  // namespace cpu
+}  // namespace strata::kernels

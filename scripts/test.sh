@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds strata (warnings as errors) and runs every test with CTest.
+# Usage: scripts/test.sh [ctest args...]   (BUILD_DIR overrides the build folder, default build/)
+set -euo pipefail
+STRATA_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$STRATA_ROOT/scripts/common.sh"
+BUILD_DIR="${BUILD_DIR:-$STRATA_ROOT/build}"
+
+strata_install_deps
+strata_build "$BUILD_DIR" -DSTRATA_WERROR=ON
+cd "$BUILD_DIR"
+ctest --output-on-failure -j "$(nproc)" "$@"
