@@ -1,0 +1,67 @@
+// Hugging Face model directories: config.json plus model.safetensors, or sharded
+// model-0000k-of-0000n.safetensors with model.safetensors.index.json. Reading memory-maps
+// the files (a multi-GB checkpoint is never read into RAM at once); writing goes to a
+// temporary directory that is renamed into place, so a failed save never replaces a good one.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "src/model/config.h"
+
+namespace strata {
+
+// Parses config.json (llama, mistral, qwen2, gpt2). An unknown model_type or a missing or
+// malformed field throws std::runtime_error naming the file and the field.
+ModelConfig read_hf_config(const std::filesystem::path& config_json);
+// Writes config.json for `cfg` in HF's layout (architectures, model_type, every field HF needs).
+void write_hf_config(const ModelConfig& cfg, const std::filesystem::path& config_json);
+
+// One tensor of a checkpoint as stored: HF name, dtype, shape and its bytes (mapped).
+struct StoredTensor {
+  std::string name;
+  kernels::DType dtype = kernels::DType::f32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // valid while the HfCheckpoint lives
+  size_t nbytes = 0;
+  std::string file;            // which .safetensors file it came from (for error messages)
+};
+
+// All tensors of a model directory, memory-mapped. Parsing is hardened: header length bound,
+// JSON validated, offsets inside the file and non-overlapping, shape × dtype size equal to the
+// byte range, supported dtypes only (F32, BF16, F16); every violation throws naming file and
+// tensor.
+class HfCheckpoint {
+ public:
+  static std::unique_ptr<HfCheckpoint> open(const std::filesystem::path& model_dir);
+  virtual ~HfCheckpoint() = default;
+  virtual const std::vector<StoredTensor>& tensors() const = 0;
+  // Null when absent.
+  virtual const StoredTensor* find(const std::string& name) const = 0;
+  // Converts the named tensor into `dst` (numel elements of dst_dtype), round-to-nearest-even;
+  // throws naming the tensor if it is missing or its shape differs from `expected_shape`.
+  virtual void read_into(const std::string& name, const std::vector<int64_t>& expected_shape, void* dst,
+                         kernels::DType dst_dtype) const = 0;
+};
+
+// A tensor to save: name, shape, dtype and a callback that fills its bytes (so huge models can
+// be streamed out from wherever their parameters live).
+struct TensorToSave {
+  std::string name;
+  std::vector<int64_t> shape;
+  kernels::DType dtype = kernels::DType::f32;
+  std::function<void(void* dst)> fill;  // writes numel × dtype_size bytes
+};
+
+// Writes config.json and the tensors to `out_dir` in HF layout: one model.safetensors when the
+// total is at most `shard_bytes`, else model-0000k-of-0000n.safetensors + index. Writes into
+// a sibling temporary directory, fsyncs, then renames over `out_dir` (an existing good
+// directory is only replaced once the new one is complete). Throws naming the path on failure.
+void save_hf_model(const std::filesystem::path& out_dir, const ModelConfig& cfg,
+                   const std::vector<TensorToSave>& tensors, uint64_t shard_bytes = 5ull << 30);
+
+}  // namespace strata
