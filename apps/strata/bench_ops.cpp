@@ -4,6 +4,7 @@
 // and our line carries `ratio` (our throughput / the reference's), so one run on a shared
 // machine still compares like with like.
 #include <nlohmann/json.hpp>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -263,9 +264,22 @@ void bench_model_ops(Bench& b) {
   }
 }
 
-// Does oneDNN's OpenMP team (spin-waiting after a matmul) slow the oneTBB loop that follows,
-// and vice versa? Times a matmul and a 16M-param AdamW alone, then back to back; `ratio` is
-// (alone + alone) / back-to-back, so < 1 means the two pools got in each other's way.
+double process_cpu_ms() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-3;
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Does oneDNN's OpenMP team (spin-waiting after a matmul) slow the loop that follows, and vice
+// versa? For each pool our loops can run on (the OpenMP team, the default; oneTBB, for
+// comparison), alternating rep by rep: a matmul and a 16M-param AdamW each alone (after a
+// 50 ms pause), then back to back. `ratio` = (alone + alone) / (back to back); < 1 means the
+// pools got in each other's way. spin_cpu_ms_*: process CPU time burnt in the 50 ms pause after
+// an op, i.e. what the idle threads of its pool spin.
 void bench_interleave(Bench& b) {
   const int64_t m = 256, k = 768, n = 2304, np = int64_t{1} << 24;
   const std::string shape = dims({m, k, n}) + "+" + std::to_string(np);
@@ -278,28 +292,45 @@ void bench_interleave(Bench& b) {
   aa.n = np, aa.param = p.data(), aa.grad = g.data(), aa.m = mm.data(), aa.v = vv.data();
   auto mat = [&] { b.ops().matmul(b.stream(), ma); };
   auto adam = [&] { b.ops().adamw(b.stream(), aa); };
-  Timing t_mat, t_adam, t_mat_after, t_adam_after;
-  b.timed(mat, nullptr, t_mat);
-  b.timed(adam, nullptr, t_adam);
   auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); };
-  for (int r = 0; r < b.reps() * 3; ++r) {
-    // Alone: a 50 ms pause first lets both pools' spinning threads go to sleep.
-    pause();
-    b.timed(mat, &t_mat.ms, t_mat);
-    pause();
-    b.timed(adam, &t_adam.ms, t_adam);
-    // Back to back: AdamW right after a matmul, then a matmul right after AdamW.
-    pause();
-    b.timed(mat, nullptr, t_mat_after);
-    b.timed(adam, &t_adam_after.ms, t_adam_after);
-    b.timed(mat, &t_mat_after.ms, t_mat_after);
-  }
+  struct PerPool {
+    Timing mat, adam, mat_after, adam_after;
+    std::vector<double> spin_after_mat, spin_after_adam;
+  } res[2];
+  const kernels::cpu::Pool pools[2] = {kernels::cpu::Pool::openmp, kernels::cpu::Pool::tbb};
+  b.timed(mat, nullptr, res[0].mat);
+  for (int r = 0; r < b.reps() * 3; ++r)
+    for (int i = 0; i < 2; ++i) {
+      kernels::cpu::set_pool(pools[i]);  // the stream is idle here
+      PerPool& x = res[i];
+      b.timed(adam, nullptr, x.adam);
+      pause();
+      b.timed(mat, &x.mat.ms, x.mat);
+      double c0 = process_cpu_ms();
+      pause();
+      x.spin_after_mat.push_back(process_cpu_ms() - c0);
+      b.timed(adam, &x.adam.ms, x.adam);
+      c0 = process_cpu_ms();
+      pause();
+      x.spin_after_adam.push_back(process_cpu_ms() - c0);
+      b.timed(mat, nullptr, x.mat_after);
+      b.timed(adam, &x.adam_after.ms, x.adam_after);
+      b.timed(mat, &x.mat_after.ms, x.mat_after);
+    }
+  kernels::cpu::set_pool(kernels::cpu::Pool::openmp);
   auto r3 = Bench::round3;
-  b.print({{"name", "interleave_matmul_adamw"}, {"shape", shape}, {"threads", kernels::cpu::num_threads()},
-           {"matmul_alone_ms", r3(t_mat.median())}, {"matmul_after_adamw_ms", r3(t_mat_after.median())},
-           {"adamw_alone_ms", r3(t_adam.median())}, {"adamw_after_matmul_ms", r3(t_adam_after.median())},
-           {"ms", r3(t_adam_after.median() + t_mat_after.median())},
-           {"ratio", r3((t_adam.median() + t_mat.median()) / (t_adam_after.median() + t_mat_after.median()))}});
+  for (int i = 0; i < 2; ++i) {
+    const PerPool& x = res[i];
+    b.print({{"name", i == 0 ? "interleave_matmul_adamw_openmp_pool" : "interleave_matmul_adamw_tbb_pool"},
+             {"shape", shape}, {"threads", kernels::cpu::num_threads()}, {"reps", x.mat.ms.size()},
+             {"matmul_alone_ms", r3(x.mat.median())}, {"matmul_after_adamw_ms", r3(x.mat_after.median())},
+             {"adamw_alone_ms", r3(x.adam.median())}, {"adamw_after_matmul_ms", r3(x.adam_after.median())},
+             {"adamw_alone_ms_min", r3(x.adam.min())}, {"adamw_after_matmul_ms_min", r3(x.adam_after.min())},
+             {"spin_cpu_ms_after_matmul", r3(median(x.spin_after_mat))},
+             {"spin_cpu_ms_after_adamw", r3(median(x.spin_after_adam))},
+             {"ms", r3(x.adam_after.median() + x.mat_after.median())},
+             {"ratio", r3((x.adam.median() + x.mat.median()) / (x.adam_after.median() + x.mat_after.median()))}});
+  }
 }
 
 }  // namespace
