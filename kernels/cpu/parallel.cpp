@@ -6,6 +6,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <atomic>
 #include <exception>
 #include <memory>
@@ -55,7 +57,12 @@ void set_num_threads(int n) {
 }
 
 namespace {
-std::atomic<Pool> g_pool{Pool::openmp};
+// STRATA_CPU_POOL=tbb selects the oneTBB pool at start-up (for comparisons); default OpenMP.
+Pool initial_pool() {
+  const char* e = std::getenv("STRATA_CPU_POOL");
+  return e && std::string_view(e) == "tbb" ? Pool::tbb : Pool::openmp;
+}
+std::atomic<Pool> g_pool{initial_pool()};
 }  // namespace
 
 void set_pool(Pool p) { g_pool.store(p); }
