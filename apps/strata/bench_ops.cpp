@@ -306,6 +306,7 @@ void bench_interleave(Bench& b) {
     std::vector<double> spin_after_mat, spin_after_adam;
   } res[2];
   const kernels::cpu::Pool pools[2] = {kernels::cpu::Pool::openmp, kernels::cpu::Pool::tbb};
+  const kernels::cpu::Pool saved = kernels::cpu::pool();
   b.timed(mat, nullptr, res[0].mat);
   for (int r = 0; r < b.reps() * 3; ++r)
     for (int i = 0; i < 2; ++i) {
@@ -325,7 +326,7 @@ void bench_interleave(Bench& b) {
       b.timed(adam, &x.adam_after.ms, x.adam_after);
       b.timed(mat, &x.mat_after.ms, x.mat_after);
     }
-  kernels::cpu::set_pool(kernels::cpu::Pool::openmp);
+  kernels::cpu::set_pool(saved);
   auto r3 = Bench::round3;
   for (int i = 0; i < 2; ++i) {
     const PerPool& x = res[i];

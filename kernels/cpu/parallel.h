@@ -23,7 +23,8 @@ void set_num_threads(int n);
 tbb::task_arena& arena();
 
 // Which pool parallel_for runs on. OpenMP (the default) is the one above; oneTBB is kept only
-// so `strata bench ops` can measure the two side by side. Switch only while no op runs.
+// so `strata bench ops` can measure the two side by side (or STRATA_CPU_POOL=tbb at start-up).
+// Switch only while no op runs.
 enum class Pool : uint8_t { openmp, tbb };
 void set_pool(Pool p);
 Pool pool();
