@@ -287,7 +287,8 @@ double median(std::vector<double> v) {
 // comparison), alternating rep by rep: a matmul and a 16M-param AdamW each alone (after a
 // 50 ms pause), then back to back. `ratio` = (alone + alone) / (back to back); < 1 means the
 // pools got in each other's way. spin_cpu_ms_*: process CPU time burnt in the 50 ms pause after
-// an op, i.e. what the idle threads of its pool spin.
+// an op, i.e. what the idle threads of its pool spin. adamw_*_cpu_ms: process CPU time while
+// AdamW runs; more after a matmul means another pool's threads were spinning on our cores.
 void bench_interleave(Bench& b) {
   const int64_t m = 256, k = 768, n = 2304, np = int64_t{1} << 24;
   const std::string shape = dims({m, k, n}) + "+" + std::to_string(np);
@@ -303,8 +304,14 @@ void bench_interleave(Bench& b) {
   auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); };
   struct PerPool {
     Timing mat, adam, mat_after, adam_after;
-    std::vector<double> spin_after_mat, spin_after_adam;
+    std::vector<double> spin_after_mat, spin_after_adam, cpu_adam, cpu_adam_after;
   } res[2];
+  // Process CPU time spent while fn runs (all threads: ours, and any pool spinning meanwhile).
+  auto cpu_of = [&](const std::function<void()>& fn, Timing& t, std::vector<double>& cpu) {
+    const double c0 = process_cpu_ms();
+    b.timed(fn, &t.ms, t);
+    cpu.push_back(process_cpu_ms() - c0);
+  };
   const kernels::cpu::Pool pools[2] = {kernels::cpu::Pool::openmp, kernels::cpu::Pool::tbb};
   const kernels::cpu::Pool saved = kernels::cpu::pool();
   b.timed(mat, nullptr, res[0].mat);
@@ -318,12 +325,12 @@ void bench_interleave(Bench& b) {
       double c0 = process_cpu_ms();
       pause();
       x.spin_after_mat.push_back(process_cpu_ms() - c0);
-      b.timed(adam, &x.adam.ms, x.adam);
+      cpu_of(adam, x.adam, x.cpu_adam);
       c0 = process_cpu_ms();
       pause();
       x.spin_after_adam.push_back(process_cpu_ms() - c0);
       b.timed(mat, nullptr, x.mat_after);
-      b.timed(adam, &x.adam_after.ms, x.adam_after);
+      cpu_of(adam, x.adam_after, x.cpu_adam_after);
       b.timed(mat, &x.mat_after.ms, x.mat_after);
     }
   kernels::cpu::set_pool(saved);
@@ -335,6 +342,8 @@ void bench_interleave(Bench& b) {
              {"matmul_alone_ms", r3(x.mat.median())}, {"matmul_after_adamw_ms", r3(x.mat_after.median())},
              {"adamw_alone_ms", r3(x.adam.median())}, {"adamw_after_matmul_ms", r3(x.adam_after.median())},
              {"adamw_alone_ms_min", r3(x.adam.min())}, {"adamw_after_matmul_ms_min", r3(x.adam_after.min())},
+             {"adamw_alone_cpu_ms", r3(median(x.cpu_adam))},
+             {"adamw_after_matmul_cpu_ms", r3(median(x.cpu_adam_after))},
              {"spin_cpu_ms_after_matmul", r3(median(x.spin_after_mat))},
              {"spin_cpu_ms_after_adamw", r3(median(x.spin_after_adam))},
              {"ms", r3(x.adam_after.median() + x.mat_after.median())},
