@@ -29,6 +29,10 @@ enum class Pool : uint8_t { openmp, tbb };
 void set_pool(Pool p);
 Pool pool();
 
+// Index of the calling thread inside a running parallel_for body, in [0, num_threads()), on
+// either pool (use it for per-thread scratch); 0 outside one.
+int thread_index();
+
 namespace detail {
 using ChunkFn = void (*)(void* ctx, int64_t lo, int64_t hi);
 // Splits [begin, end) into at most num_threads() contiguous chunks of at least `grain` and
