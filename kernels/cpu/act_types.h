@@ -46,14 +46,17 @@ inline int64_t row_grain(int64_t cols, int64_t min_elems = 16384) {
   return g > 0 ? g : 1;
 }
 
-// e^x in fp32, branch-free so loops over it vectorise (Cephes expf: range reduction by ln 2 in
-// two parts, degree-5 polynomial, 2^n applied as two factors so no exponent overflows). Max
-// relative error ~2e-7; returns 0 below -87.3 (no denormals) and +Inf above ~88.72.
+// e^x in fp32 (Cephes expf: range reduction by ln 2 in two parts, degree-5 polynomial, 2^n
+// applied as two factors so no exponent field overflows). Max relative error ~1e-7; returns 0
+// below -87.3 (no denormals), +Inf above 88.72, NaN for NaN.
+// Written so that loops calling it vectorise at the baseline ISA without -ffast-math: every
+// float value is computed unconditionally and out-of-range inputs are handled by integer
+// masks at the end. (Under the default -ftrapping-math GCC will not if-convert a select whose
+// float arm it has sunk into a branch, e.g. `x < lo ? 0.f : y`, so avoid that shape here.)
 inline __attribute__((always_inline)) float fast_exp(float x) {
-  const float xc = x < -87.5f ? -87.5f : (x > 89.f ? 89.f : x);
   // n = round(x / ln 2) with the 1.5·2^23 trick (no rounding instruction needed).
-  const float fn = (xc * 1.44269504088896341f + 12582912.f) - 12582912.f;
-  const float r = (xc - fn * 0.693359375f) + fn * 2.12194440e-4f;
+  const float fn = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
+  const float r = (x - fn * 0.693359375f) + fn * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
@@ -61,10 +64,14 @@ inline __attribute__((always_inline)) float fast_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float e = p * r * r + r + 1.f;
-  const int32_t n = static_cast<int32_t>(fn);
-  const int32_t n1 = n >> 1, n2 = n - n1;  // each in [-64, 65): 2^n1, 2^n2 are normal floats
+  float fn_c = fn < -127.f ? -127.f : fn;  // keeps the int conversion in range; results outside
+  fn_c = fn_c > 128.f ? 128.f : fn_c;      // [-87.3, 88.72] are replaced below anyway
+  const int32_t n = static_cast<int32_t>(fn_c);
+  const int32_t n1 = n >> 1, n2 = n - n1;  // 2^n1, 2^n2 are normal floats
   const float y = e * std::bit_cast<float>((n1 + 127) << 23) * std::bit_cast<float>((n2 + 127) << 23);
-  return x < -87.3f ? 0.f : y;
+  const int32_t keep_lo = x < -87.3f ? 0 : -1, keep_hi = x > 88.72f ? 0 : -1;
+  const int32_t inf = x > 88.72f ? 0x7f800000 : 0;
+  return std::bit_cast<float>((std::bit_cast<int32_t>(y) & keep_lo & keep_hi) | inf);
 }
 
 // A grow-only float buffer owned by the calling thread (an op's stream worker), so ops that need
