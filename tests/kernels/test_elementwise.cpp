@@ -6,6 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "kernels/cpu/act_types.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/runtime.h"
 #include "layer_test_util.h"
@@ -181,6 +182,28 @@ TEST(ElementwiseOps, RunsThroughOpsOnAStreamAndValidates) {
                                           .up = b.data(), .out = out.data()}),
                std::invalid_argument);
   stream->synchronize();
+}
+
+}  // namespace
+
+namespace {
+
+TEST(FastExp, RelativeErrorAndEdgeCases) {
+  double worst = 0;
+  for (double xd = -87.3; xd <= 88.7; xd += 0.00731) {
+    const float x = static_cast<float>(xd);
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(cpu::fast_exp(x) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(cpu::fast_exp(0.f), 1.f);
+  EXPECT_EQ(cpu::fast_exp(-87.5f), 0.f);  // flushed instead of a denormal
+  EXPECT_EQ(cpu::fast_exp(-1e30f), 0.f);
+  EXPECT_EQ(cpu::fast_exp(-INFINITY), 0.f);
+  EXPECT_TRUE(std::isinf(cpu::fast_exp(88.8f)));
+  EXPECT_TRUE(std::isinf(cpu::fast_exp(1e30f)));
+  EXPECT_TRUE(std::isinf(cpu::fast_exp(INFINITY)));
+  EXPECT_TRUE(std::isnan(cpu::fast_exp(NAN)));
 }
 
 }  // namespace
