@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cpu/act_types.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -123,6 +124,8 @@ void cross_entropy_impl(const CrossEntropyArgs& a) {
     else ce_rows_baseline<E>(a, lo, hi);
   });
 }
+
+#undef STRATA_INLINE
 
 }  // namespace
 
