@@ -108,9 +108,11 @@ inline __attribute__((always_inline)) float fast_exp(float x) {
   return std::bit_cast<float>((std::bit_cast<int32_t>(y) & keep_lo & keep_hi) | inf);
 }
 
-// A grow-only float buffer owned by the calling thread (an op's stream worker), so ops that need
-// partial sums allocate once, not once per call.
-inline float* thread_scratch(size_t n) {
+// A grow-only float buffer owned by the calling thread, so ops that need scratch allocate once,
+// not once per call. Tag separates users: a thread waiting in one op's parallel_for may run
+// another op's task, which must not resize the buffer the first op is still using.
+template <class Tag>
+float* thread_scratch(size_t n) {
   thread_local std::vector<float> buf;
   if (buf.size() < n) buf.resize(n);
   return buf.data();
