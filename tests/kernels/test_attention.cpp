@@ -286,9 +286,9 @@ TEST_P(Attention, BackwardMatchesFiniteDifferences) {
       }
       return g;
     };
-    EXPECT_LT(normalised_error(got.dq, fd(0)), 1e-4);
-    EXPECT_LT(normalised_error(got.dk, fd(1)), 1e-4);
-    EXPECT_LT(normalised_error(got.dv, fd(2)), 1e-4);
+    EXPECT_LT(normalised_error(got.dq, fd(0)), 1e-5);
+    EXPECT_LT(normalised_error(got.dk, fd(1)), 1e-5);
+    EXPECT_LT(normalised_error(got.dv, fd(2)), 1e-5);
   }
 }
 
@@ -303,9 +303,9 @@ TEST_P(Attention, BackwardMatchesAnalyticFloat64) {
     const BackwardResult got = run_backward(pr, w);
     std::vector<double> dq, dk, dv;
     reference_backward(s, pr.q, pr.k, pr.v, w, dq, dk, dv);
-    EXPECT_LT(normalised_error(got.dq, dq), 2e-5);
-    EXPECT_LT(normalised_error(got.dk, dk), 2e-5);
-    EXPECT_LT(normalised_error(got.dv, dv), 2e-5);
+    EXPECT_LT(normalised_error(got.dq, dq), 5e-6);
+    EXPECT_LT(normalised_error(got.dk, dk), 5e-6);
+    EXPECT_LT(normalised_error(got.dv, dv), 5e-6);
   }
 }
 
@@ -316,9 +316,9 @@ TEST_P(Attention, BackwardBf16) {
   const BackwardResult got = run_backward(pr, w);
   std::vector<double> dq, dk, dv;
   reference_backward(s, pr.q, pr.k, pr.v, w, dq, dk, dv);
-  EXPECT_LT(normalised_error(got.dq, dq), 3e-2);
-  EXPECT_LT(normalised_error(got.dk, dk), 3e-2);
-  EXPECT_LT(normalised_error(got.dv, dv), 3e-2);
+  EXPECT_LT(normalised_error(got.dq, dq), 1e-2);
+  EXPECT_LT(normalised_error(got.dk, dk), 1e-2);
+  EXPECT_LT(normalised_error(got.dv, dv), 1e-2);
 }
 
 TEST_P(Attention, BackwardIsDeterministic) {
