@@ -1,5 +1,5 @@
 // CPU causal attention throughput at model shapes (GPT-2 124M, a Llama-style GQA layer), forward
-// and backward, fp32 and bf16, portable loops against the AVX-512 path. FLOP/s counts the useful
+// and backward, fp32 and bf16, the best path against the portable and AVX2 ones. FLOP/s counts the useful
 // causal work: forward 2 matmuls (2·B·H·T²·D), backward 5 (5·B·H·T²·D; FA2 recomputes S).
 #include <benchmark/benchmark.h>
 
@@ -24,11 +24,16 @@ constexpr Setup kShapes[] = {
     {1, 1024, 32, 8, 128},  // Llama-3-8B-like layer, GQA 4:1
 };
 
-// State args: shape index, dtype (0 = fp32, 1 = bf16), isa (0 = best, 1 = portable).
+// State args: shape index, dtype (0 = fp32, 1 = bf16), isa (0 = best, 1 = portable, 2 = avx2).
 void run(benchmark::State& state, bool backward) {
   const Setup s = kShapes[state.range(0)];
   const DType t = state.range(1) == 0 ? DType::f32 : DType::bf16;
-  cpu::set_attention_isa(state.range(2) == 0 ? cpu::AttentionIsa::best : cpu::AttentionIsa::portable);
+  const cpu::AttentionIsa isas[] = {cpu::AttentionIsa::best, cpu::AttentionIsa::portable, cpu::AttentionIsa::avx2};
+  if (!cpu::attention_isa_available(isas[state.range(2)])) {
+    state.SkipWithError("this CPU lacks the instruction set");
+    return;
+  }
+  cpu::set_attention_isa(isas[state.range(2)]);
   const int64_t width = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim;  // fused qkv row
   const size_t esz = dtype_size(t);
   const size_t n_qkv = static_cast<size_t>(s.batch * s.seq * width);
@@ -73,10 +78,10 @@ void BM_AttentionForward(benchmark::State& state) { run(state, false); }
 void BM_AttentionBackward(benchmark::State& state) { run(state, true); }
 
 void shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"shape", "bf16", "portable"});
+  b->ArgNames({"shape", "bf16", "isa"});
   for (int64_t shape = 0; shape < 3; ++shape)
     for (int64_t dt = 0; dt < 2; ++dt)
-      for (int64_t isa = 0; isa < 2; ++isa) b->Args({shape, dt, isa});
+      for (int64_t isa = 0; isa < 3; ++isa) b->Args({shape, dt, isa});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 

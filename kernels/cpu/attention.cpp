@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -25,9 +26,19 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 std::atomic<AttentionIsa> g_isa{AttentionIsa::best};
 
-bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") != 0;
-  return has;
+bool cpu_has(AttentionIsa isa) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                           __builtin_cpu_supports("f16c");
+  switch (isa) {
+    case AttentionIsa::avx512: return avx512;
+    case AttentionIsa::avx2: return avx2;
+    case AttentionIsa::portable: return true;
+    case AttentionIsa::best: return true;
+  }
+  return false;
 }
 
 // One call's shape, shared by forward and backward. Strides are in elements between tokens.
@@ -200,24 +211,54 @@ void store_rows(void* dst, DType t, int64_t off, int64_t stride, int64_t n, int6
     for (int64_t j = 0; j < kBlock; ++j) dst[j * kBlock + i] = src[i * kBlock + j];
 }
 
-// Portable GEMM micro-kernel: C (m, n) (+)= A (m, k) · B (k, n), row strides lda, ldb, ldc.
-// The inner loop is an axpy over a row of B and C, which vectorises at any ISA.
+// Portable GEMM: C (m, n) (+)= A (m, k) · B (k, n), row strides lda, ldb, ldc. Panels of R rows ×
+// 16 columns of C stay in registers across the k loop (the compiler vectorises the 16 lanes at
+// whatever width the enclosing function's ISA has); leftover columns take a plain axpy loop.
+template <int R>
+[[gnu::always_inline]] inline void mm_panel_portable(float* c, int64_t ldc, const float* a, int64_t lda,
+                                                     const float* b, int64_t ldb, int64_t k, bool accumulate) {
+  float acc[R][16];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < 16; ++l) acc[r][l] = accumulate ? c[r * ldc + l] : 0.f;
+  for (int64_t p = 0; p < k; ++p) {
+    const float* bp = b + p * ldb;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float ap = a[r * lda + p];
+      for (int l = 0; l < 16; ++l) acc[r][l] += ap * bp[l];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < 16; ++l) c[r * ldc + l] = acc[r][l];
+}
+
+template <int R>
 struct PortableKernels {
   [[gnu::always_inline]] static inline void matmul(float* c, int64_t ldc, const float* a, int64_t lda, const float* b,
                                                    int64_t ldb, int64_t m, int64_t k, int64_t n, bool accumulate) {
+    const int64_t n16 = n & ~int64_t{15};
+    for (int64_t j0 = 0; j0 < n16; j0 += 16) {
+      int64_t i = 0;
+      for (; i + R <= m; i += R) mm_panel_portable<R>(c + i * ldc + j0, ldc, a + i * lda, lda, b + j0, ldb, k, accumulate);
+      for (; i < m; ++i) mm_panel_portable<1>(c + i * ldc + j0, ldc, a + i * lda, lda, b + j0, ldb, k, accumulate);
+    }
+    if (n16 == n) return;
     for (int64_t i = 0; i < m; ++i) {
       float* ci = c + i * ldc;
-      if (!accumulate) std::fill(ci, ci + n, 0.f);
+      if (!accumulate) std::fill(ci + n16, ci + n, 0.f);
       for (int64_t p = 0; p < k; ++p) {
         const float ap = a[i * lda + p];
         const float* bp = b + p * ldb;
-        for (int64_t j = 0; j < n; ++j) ci[j] += ap * bp[j];
+        for (int64_t j = n16; j < n; ++j) ci[j] += ap * bp[j];
       }
     }
   }
 };
 
 #define STRATA_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
+#define STRATA_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 // AVX-512 micro-kernel: R rows × up to 64 columns of C held in registers across the k loop.
 template <int R>
@@ -327,7 +368,10 @@ template <class K>
   }
 }
 void forward_items_portable(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
-  forward_items<PortableKernels>(args, g, lo, hi);
+  forward_items<PortableKernels<2>>(args, g, lo, hi);
+}
+STRATA_AVX2 void forward_items_avx2(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
+  forward_items<PortableKernels<4>>(args, g, lo, hi);
 }
 STRATA_AVX512 void forward_items_avx512(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
   forward_items<Avx512Kernels>(args, g, lo, hi);
@@ -419,7 +463,10 @@ template <class K>
   for (int64_t item = lo; item < hi; ++item) backward_item<K>(args, g, item / g.n_kv_heads, item % g.n_kv_heads);
 }
 void backward_items_portable(const AttentionBackwardArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
-  backward_items<PortableKernels>(args, g, lo, hi);
+  backward_items<PortableKernels<2>>(args, g, lo, hi);
+}
+STRATA_AVX2 void backward_items_avx2(const AttentionBackwardArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
+  backward_items<PortableKernels<4>>(args, g, lo, hi);
 }
 STRATA_AVX512 void backward_items_avx512(const AttentionBackwardArgs& args, const Geometry& g, int64_t lo,
                                          int64_t hi) {
@@ -428,30 +475,44 @@ STRATA_AVX512 void backward_items_avx512(const AttentionBackwardArgs& args, cons
 
 }  // namespace
 
-void set_attention_isa(AttentionIsa isa) { g_isa.store(isa); }
-bool attention_uses_avx512() { return g_isa.load() == AttentionIsa::best && cpu_has_avx512(); }
+void set_attention_isa(AttentionIsa isa) {
+  if (!cpu_has(isa)) throw std::invalid_argument("set_attention_isa: this CPU lacks the requested instruction set");
+  g_isa.store(isa);
+}
+AttentionIsa attention_isa() {
+  const AttentionIsa isa = g_isa.load();
+  if (isa != AttentionIsa::best) return isa;
+  if (cpu_has(AttentionIsa::avx512)) return AttentionIsa::avx512;
+  if (cpu_has(AttentionIsa::avx2)) return AttentionIsa::avx2;
+  return AttentionIsa::portable;
+}
+bool attention_isa_available(AttentionIsa isa) { return cpu_has(isa); }
 
 void attention(const AttentionArgs& a) {
   validate(a);
   const Geometry g(a);
-  const bool avx512 = attention_uses_avx512();
+  const AttentionIsa isa = attention_isa();
+  // (batch, head, query block) items; static partitioning gives each thread a contiguous run that
+  // spans many heads, so the causal imbalance between early and late query blocks evens out.
   parallel_for(0, g.batch * g.n_heads * g.n_blocks, 1, [&](int64_t lo, int64_t hi) {
-    if (avx512)
-      forward_items_avx512(a, g, lo, hi);
-    else
-      forward_items_portable(a, g, lo, hi);
+    switch (isa) {
+      case AttentionIsa::avx512: forward_items_avx512(a, g, lo, hi); break;
+      case AttentionIsa::avx2: forward_items_avx2(a, g, lo, hi); break;
+      default: forward_items_portable(a, g, lo, hi); break;
+    }
   });
 }
 
 void attention_backward(const AttentionBackwardArgs& a) {
   validate(a);
   const Geometry g(a);
-  const bool avx512 = attention_uses_avx512();
+  const AttentionIsa isa = attention_isa();
   parallel_for(0, g.batch * g.n_kv_heads, 1, [&](int64_t lo, int64_t hi) {
-    if (avx512)
-      backward_items_avx512(a, g, lo, hi);
-    else
-      backward_items_portable(a, g, lo, hi);
+    switch (isa) {
+      case AttentionIsa::avx512: backward_items_avx512(a, g, lo, hi); break;
+      case AttentionIsa::avx2: backward_items_avx2(a, g, lo, hi); break;
+      default: backward_items_portable(a, g, lo, hi); break;
+    }
   });
 }
 

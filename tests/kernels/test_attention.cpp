@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -201,10 +202,13 @@ std::vector<double> random_vector(size_t n, uint32_t seed, DType t) {
   return r;
 }
 
-// Every test runs on the portable loops and on the best path this CPU has.
+// Every test runs on each instruction-set path this CPU has (the others skip).
 class Attention : public ::testing::TestWithParam<cpu::AttentionIsa> {
  protected:
-  void SetUp() override { cpu::set_attention_isa(GetParam()); }
+  void SetUp() override {
+    if (!cpu::attention_isa_available(GetParam())) GTEST_SKIP() << "this CPU lacks the instruction set";
+    cpu::set_attention_isa(GetParam());
+  }
   void TearDown() override { cpu::set_attention_isa(cpu::AttentionIsa::best); }
 };
 
@@ -330,9 +334,15 @@ TEST_P(Attention, BackwardIsDeterministic) {
   EXPECT_EQ(a.dv, b.dv);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, Attention, ::testing::Values(cpu::AttentionIsa::portable, cpu::AttentionIsa::best),
+INSTANTIATE_TEST_SUITE_P(Cpu, Attention,
+                         ::testing::Values(cpu::AttentionIsa::portable, cpu::AttentionIsa::avx2, cpu::AttentionIsa::avx512),
                          [](const ::testing::TestParamInfo<cpu::AttentionIsa>& i) {
-                           return i.param == cpu::AttentionIsa::portable ? std::string("Portable") : std::string("Best");
+                           switch (i.param) {
+                             case cpu::AttentionIsa::portable: return std::string("Portable");
+                             case cpu::AttentionIsa::avx2: return std::string("Avx2");
+                             case cpu::AttentionIsa::avx512: return std::string("Avx512");
+                             default: return std::string("Best");
+                           }
                          });
 
 TEST(AttentionOps, RunsOnCpuStreamAndValidates) {
