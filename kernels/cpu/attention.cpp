@@ -212,37 +212,57 @@ void store_rows(void* dst, DType t, int64_t off, int64_t stride, int64_t n, int6
 }
 
 // Portable GEMM: C (m, n) (+)= A (m, k) · B (k, n), row strides lda, ldb, ldc. Panels of R rows ×
-// 16 columns of C stay in registers across the k loop (the compiler vectorises the 16 lanes at
-// whatever width the enclosing function's ISA has); leftover columns take a plain axpy loop.
-template <int R>
+// 16 columns of C stay in registers across the k loop as GCC vector-extension values of the
+// ISA's native width V (4 lanes baseline, 8 with AVX2); leftover columns take an axpy loop.
+// Loads and stores go through memcpy, so rows need only float alignment.
+typedef float F32x4 __attribute__((vector_size(16)));
+typedef float F32x8 __attribute__((vector_size(32)));
+template <int Lanes> struct VecOf;
+template <> struct VecOf<4> { using type = F32x4; };
+template <> struct VecOf<8> { using type = F32x8; };
+
+template <int Lanes, int R>
 [[gnu::always_inline]] inline void mm_panel_portable(float* c, int64_t ldc, const float* a, int64_t lda,
                                                      const float* b, int64_t ldb, int64_t k, bool accumulate) {
-  float acc[R][16];
-#pragma GCC unroll 8
+  using V = typename VecOf<Lanes>::type;
+  constexpr int kVecs = 16 / Lanes;
+  V acc[R][kVecs];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-    for (int l = 0; l < 16; ++l) acc[r][l] = accumulate ? c[r * ldc + l] : 0.f;
+#pragma GCC unroll 16
+    for (int v = 0; v < kVecs; ++v) {
+      if (accumulate)
+        std::memcpy(&acc[r][v], c + r * ldc + v * Lanes, sizeof(V));
+      else
+        acc[r][v] = V{};
+    }
   for (int64_t p = 0; p < k; ++p) {
-    const float* bp = b + p * ldb;
-#pragma GCC unroll 8
+    V bv[kVecs];
+#pragma GCC unroll 16
+    for (int v = 0; v < kVecs; ++v) std::memcpy(&bv[v], b + p * ldb + v * Lanes, sizeof(V));
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float ap = a[r * lda + p];
-      for (int l = 0; l < 16; ++l) acc[r][l] += ap * bp[l];
+#pragma GCC unroll 16
+      for (int v = 0; v < kVecs; ++v) acc[r][v] += ap * bv[v];
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-    for (int l = 0; l < 16; ++l) c[r * ldc + l] = acc[r][l];
+#pragma GCC unroll 16
+    for (int v = 0; v < kVecs; ++v) std::memcpy(c + r * ldc + v * Lanes, &acc[r][v], sizeof(V));
 }
 
-template <int R>
+template <int Lanes, int R>
 struct PortableKernels {
   [[gnu::always_inline]] static inline void matmul(float* c, int64_t ldc, const float* a, int64_t lda, const float* b,
                                                    int64_t ldb, int64_t m, int64_t k, int64_t n, bool accumulate) {
     const int64_t n16 = n & ~int64_t{15};
     for (int64_t j0 = 0; j0 < n16; j0 += 16) {
       int64_t i = 0;
-      for (; i + R <= m; i += R) mm_panel_portable<R>(c + i * ldc + j0, ldc, a + i * lda, lda, b + j0, ldb, k, accumulate);
-      for (; i < m; ++i) mm_panel_portable<1>(c + i * ldc + j0, ldc, a + i * lda, lda, b + j0, ldb, k, accumulate);
+      for (; i + R <= m; i += R)
+        mm_panel_portable<Lanes, R>(c + i * ldc + j0, ldc, a + i * lda, lda, b + j0, ldb, k, accumulate);
+      for (; i < m; ++i) mm_panel_portable<Lanes, 1>(c + i * ldc + j0, ldc, a + i * lda, lda, b + j0, ldb, k, accumulate);
     }
     if (n16 == n) return;
     for (int64_t i = 0; i < m; ++i) {
@@ -368,10 +388,10 @@ template <class K>
   }
 }
 void forward_items_portable(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
-  forward_items<PortableKernels<2>>(args, g, lo, hi);
+  forward_items<PortableKernels<4, 2>>(args, g, lo, hi);
 }
 STRATA_AVX2 void forward_items_avx2(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
-  forward_items<PortableKernels<4>>(args, g, lo, hi);
+  forward_items<PortableKernels<8, 4>>(args, g, lo, hi);
 }
 STRATA_AVX512 void forward_items_avx512(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
   forward_items<Avx512Kernels>(args, g, lo, hi);
@@ -463,10 +483,10 @@ template <class K>
   for (int64_t item = lo; item < hi; ++item) backward_item<K>(args, g, item / g.n_kv_heads, item % g.n_kv_heads);
 }
 void backward_items_portable(const AttentionBackwardArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
-  backward_items<PortableKernels<2>>(args, g, lo, hi);
+  backward_items<PortableKernels<4, 2>>(args, g, lo, hi);
 }
 STRATA_AVX2 void backward_items_avx2(const AttentionBackwardArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
-  backward_items<PortableKernels<4>>(args, g, lo, hi);
+  backward_items<PortableKernels<8, 4>>(args, g, lo, hi);
 }
 STRATA_AVX512 void backward_items_avx512(const AttentionBackwardArgs& args, const Geometry& g, int64_t lo,
                                          int64_t hi) {
