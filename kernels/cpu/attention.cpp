@@ -332,6 +332,11 @@ struct Avx512Kernels {
   }
 };
 
+// Block order within one head: 0, n-1, 1, n-2, ... Causal blocks cost ∝ their index (or its
+// complement), and parallel_for hands each thread a contiguous run of items, so pairing cheap
+// with dear blocks keeps threads even when there are few heads.
+inline int64_t zigzag(int64_t i, int64_t n) { return i % 2 == 0 ? i / 2 : n - 1 - i / 2; }
+
 // ---- forward ----------------------------------------------------------------------------------
 
 // One (batch, head, query block): online softmax over the key blocks 0..qb (causal).
@@ -387,11 +392,11 @@ template <class K>
   store_rows(args.out, g.dtype, g.o_at(b, q0, h), g.o_stride, nq, d, o, 1.f);
 }
 
-// Items [lo, hi) of (batch, head, query block), query block fastest.
+// Items [lo, hi) of (batch, head, query block), query block fastest (zigzag).
 template <class K>
 [[gnu::always_inline]] inline void forward_items(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
   for (int64_t item = lo; item < hi; ++item) {
-    const int64_t qb = item % g.n_blocks, bh = item / g.n_blocks;
+    const int64_t qb = zigzag(item % g.n_blocks, g.n_blocks), bh = item / g.n_blocks;
     forward_item<K>(args, g, bh / g.n_heads, bh % g.n_heads, qb);
   }
 }
@@ -547,7 +552,7 @@ template <class K>
 enum class BackwardPass { fused, split_kv, split_q };
 
 // Items [lo, hi) of one pass: fused (batch, kv head); split_kv (batch, kv head, key block);
-// split_q (batch, head, query block).
+// split_q (batch, head, query block); blocks in zigzag order.
 template <class K>
 [[gnu::always_inline]] inline void backward_items(const AttentionBackwardArgs& args, const Geometry& g,
                                                   const float* delta, BackwardPass pass, int64_t lo, int64_t hi) {
@@ -555,10 +560,10 @@ template <class K>
     if (pass == BackwardPass::fused) {
       backward_kv<K>(args, g, delta, item / g.n_kv_heads, item % g.n_kv_heads, 0, g.n_blocks, true);
     } else if (pass == BackwardPass::split_kv) {
-      const int64_t kb = item % g.n_blocks, bk = item / g.n_blocks;
+      const int64_t kb = zigzag(item % g.n_blocks, g.n_blocks), bk = item / g.n_blocks;
       backward_kv<K>(args, g, delta, bk / g.n_kv_heads, bk % g.n_kv_heads, kb, kb + 1, false);
     } else {
-      const int64_t qb = item % g.n_blocks, bh = item / g.n_blocks;
+      const int64_t qb = zigzag(item % g.n_blocks, g.n_blocks), bh = item / g.n_blocks;
       backward_q<K>(args, g, delta, bh / g.n_heads, bh % g.n_heads, qb);
     }
   }

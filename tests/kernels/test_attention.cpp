@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 #include "kernels/runtime.h"
 
@@ -339,6 +340,25 @@ TEST_P(Attention, BackwardSchedulesAgree) {
     EXPECT_EQ(got.dq, again.dq);
     EXPECT_EQ(got.dk, again.dk);
     EXPECT_EQ(got.dv, again.dv);
+  }
+  cpu::set_attention_backward_schedule(cpu::AttentionSchedule::automatic);
+}
+
+TEST_P(Attention, ResultsDoNotDependOnThreadCount) {
+  // Each output element has one owner and a fixed summation order, whatever the partitioning.
+  const Shape s{2, 200, 4, 2, 32, true};
+  Problem pr(s, DType::f32, 260);
+  const std::vector<double> w = random_vector(pr.out_elems(), 261, DType::f32);
+  for (auto schedule : {cpu::AttentionSchedule::fused, cpu::AttentionSchedule::split}) {
+    cpu::set_attention_backward_schedule(schedule);
+    cpu::set_num_threads(1);
+    const BackwardResult one = run_backward(pr, w);
+    cpu::set_num_threads(3);
+    const BackwardResult three = run_backward(pr, w);
+    cpu::set_num_threads(0);
+    EXPECT_EQ(one.dq, three.dq);
+    EXPECT_EQ(one.dk, three.dk);
+    EXPECT_EQ(one.dv, three.dv);
   }
   cpu::set_attention_backward_schedule(cpu::AttentionSchedule::automatic);
 }
