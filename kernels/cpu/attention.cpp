@@ -161,24 +161,25 @@ void store_rows(void* dst, DType t, int64_t off, int64_t stride, int64_t n, int6
 
 // ---- the math both paths share (inlined into each path so it is compiled for its ISA) ----------
 
-// e^x to ~2 ulp, 0 below e^-87 (and for -inf); x <= 0 in every use here. Branch-free so that a
-// loop over it vectorises: 2^(x·log2 e) = 2^n · 2^f, n = round(x·log2 e), |f| <= 1/2.
+// e^x with relative error < 3e-7, exactly 0 below e^-87.3 (and for -inf). Branch-free so that a
+// loop over it vectorises: e^x = 2^n · e^r, n = round(x / ln 2), r = x - n·ln 2 split in two
+// parts (Cody-Waite), |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial.
 [[gnu::always_inline]] inline float fast_exp(float x) {
-  float t = x * 1.44269504f;
-  const bool underflow = t < -126.f;
-  t = t < -126.f ? -126.f : t;
-  t = t > 126.f ? 126.f : t;
-  const float n = (t + 12582912.f) - 12582912.f;  // round to nearest (|t| < 2^22)
-  const float f = t - n;
-  float p = 1.5403530e-4f;
-  p = p * f + 1.3333558e-3f;
-  p = p * f + 9.6181291e-3f;
-  p = p * f + 5.5504109e-2f;
-  p = p * f + 2.4022651e-1f;
-  p = p * f + 6.9314718e-1f;
-  p = p * f + 1.f;
+  const bool underflow = x < -87.3f;
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.f ? 88.f : x;
+  const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round to nearest (|.| < 2^22)
+  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
   const float pow2n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return underflow ? 0.f : p * pow2n;
+  const float e = p * pow2n;  // computed unconditionally: the select below stays branch-free
+  return underflow ? 0.f : e;
 }
 
 // Max and sum of a kBlock row in 16 independent lanes (vectorises without reassociation).
