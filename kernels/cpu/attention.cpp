@@ -1,8 +1,6 @@
 // Causal scaled-dot-product attention with grouped-query heads on the CPU: a flash-style forward
 // (64×64 blocks, online softmax, never seq × seq) and a FlashAttention-2 backward that recomputes
 // the probabilities from the saved log-sum-exp. Tiles are converted to fp32 in per-thread scratch.
-#include <immintrin.h>
-
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -17,6 +15,13 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#define STRATA_X86 1
+#include <immintrin.h>
+#else
+#define STRATA_X86 0  // only the portable path exists
+#endif
+
 namespace strata::kernels::cpu {
 namespace {
 
@@ -28,11 +33,15 @@ std::atomic<AttentionIsa> g_isa{AttentionIsa::best};
 std::atomic<AttentionSchedule> g_schedule{AttentionSchedule::automatic};
 
 bool cpu_has(AttentionIsa isa) {
+#if STRATA_X86
   static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
                              __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                            __builtin_cpu_supports("f16c");
+#else
+  constexpr bool avx512 = false, avx2 = false;
+#endif
   switch (isa) {
     case AttentionIsa::avx512: return avx512;
     case AttentionIsa::avx2: return avx2;
@@ -284,6 +293,7 @@ struct PortableKernels {
   }
 };
 
+#if STRATA_X86
 #define STRATA_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
 #define STRATA_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -332,6 +342,7 @@ struct Avx512Kernels {
     }
   }
 };
+#endif  // STRATA_X86
 
 // Block order within one head: 0, n-1, 1, n-2, ... Causal blocks cost ∝ their index (or its
 // complement), and parallel_for hands each thread a contiguous run of items, so pairing cheap
@@ -404,12 +415,14 @@ template <class K>
 void forward_items_portable(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
   forward_items<PortableKernels<4, 2>>(args, g, lo, hi);
 }
+#if STRATA_X86
 STRATA_AVX2 void forward_items_avx2(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
   forward_items<PortableKernels<8, 4>>(args, g, lo, hi);
 }
 STRATA_AVX512 void forward_items_avx512(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
   forward_items<Avx512Kernels>(args, g, lo, hi);
 }
+#endif
 
 // ---- backward ---------------------------------------------------------------------------------
 // Two schedules, both deterministic (each output element has one owner and a fixed summation
@@ -573,6 +586,7 @@ void backward_items_portable(const AttentionBackwardArgs& args, const Geometry& 
                              BackwardPass pass, int64_t lo, int64_t hi) {
   backward_items<PortableKernels<4, 2>>(args, g, delta, pass, lo, hi);
 }
+#if STRATA_X86
 STRATA_AVX2 void backward_items_avx2(const AttentionBackwardArgs& args, const Geometry& g, const float* delta,
                                      BackwardPass pass, int64_t lo, int64_t hi) {
   backward_items<PortableKernels<8, 4>>(args, g, delta, pass, lo, hi);
@@ -581,6 +595,7 @@ STRATA_AVX512 void backward_items_avx512(const AttentionBackwardArgs& args, cons
                                          BackwardPass pass, int64_t lo, int64_t hi) {
   backward_items<Avx512Kernels>(args, g, delta, pass, lo, hi);
 }
+#endif
 
 }  // namespace
 
@@ -606,8 +621,10 @@ void attention(const AttentionArgs& a) {
   // spans many heads, so the causal imbalance between early and late query blocks evens out.
   parallel_for(0, g.batch * g.n_heads * g.n_blocks, 1, [&](int64_t lo, int64_t hi) {
     switch (isa) {
+#if STRATA_X86
       case AttentionIsa::avx512: forward_items_avx512(a, g, lo, hi); break;
       case AttentionIsa::avx2: forward_items_avx2(a, g, lo, hi); break;
+#endif
       default: forward_items_portable(a, g, lo, hi); break;
     }
   });
@@ -628,8 +645,10 @@ void attention_backward(const AttentionBackwardArgs& a) {
   auto run = [&](BackwardPass pass, int64_t n_items) {
     parallel_for(0, n_items, 1, [&](int64_t lo, int64_t hi) {
       switch (isa) {
+#if STRATA_X86
         case AttentionIsa::avx512: backward_items_avx512(a, g, delta, pass, lo, hi); break;
         case AttentionIsa::avx2: backward_items_avx2(a, g, delta, pass, lo, hi); break;
+#endif
         default: backward_items_portable(a, g, delta, pass, lo, hi); break;
       }
     });
