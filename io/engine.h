@@ -67,6 +67,13 @@ class IoHandle {
 
 using FileId = int32_t;
 
+// Optional per-request extras (SwapSpace uses them): a label appended to every error message,
+// and a check run once by the first wait() after the I/O succeeded (e.g. checksum verification).
+struct RequestOptions {
+  std::string label;
+  std::function<void()> verify;
+};
+
 // One contiguous range of a request: `length` bytes at `offset` of `file`, to/from `buf`.
 struct IoSpan {
   FileId file = -1;
@@ -94,7 +101,7 @@ class IoEngine {
   IoHandle read(FileId f, uint64_t offset, uint64_t length, void* buf);
   IoHandle write(FileId f, uint64_t offset, uint64_t length, const void* buf);
   // Several spans as one request (e.g. the stripes of an extent), submitted in one batch.
-  virtual IoHandle submit(IoOp op, std::span<const IoSpan> spans) = 0;
+  virtual IoHandle submit(IoOp op, std::span<const IoSpan> spans, RequestOptions ropts = {}) = 0;
 
   virtual size_t poll() = 0;  // reap what has completed without blocking (caller-reaped mode)
   virtual void drain() = 0;   // wait for everything in flight

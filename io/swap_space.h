@@ -63,6 +63,7 @@ class SwapSpace {
 
  private:
   struct Impl;
+  IoHandle extent_io(IoOp op, const Extent& e, uint64_t offset, uint64_t length, void* buf);
   std::unique_ptr<Impl> impl_;
   IoEngine& engine_;
 };
