@@ -146,9 +146,13 @@ uint64_t SwapSpace::Impl::alloc_region(Dir& d, uint64_t bytes) {
   }
   // Grow the file; a free block touching the end is reused, so only the shortfall is new.
   uint64_t off = d.end;
+  bool reuse_tail = false;
   if (!d.free.empty()) {
     auto last = std::prev(d.free.end());
-    if (last->first + last->second == d.end) off = last->first;
+    if (last->first + last->second == d.end) {
+      off = last->first;
+      reuse_tail = true;
+    }
   }
   uint64_t grow = off + bytes - d.end;
   if (::fallocate(d.fd, 0, static_cast<off_t>(d.end), static_cast<off_t>(grow)) != 0) {
@@ -161,7 +165,7 @@ uint64_t SwapSpace::Impl::alloc_region(Dir& d, uint64_t bytes) {
     throw IoError("allocate swap in", d.file, d.end, grow, err, hint);
   }
   d.end += grow;
-  if (off != d.end - bytes) d.free.erase(off);  // consumed the trailing free block
+  if (reuse_tail) d.free.erase(off);  // the trailing free block is now part of this region
   return off;
 }
 
