@@ -1,10 +1,15 @@
 // `strata bench io`: drive the NVMe engine the way fio does (fixed block size, queue depth,
 // sequential or random, O_DIRECT) through SwapSpace, and print one JSON line that
 // bench/io/compare_fio.sh sets beside fio's numbers.
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -23,6 +28,7 @@ namespace {
 
 struct BenchIoArgs {
   std::vector<std::string> paths;
+  std::string file;
   std::string size = "4G";
   std::string block = "1M";
   unsigned qd = 32;
@@ -63,8 +69,11 @@ struct PassResult {
 
 // One pass over the extent: `qd` block-sized requests in flight, each slot re-issued as soon as
 // it completes (slots are waited round-robin: for one device completions come nearly in order).
-PassResult run_pass(io::SwapSpace& swap, const io::Extent& ext, io::IoOp op, const std::vector<uint64_t>& order,
-                    uint64_t block, unsigned qd, char* pool) {
+// `submit(op, offset, buf)` issues one block: through SwapSpace, or on a given file.
+using Submit = std::function<io::IoHandle(io::IoOp, uint64_t, char*)>;
+
+PassResult run_pass(const Submit& submit, io::IoOp op, const std::vector<uint64_t>& order, uint64_t block, unsigned qd,
+                    char* pool) {
   PassResult r;
   r.lat_us.reserve(order.size());
   std::vector<io::IoHandle> slot(qd);
@@ -72,7 +81,7 @@ PassResult run_pass(io::SwapSpace& swap, const io::Extent& ext, io::IoOp op, con
   auto issue = [&](unsigned s) {
     uint64_t off = order[next++] * block;
     char* buf = pool + uint64_t{s} * block;
-    slot[s] = op == io::IoOp::read ? swap.read(ext, off, block, buf) : swap.write(ext, off, block, buf);
+    slot[s] = submit(op, off, buf);
   };
   double cpu0 = cpu_seconds();
   auto t0 = std::chrono::steady_clock::now();
@@ -109,27 +118,54 @@ int bench_io(const BenchIoArgs& a) {
   eo.n_threads = a.qd;  // the threads engine's depth is its thread count
   eo.reaper_thread = a.reap == "thread";
   auto engine = io::make_engine(eo);
-  io::SwapOptions so;
-  so.paths = a.paths;
-  so.stripe_bytes = block;
-  so.checksums = a.checksums;
-  so.allow_buffered = a.allow_buffered;
-  io::SwapSpace swap(so, *engine);
-
   const uint64_t n_blocks = size / block;
-  io::Extent ext = swap.allocate(n_blocks * block);
   io::AlignedBuffer pool(uint64_t{a.qd} * block);  // (qd, block) staging buffers, registered once
   for (uint64_t i = 0; i < pool.size() / 8; ++i) pool.as<uint64_t>()[i] = i * 0x9E3779B97F4A7C15ull;
   bool registered = engine->register_buffer(pool.data(), pool.size());
-
   std::vector<uint64_t> order(n_blocks);
   std::iota(order.begin(), order.end(), 0);
-  if (op == io::IoOp::read) {  // fallocated space reads as zeros without touching the disk: fill it first
-    run_pass(swap, ext, io::IoOp::write, order, block, a.qd, pool.as<char>());
+  auto shuffle = [&] {
+    if (random) std::shuffle(order.begin(), order.end(), std::mt19937_64(42));
+  };
+  PassResult r;
+  bool buffered = false;
+  if (!a.file.empty()) {
+    // An existing file (e.g. the one fio laid out), so both tools read the same blocks.
+    int flags = O_RDWR | O_DIRECT | O_CLOEXEC | (op == io::IoOp::write ? O_CREAT : 0);
+    int fd = ::open(a.file.c_str(), flags, 0600);
+    if (fd < 0) throw io::IoError("open", a.file, 0, 0, errno, "--file must exist (reads) on a filesystem with O_DIRECT");
+    struct stat st{};
+    if (::fstat(fd, &st) != 0 || (op == io::IoOp::read && static_cast<uint64_t>(st.st_size) < n_blocks * block)) {
+      ::close(fd);
+      throw io::IoError("open", a.file, 0, n_blocks * block, 0, "--file is smaller than --size");
+    }
+    io::FileId f = engine->add_file(fd, a.file);
+    shuffle();
+    r = run_pass([&](io::IoOp o, uint64_t off, char* buf) {
+      return o == io::IoOp::read ? engine->read(f, off, block, buf) : engine->write(f, off, block, buf);
+    }, op, order, block, a.qd, pool.as<char>());
+    engine->remove_file(f);
+    ::close(fd);
+  } else {
+    if (a.paths.empty()) throw std::invalid_argument("bench io needs --path DIR (or --file FILE)");
+    io::SwapOptions so;
+    so.paths = a.paths;
+    so.stripe_bytes = block;
+    so.checksums = a.checksums;
+    so.allow_buffered = a.allow_buffered;
+    io::SwapSpace swap(so, *engine);
+    io::Extent ext = swap.allocate(n_blocks * block);
+    Submit through_swap = [&](io::IoOp o, uint64_t off, char* buf) {
+      return o == io::IoOp::read ? swap.read(ext, off, block, buf) : swap.write(ext, off, block, buf);
+    };
+    if (op == io::IoOp::read) {  // fallocated space reads as zeros without touching the disk: fill it first
+      run_pass(through_swap, io::IoOp::write, order, block, a.qd, pool.as<char>());
+    }
+    shuffle();
+    r = run_pass(through_swap, op, order, block, a.qd, pool.as<char>());
+    buffered = swap.stats().buffered;
+    swap.free(ext);
   }
-  if (random) std::shuffle(order.begin(), order.end(), std::mt19937_64(42));
-  PassResult r = run_pass(swap, ext, op, order, block, a.qd, pool.as<char>());
-  swap.free(ext);
 
   std::vector<double> lat = r.lat_us;
   std::sort(lat.begin(), lat.end());
@@ -146,7 +182,8 @@ int bench_io(const BenchIoArgs& a) {
   j["qd"] = a.qd;
   j["registered_buffers"] = registered;
   j["checksums"] = a.checksums;
-  j["buffered"] = swap.stats().buffered;
+  j["buffered"] = buffered;
+  j["target"] = a.file.empty() ? "swap" : "file";
   j["seconds"] = r.seconds;
   j["mb_per_s"] = bytes / 1e6 / r.seconds;
   j["iops"] = n_blocks / r.seconds;
@@ -165,7 +202,8 @@ int bench_io(const BenchIoArgs& a) {
 void register_bench_io(CLI::App& bench, Run& run) {
   auto args = std::make_shared<BenchIoArgs>();
   CLI::App* cmd = bench.add_subcommand("io", "Sequential/random O_DIRECT I/O through the NVMe engine (compare with fio)");
-  cmd->add_option("--path", args->paths, "Directory for the swap file; repeat once per SSD to stripe")->required();
+  cmd->add_option("--path", args->paths, "Directory for the swap file; repeat once per SSD to stripe");
+  cmd->add_option("--file", args->file, "Instead of --path: an existing file to read (or a file to write), e.g. fio's");
   cmd->add_option("--size", args->size, "Bytes to move, e.g. 4G")->capture_default_str();
   cmd->add_option("--block", args->block, "Request size, e.g. 1M (also the stripe unit)")->capture_default_str();
   cmd->add_option("--qd", args->qd, "Requests in flight")->capture_default_str();
