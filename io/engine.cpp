@@ -57,7 +57,11 @@ EngineKind parse_engine_kind(const std::string& s) {
 
 // ---- IoHandle ----
 
-bool IoHandle::ready() const { return r_ && r_->done.load(std::memory_order_acquire) != 0; }
+bool IoHandle::ready() const {
+  if (!r_) return false;
+  if (!r_->done.load(std::memory_order_acquire) && r_->reaper) r_->reaper->poll();  // caller-reaped: make progress
+  return r_->done.load(std::memory_order_acquire) != 0;
+}
 
 void IoHandle::wait() {
   assert(r_ && "wait() on an empty IoHandle");

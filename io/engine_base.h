@@ -35,6 +35,7 @@ struct Piece {
 class Reaper {
  public:
   virtual void reap_until(Request& r) = 0;
+  virtual size_t poll() = 0;  // non-blocking
 
  protected:
   ~Reaper() = default;

@@ -101,9 +101,9 @@ void SwapSpace::Impl::open_dir(Dir& d) {
   d.dir = tmpl;
   d.file = d.dir + "/swap";
   const int base = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
-  d.direct = !opts.force_buffered;
-  d.fd = d.direct ? ::open(d.file.c_str(), base | O_DIRECT, 0600) : -1;
-  if (d.fd < 0 && d.direct && errno != EINVAL) {
+  d.direct = true;
+  d.fd = opts.test_reject_direct ? (errno = EINVAL, -1) : ::open(d.file.c_str(), base | O_DIRECT, 0600);
+  if (d.fd < 0 && errno != EINVAL) {
     int err = errno;
     ::rmdir(d.dir.c_str());
     throw path_error(d.file, err, "cannot create the swap file");
@@ -113,7 +113,7 @@ void SwapSpace::Impl::open_dir(Dir& d) {
     ::unlink(d.file.c_str());
     d.fd = -1;
   }
-  if (d.fd < 0 && d.direct) {  // the filesystem rejects O_DIRECT
+  if (d.fd < 0) {  // the filesystem rejects O_DIRECT
     if (!opts.allow_buffered) {
       ::rmdir(d.dir.c_str());
       throw path_error(d.root, EINVAL,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A/B comparison of `strata bench io` with fio (io_uring and libaio engines) on the same disk:
-# runs alternate fio-uring, fio-libaio, strata for each (mode, qd) every round, then prints the
-# median MB/s and CPU s/GB of each. The disk's host-side cap swings run to run, hence medians.
-# Usage: bench/io/compare_fio.sh [DIR]   env: SIZE=4G BS=1M QDS="8 32" MODES="read write" ROUNDS=5
+# runs alternate fio-uring, fio-libaio, strata on fio's file, strata through SwapSpace for each
+# (mode, qd) every round, then prints the median MB/s and CPU s/GB of each. The disk's host-side cap swings run to run, hence medians.
+# Usage: bench/io/compare_fio.sh [DIR]   env: SIZE=4G BS=1M QDS="8 32" MODES="read write" ROUNDS=5 SWAP=1
 set -euo pipefail
 DIR=${1:-/tmp/strata-fio-bench}
 SIZE=${SIZE:-4G}
@@ -19,7 +19,7 @@ echo "# $(date -u) $(uname -r) nproc=$(nproc) size=$SIZE bs=$BS dir=$DIR free=$(
 
 fio_run() {  # engine mode qd -> "mb_per_s cpu_s_per_gb"
   local eng=$1 mode=$2 qd=$3 file=$DIR/fio.dat
-  if [ "$mode" = write ] || [ "$mode" = randwrite ]; then file=$DIR/fio-w.dat; rm -f "$file"; fi
+  if [ "$mode" = write ] || [ "$mode" = randwrite ]; then file=$DIR/fio-w.dat; fi
   fio --name=cmp --filename="$file" --ioengine="$eng" --direct=1 --rw="$mode" --bs="$BS" --iodepth="$qd" \
       --size="$SIZE" --numjobs=1 --output-format=json 2>/dev/null |
     python3 -c '
@@ -32,13 +32,21 @@ cpu = (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * secs
 print("%.1f %.4f" % (side["bw_bytes"] / 1e6, cpu / gb))'
 }
 
-strata_run() {  # mode qd -> "mb_per_s cpu_s_per_gb"
-  "$STRATA" bench io --path "$DIR" --size "$SIZE" --block "$BS" --qd "$2" --mode "$1" --engine uring --reap "$REAP" |
+strata_run() {  # target mode qd -> "mb_per_s cpu_s_per_gb"
+  # file: the very file fio uses (same blocks, laid out once, overwritten in place by writes).
+  # swap: a fresh fallocated extent through SwapSpace (reads first fill it, untimed).
+  local target=(--path "$DIR") file=$DIR/fio.dat
+  if [ "$2" = write ] || [ "$2" = randwrite ]; then file=$DIR/fio-w.dat; fi
+  if [ "$1" = file ]; then target=(--file "$file"); fi
+  "$STRATA" bench io "${target[@]}" --size "$SIZE" --block "$BS" --qd "$3" --mode "$2" --engine uring --reap "$REAP" |
     python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print("%.1f %.4f" % (j["mb_per_s"], j["cpu_s_per_gb"]))'
 }
 
-# The read file is laid out once, before the first round.
-fio --name=layout --filename="$DIR/fio.dat" --rw=write --bs=4M --direct=1 --size="$SIZE" --ioengine=io_uring >/dev/null 2>&1
+# Both fio files are laid out (written) once, before the first round: later writes overwrite in
+# place, as writes to a preallocated swap file do (a fresh file would make every fio write extend it).
+for f in fio.dat fio-w.dat; do
+  fio --name=layout --filename="$DIR/$f" --rw=write --bs=4M --direct=1 --size="$SIZE" --ioengine=io_uring >/dev/null 2>&1
+done
 
 for round in $(seq "$ROUNDS"); do
   for mode in $MODES; do
@@ -46,7 +54,10 @@ for round in $(seq "$ROUNDS"); do
       load=$(cut -d' ' -f1 /proc/loadavg)
       echo -e "$mode\t$qd\tfio-io_uring\t$(fio_run io_uring "$mode" "$qd")\t$load" | tee -a "$OUT" >&2
       echo -e "$mode\t$qd\tfio-libaio\t$(fio_run libaio "$mode" "$qd")\t$load" | tee -a "$OUT" >&2
-      echo -e "$mode\t$qd\tstrata\t$(strata_run "$mode" "$qd")\t$load" | tee -a "$OUT" >&2
+      echo -e "$mode\t$qd\tstrata-file\t$(strata_run file "$mode" "$qd")\t$load" | tee -a "$OUT" >&2
+      if [ "${SWAP:-1}" = 1 ]; then
+        echo -e "$mode\t$qd\tstrata-swap\t$(strata_run swap "$mode" "$qd")\t$load" | tee -a "$OUT" >&2
+      fi
     done
   done
 done

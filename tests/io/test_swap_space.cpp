@@ -246,11 +246,20 @@ TEST_P(SwapTest, FilesArePrivateAndRemoved) {
   }
 }
 
-TEST_P(SwapTest, BufferedModeWhenAllowed) {
+TEST_P(SwapTest, NoDirectIoIsAnErrorUnlessBufferedIsAllowed) {
   auto e = engine();
   SwapOptions so;
   so.paths = {a_.path()};
-  so.force_buffered = true;
+  so.test_reject_direct = true;
+  try {
+    SwapSpace swap(so, *e);
+    FAIL() << "O_DIRECT rejection not reported";
+  } catch (const IoError& err) {
+    EXPECT_EQ(err.errno_value(), EINVAL);
+    EXPECT_NE(std::string(err.what()).find("O_DIRECT"), std::string::npos) << err.what();
+  }
+  EXPECT_TRUE(fs::is_empty(a_.path()));  // nothing left behind
+  so.allow_buffered = true;
   SwapSpace swap(so, *e);
   EXPECT_TRUE(swap.stats().buffered);
   Extent x = swap.allocate(128 << 10);
