@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # A/B comparison of `strata bench io` with fio (io_uring and libaio engines) on the same disk:
 # runs alternate fio-uring, fio-libaio, strata on fio's file, strata through SwapSpace for each
-# (mode, qd) every round, then prints the median MB/s and CPU s/GB of each. The disk's host-side cap swings run to run, hence medians.
-# Usage: bench/io/compare_fio.sh [DIR]   env: SIZE=4G BS=1M QDS="8 32" MODES="read write" ROUNDS=5 SWAP=1
+# (mode, qd), in an order rotated every round, then prints the median MB/s and CPU s/GB of each.
+# The disk's host-side cap swings run to run, hence medians.
+# Usage: bench/io/compare_fio.sh [DIR]   env: SIZE=4G BS=1M QDS="8 32" MODES="read write" ROUNDS=4 SWAP=1
 set -euo pipefail
 DIR=${1:-/tmp/strata-fio-bench}
 SIZE=${SIZE:-4G}
 BS=${BS:-1M}
 QDS=${QDS:-"8 32"}
 MODES=${MODES:-"read write"}
-ROUNDS=${ROUNDS:-5}
+ROUNDS=${ROUNDS:-4}
 STRATA=${STRATA:-build/bin/strata}
 REAP=${REAP:-caller}
 mkdir -p "$DIR"
@@ -48,16 +49,29 @@ for f in fio.dat fio-w.dat; do
   fio --name=layout --filename="$DIR/$f" --rw=write --bs=4M --direct=1 --size="$SIZE" --ioengine=io_uring >/dev/null 2>&1
 done
 
+run_tool() {  # tool mode qd -> "mb_per_s cpu_s_per_gb"
+  case $1 in
+    fio-io_uring) fio_run io_uring "$2" "$3" ;;
+    fio-libaio) fio_run libaio "$2" "$3" ;;
+    strata-file) strata_run file "$2" "$3" ;;
+    strata-swap) strata_run swap "$2" "$3" ;;
+  esac
+}
+
+TOOLS=(fio-io_uring fio-libaio strata-file)
+if [ "${SWAP:-1}" = 1 ]; then TOOLS+=(strata-swap); fi
+# The host caches what was just read or written, so a run right after another on the same file
+# can be faster: the order of the tools rotates every round (use ROUNDS = a multiple of the
+# number of tools so each tool takes each position equally often).
 for round in $(seq "$ROUNDS"); do
   for mode in $MODES; do
     for qd in $QDS; do
       load=$(cut -d' ' -f1 /proc/loadavg)
-      echo -e "$mode\t$qd\tfio-io_uring\t$(fio_run io_uring "$mode" "$qd")\t$load" | tee -a "$OUT" >&2
-      echo -e "$mode\t$qd\tfio-libaio\t$(fio_run libaio "$mode" "$qd")\t$load" | tee -a "$OUT" >&2
-      echo -e "$mode\t$qd\tstrata-file\t$(strata_run file "$mode" "$qd")\t$load" | tee -a "$OUT" >&2
-      if [ "${SWAP:-1}" = 1 ]; then
-        echo -e "$mode\t$qd\tstrata-swap\t$(strata_run swap "$mode" "$qd")\t$load" | tee -a "$OUT" >&2
-      fi
+      n=${#TOOLS[@]}
+      for i in $(seq 0 $((n - 1))); do
+        tool=${TOOLS[$(((i + round) % n))]}
+        echo -e "$mode\t$qd\t$tool\t$(run_tool "$tool" "$mode" "$qd")\t$load\t$i" | tee -a "$OUT" >&2
+      done
     done
   done
 done
