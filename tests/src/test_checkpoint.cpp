@@ -267,12 +267,12 @@ TEST_F(CheckpointDir, ShardedSaveWritesIndexAndReadsBack) {
   ASSERT_EQ(index["weight_map"].size(), ts.size());
   std::set<std::string> files;
   for (const auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
-  // 512 + 128 + 192 + 32 + 6 + 4 + 0 bytes in order, ≤ 300 per shard unless one tensor is larger: 4 shards.
-  EXPECT_EQ(files, (std::set<std::string>{"model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors",
-                                          "model-00003-of-00004.safetensors", "model-00004-of-00004.safetensors"}));
+  // 512 | 128 | 192 + 32 + 6 + 4 + 0 bytes, in order, at most 300 per shard unless one tensor is larger.
+  EXPECT_EQ(files, (std::set<std::string>{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                                          "model-00003-of-00003.safetensors"}));
   for (const std::string& f : files) EXPECT_TRUE(fs::exists(dir / f)) << f;
-  EXPECT_EQ(index["weight_map"]["model.embed_tokens.weight"], "model-00001-of-00004.safetensors");
-  EXPECT_EQ(index["weight_map"]["model.layers.0.self_attn.q_proj.weight"], "model-00002-of-00004.safetensors");
+  EXPECT_EQ(index["weight_map"]["model.embed_tokens.weight"], "model-00001-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["model.layers.0.self_attn.q_proj.weight"], "model-00002-of-00003.safetensors");
 
   auto ck = HfCheckpoint::open(dir);
   ASSERT_EQ(ck->tensors().size(), ts.size());
@@ -341,26 +341,26 @@ TEST_F(CheckpointDir, BrokenIndexNamesIndexAndShard) {
   const std::string original = read_file(index);
 
   // A shard the index names is missing.
-  fs::rename(dir / "model-00003-of-00004.safetensors", root_ / "moved");
-  expect_dir_error(dir, index.string(), {"model-00003-of-00004.safetensors", "does not exist"});
-  fs::rename(root_ / "moved", dir / "model-00003-of-00004.safetensors");
+  fs::rename(dir / "model-00003-of-00003.safetensors", root_ / "moved");
+  expect_dir_error(dir, index.string(), {"model-00003-of-00003.safetensors", "does not exist"});
+  fs::rename(root_ / "moved", dir / "model-00003-of-00003.safetensors");
   EXPECT_NO_THROW(HfCheckpoint::open(dir));
 
   // The index puts a tensor in the wrong shard.
   nlohmann::json j = nlohmann::json::parse(original);
-  j["weight_map"]["model.norm.weight"] = "model-00001-of-00004.safetensors";
+  j["weight_map"]["model.norm.weight"] = "model-00001-of-00003.safetensors";
   write_file(index, j.dump());
   expect_dir_error(dir, index.string(), {"model.norm.weight"});
 
   // The index names a tensor no shard holds.
   j = nlohmann::json::parse(original);
-  j["weight_map"]["lm_head.weight"] = "model-00001-of-00004.safetensors";
+  j["weight_map"]["lm_head.weight"] = "model-00001-of-00003.safetensors";
   write_file(index, j.dump());
   expect_dir_error(dir, index.string(), {"lm_head.weight"});
 
   // Path escapes and junk.
   j = nlohmann::json::parse(original);
-  j["weight_map"]["model.norm.weight"] = "../model-00004-of-00004.safetensors";
+  j["weight_map"]["model.norm.weight"] = "../model-00003-of-00003.safetensors";
   write_file(index, j.dump());
   expect_dir_error(dir, index.string(), {"model.norm.weight"});
   write_file(index, "{\"metadata\": {}}");
@@ -370,7 +370,7 @@ TEST_F(CheckpointDir, BrokenIndexNamesIndexAndShard) {
   // The same tensor in two shards.
   fs::path single = root_ / "single";
   save_hf_model(single, tiny_config(), to_save({ts[0]}));
-  fs::copy_file(single / "model.safetensors", dir / "model-00002-of-00004.safetensors",
+  fs::copy_file(single / "model.safetensors", dir / "model-00002-of-00003.safetensors",
                 fs::copy_options::overwrite_existing);
   try {
     HfCheckpoint::open(dir);
@@ -389,7 +389,8 @@ TEST_F(CheckpointDir, FailedSaveLeavesOldDirectoryIntact) {
   std::map<std::string, std::string> before;
   for (const auto& e : fs::directory_iterator(dir)) before[e.path().filename()] = read_file(e.path());
 
-  auto ts = to_save(sample_tensors());
+  const auto host = sample_tensors();  // the fill callbacks point into it
+  auto ts = to_save(host);
   ts[2].fill = [](void*) { throw std::runtime_error("parameter fetch failed"); };
   EXPECT_THROW(save_hf_model(dir, tiny_config(), ts), std::runtime_error);
   std::map<std::string, std::string> after;
@@ -400,7 +401,7 @@ TEST_F(CheckpointDir, FailedSaveLeavesOldDirectoryIntact) {
   EXPECT_NO_THROW(HfCheckpoint::open(dir));
 
   // Invalid input fails before anything is written.
-  auto dup = to_save(sample_tensors());
+  auto dup = to_save(host);
   dup[1].name = dup[0].name;
   EXPECT_THROW(save_hf_model(dir, tiny_config(), dup), std::invalid_argument);
   EXPECT_EQ(count_entries_containing(".tmp-"), 0);
@@ -415,7 +416,7 @@ TEST_F(CheckpointDir, SuccessfulSaveReplacesOldDirectory) {
   save_hf_model(dir, tiny_config(), to_save(ts));  // single file now
   EXPECT_FALSE(fs::exists(dir / "stray.txt"));
   EXPECT_FALSE(fs::exists(dir / "model.safetensors.index.json"));
-  EXPECT_FALSE(fs::exists(dir / "model-00001-of-00004.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "model-00001-of-00003.safetensors"));
   EXPECT_EQ(HfCheckpoint::open(dir)->tensors().size(), 2u);
   EXPECT_EQ(count_entries_containing(".tmp-"), 0);
   EXPECT_EQ(count_entries_containing(".old-"), 0);
