@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "src/checkpoint/file_util.h"
 #include "src/checkpoint/hf.h"
 
 using namespace strata;
@@ -447,4 +448,25 @@ TEST_F(CheckpointDir, UnwritablePathFailsNamingIt) {
   }
   EXPECT_EQ(read_file(root_ / "afile"), "x");
   EXPECT_EQ(count_entries_containing(".tmp-"), 0);
+}
+
+TEST_F(CheckpointDir, ReplaceDirectoryWithoutExchange) {
+  // The path taken on filesystems without RENAME_EXCHANGE: old aside, new in, old removed.
+  for (bool use_exchange : {true, false}) {
+    fs::path out = root_ / "out", tmp = root_ / "out.tmp-x";
+    fs::create_directories(out);
+    write_file(out / "old.txt", "old");
+    fs::create_directories(tmp);
+    write_file(tmp / "new.txt", "new");
+    replace_directory(tmp, out, use_exchange);
+    EXPECT_EQ(read_file(out / "new.txt"), "new");
+    EXPECT_FALSE(fs::exists(out / "old.txt"));
+    EXPECT_FALSE(fs::exists(tmp));
+    EXPECT_EQ(count_entries_containing(".old-"), 0);
+    // A missing tmp fails and leaves `out` as it was.
+    EXPECT_THROW(replace_directory(root_ / "no_such_tmp", out, use_exchange), std::runtime_error);
+    EXPECT_EQ(read_file(out / "new.txt"), "new");
+    EXPECT_EQ(count_entries_containing(".old-"), 0);
+    fs::remove_all(out);
+  }
 }
