@@ -353,13 +353,13 @@ TEST_F(CheckpointDir, BrokenIndexNamesIndexAndShard) {
   nlohmann::json j = nlohmann::json::parse(original);
   j["weight_map"]["model.norm.weight"] = "model-00001-of-00003.safetensors";
   write_file(index, j.dump());
-  expect_dir_error(dir, index.string(), {"model.norm.weight"});
+  expect_dir_error(dir, index.string(), {"model.norm.weight", "is in", "model-00003-of-00003"});
 
   // The index names a tensor no shard holds.
   j = nlohmann::json::parse(original);
   j["weight_map"]["lm_head.weight"] = "model-00001-of-00003.safetensors";
   write_file(index, j.dump());
-  expect_dir_error(dir, index.string(), {"lm_head.weight"});
+  expect_dir_error(dir, index.string(), {"lm_head.weight", "no shard holds it"});
 
   // Path escapes and junk.
   j = nlohmann::json::parse(original);
@@ -468,5 +468,18 @@ TEST_F(CheckpointDir, ReplaceDirectoryWithoutExchange) {
     EXPECT_EQ(read_file(out / "new.txt"), "new");
     EXPECT_EQ(count_entries_containing(".old-"), 0);
     fs::remove_all(out);
+  }
+}
+
+TEST(CheckpointFiles, DiskFullNamesPathAndOffset) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
+  try {
+    write_file_synced("/dev/full", std::string(100, 'x'));
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("/dev/full"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("offset 0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("No space left"), std::string::npos) << msg;
   }
 }
