@@ -483,3 +483,46 @@ TEST(CheckpointFiles, DiskFullNamesPathAndOffset) {
     EXPECT_NE(msg.find("No space left"), std::string::npos) << msg;
   }
 }
+
+TEST_F(CheckpointDir, MutatedFilesFailCleanly) {
+  // Random byte flips and truncations of a valid file: open either succeeds (and every tensor
+  // then reads within bounds) or throws std::runtime_error; nothing else (run under ASan too).
+  fs::path good = root_ / "good";
+  save_hf_model(good, tiny_config(), to_save(sample_tensors()));
+  const std::string original = read_file(good / "model.safetensors");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(original[i]);
+  fs::path dir = root_ / "mutated";
+  fs::create_directories(dir);
+  fs::copy_file(good / "config.json", dir / "config.json");
+  std::mt19937 rng(1234);
+  int opened = 0, rejected = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string bytes = original;
+    if (trial % 5 == 4) {
+      bytes.resize(rng() % bytes.size());
+    } else {
+      int flips = 1 + static_cast<int>(rng() % 3);
+      for (int f = 0; f < flips; ++f) {
+        // Mostly inside the length prefix and header, where the parser is exposed.
+        size_t at = rng() % (trial % 3 == 0 ? 8 : 8 + header_len);
+        bytes[at] = static_cast<char>(rng() % 256);
+      }
+    }
+    fs::remove(dir / "model.safetensors");  // not truncate: ext4 flushes truncated-and-rewritten files on close
+    write_file(dir / "model.safetensors", bytes);
+    try {
+      auto ck = HfCheckpoint::open(dir);
+      ++opened;
+      for (const StoredTensor& t : ck->tensors()) {
+        std::vector<float> out(t.nbytes / kernels::dtype_size(t.dtype) + 1);
+        ck->read_into(t.name, t.shape, out.data(), DType::f32);
+      }
+    } catch (const std::runtime_error& e) {
+      ++rejected;
+      EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_GT(rejected, 100);
+  EXPECT_GT(opened, 0);  // flips inside tensor names or padding still parse
+}
