@@ -30,6 +30,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 // Converts n elements; the mapped source may be unaligned, so loads go through memcpy.
 void convert(const void* src, kernels::DType st, void* dst, kernels::DType dt, size_t n) {
+  if (n == 0) return;
   if (st == dt) {
     std::memcpy(dst, src, n * kernels::dtype_size(st));
     return;

@@ -75,7 +75,7 @@ void write_shard(const fs::path& path, const std::vector<TensorToSave>& tensors,
     const uint64_t n = entries[k].end - entries[k].begin;
     // Zeroed, so a callback that writes fewer bytes than promised still saves deterministically.
     buffer.assign(n, std::byte{0});
-    if (!t.fill) throw std::invalid_argument("save_hf_model: tensor '" + t.name + "' has no fill callback");
+    if (n == 0) continue;  // nothing to fill (and buffer.data() may be null)
     t.fill(buffer.data());
     write_all(fd.get(), buffer.data(), n, path, file_offset);
     file_offset += n;
@@ -99,6 +99,7 @@ void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& c
       throw std::invalid_argument("save_hf_model: invalid tensor name '" + t.name + "'");
     if (!names.insert(t.name).second)
       throw std::invalid_argument("save_hf_model: tensor '" + t.name + "' given twice");
+    if (!t.fill) throw std::invalid_argument("save_hf_model: tensor '" + t.name + "' has no fill callback");
     total += tensor_bytes(t);
   }
 
