@@ -99,7 +99,8 @@ class MappedCheckpoint final : public HfCheckpoint {
       throw std::runtime_error(file + ": missing 'weight_map' object");
     std::map<std::string, std::vector<std::string>> by_file;  // shard -> tensors the index puts there
     for (const auto& [name, v] : j.at("weight_map").items()) {
-      if (!v.is_string()) throw std::runtime_error(file + ": weight_map entry for tensor '" + name + "' is not a string");
+      if (!v.is_string())
+        throw std::runtime_error(file + ": weight_map entry for tensor '" + name + "' is not a string");
       std::string shard = v.get<std::string>();
       if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
         throw std::runtime_error(file + ": weight_map entry for tensor '" + name + "' names '" + shard +

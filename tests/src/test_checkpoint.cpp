@@ -3,6 +3,7 @@
 // (each error names the file and tensor), and crash-safe replacement of an existing directory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -151,7 +152,7 @@ TEST_F(CheckpointDir, SaveOpenReadIntoIsBitExact) {
     EXPECT_EQ(st->file, (dir / "model.safetensors").string());
     std::vector<unsigned char> back(t.bytes.size() + 1, 0xAB);
     ck->read_into(t.name, t.shape, back.data(), t.dtype);
-    EXPECT_EQ(std::memcmp(back.data(), t.bytes.data(), t.bytes.size()), 0) << t.name;
+    EXPECT_TRUE(std::equal(t.bytes.begin(), t.bytes.end(), back.begin())) << t.name;
     EXPECT_EQ(back.back(), 0xAB) << t.name << ": wrote past the end";
   }
   EXPECT_EQ(ck->find("nope"), nullptr);
@@ -174,7 +175,7 @@ TEST_F(CheckpointDir, FileLayoutIsWhatHfWrites) {
     const auto& e = h.at(t.name);
     uint64_t b = e["data_offsets"][0], end = e["data_offsets"][1];
     EXPECT_EQ(end - b, t.bytes.size());
-    EXPECT_EQ(std::memcmp(bytes.data() + 8 + n + b, t.bytes.data(), t.bytes.size()), 0) << t.name;
+    EXPECT_EQ(bytes.substr(8 + n + b, t.bytes.size()), std::string(t.bytes.begin(), t.bytes.end())) << t.name;
     total += t.bytes.size();
   }
   EXPECT_EQ(bytes.size(), 8 + n + total) << "tensors must be packed without gaps";
