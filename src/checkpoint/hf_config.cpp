@@ -260,7 +260,7 @@ void write_hf_config(const ModelConfig& cfg, const std::filesystem::path& config
       j["sliding_window"] = nullptr;
     }
   }
-  write_file_synced(config_json, j.dump(2) + "\n");
+  write_file(config_json, j.dump(2) + "\n");  // save_hf_model fsyncs it with the rest
 }
 
 }  // namespace strata
