@@ -57,10 +57,11 @@ class MappedCheckpoint final : public HfCheckpoint {
     const fs::path index = dir / "model.safetensors.index.json";
     const fs::path single = dir / "model.safetensors";
     std::error_code ec;
-    if (fs::exists(index, ec)) {
-      open_sharded(index);
-    } else if (fs::exists(single, ec)) {
+    // transformers' precedence: a single model.safetensors wins over an index.
+    if (fs::exists(single, ec)) {
       add_file(single);
+    } else if (fs::exists(index, ec)) {
+      open_sharded(index);
     } else {
       throw std::runtime_error(dir.string() + ": no model.safetensors or model.safetensors.index.json" +
                                (fs::is_directory(dir, ec) ? "" : " (not a directory)"));
