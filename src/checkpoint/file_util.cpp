@@ -108,6 +108,11 @@ void write_file(const std::filesystem::path& path, std::string_view contents) {
   fd.close_checked(path);
 }
 
+std::string read_text_file(const std::filesystem::path& path) {
+  MappedFile m(path);
+  return std::string(reinterpret_cast<const char*>(m.data()), m.size());
+}
+
 void fsync_file(const std::filesystem::path& path) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) throw std::runtime_error(path.string() + ": cannot open to fsync: " + errno_text());

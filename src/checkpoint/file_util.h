@@ -64,6 +64,8 @@ void fsync_dir(const std::filesystem::path& dir);
 void write_file_synced(const std::filesystem::path& path, std::string_view contents);
 // The same without the fsync (for files whose durability a later fsync_file provides).
 void write_file(const std::filesystem::path& path, std::string_view contents);
+// A whole (small) file as a string; throws naming the path.
+std::string read_text_file(const std::filesystem::path& path);
 // fsync of an existing file by path.
 void fsync_file(const std::filesystem::path& path);
 

@@ -3,7 +3,6 @@
 // into whatever dtype the caller's buffer holds.
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
@@ -88,11 +87,11 @@ class MappedCheckpoint final : public HfCheckpoint {
  private:
   void open_sharded(const fs::path& index) {
     const std::string file = index.string();
-    std::ifstream in(index, std::ios::binary);
-    if (!in) throw std::runtime_error(file + ": cannot open: " + errno_text());
+    const std::string text = read_text_file(index);
+    if (safetensors::json_nesting_depth(text) > 64) throw std::runtime_error(file + ": JSON nests too deeply");
     json j;
     try {
-      j = json::parse(in);
+      j = json::parse(text);
     } catch (const json::exception& e) {
       throw std::runtime_error(file + ": not valid JSON: " + e.what());
     }

@@ -334,6 +334,10 @@ TEST_F(CheckpointDir, MalformedFilesNameFileAndTensor) {
   expect_open_error(
       raw_safetensors(R"({"__metadata__": {"format": 1}, )" + ok_entry + "}", data16), {"__metadata__"});
 
+  // Deep nesting must not overflow the stack.
+  const std::string deep = "{\"w\": " + std::string(200000, '[') + std::string(200000, ']') + "}";
+  expect_open_error(raw_safetensors(deep, data16), {"nests deeper"});
+
   // A real file cut short: the last tensor's range now runs past the end.
   fs::path good = root_ / "model";
   save_hf_model(good, tiny_config(), to_save(sample_tensors()));

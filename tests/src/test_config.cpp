@@ -321,6 +321,8 @@ TEST_F(ConfigDir, ErrorsNameFileAndField) {
   expect_error(R"({"model_type": "gpt2", "vocab_size": 10, "n_layer": 1, "n_head": 2, "n_positions": 16})",
                {"n_embd"});
   expect_error("{not json", {"JSON"});
+  expect_error(R"({"model_type": "llama", "x": )" + std::string(100000, '[') + std::string(100000, ']') + "}",
+               {"nests too deeply"});
 }
 
 TEST_F(ConfigDir, MissingFileNamesIt) {
