@@ -1,0 +1,174 @@
+// POSIX file helpers for checkpoints and token shards: every syscall checked, every error
+// naming the path (and offset where there is one).
+#include "src/checkpoint/file_util.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace strata {
+
+namespace fs = std::filesystem;
+
+std::string errno_text(int err) {
+  char buf[256];
+  // GNU strerror_r returns the message (possibly not in buf).
+  const char* msg = strerror_r(err, buf, sizeof(buf));
+  return msg;
+}
+std::string errno_text() { return errno_text(errno); }
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void UniqueFd::close_checked(const std::filesystem::path& path) {
+  int fd = release();
+  if (fd >= 0 && ::close(fd) != 0) throw std::runtime_error(path.string() + ": close failed: " + errno_text());
+}
+
+MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw std::runtime_error(path.string() + ": cannot open: " + errno_text());
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw std::runtime_error(path.string() + ": fstat failed: " + errno_text());
+  if (!S_ISREG(st.st_mode)) throw std::runtime_error(path.string() + ": not a regular file");
+  size_ = static_cast<uint64_t>(st.st_size);
+  if (size_ == 0) return;
+  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+  if (p == MAP_FAILED) throw std::runtime_error(path.string() + ": mmap of " + std::to_string(size_) +
+                                                " bytes failed: " + errno_text());
+  data_ = static_cast<const std::byte*>(p);
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+}
+
+UniqueFd open_for_write(const std::filesystem::path& path, bool exclusive) {
+  int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL : O_TRUNC);
+  UniqueFd fd(::open(path.c_str(), flags, 0644));
+  if (fd.get() < 0) throw std::runtime_error(path.string() + ": cannot create: " + errno_text());
+  return fd;
+}
+
+void write_all(int fd, const void* data, size_t n, const std::filesystem::path& path, uint64_t offset) {
+  const char* p = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t w = ::write(fd, p + done, n - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error(path.string() + ": write of " + std::to_string(n - done) + " bytes at offset " +
+                               std::to_string(offset + done) + " failed: " + errno_text());
+    }
+    if (w == 0)
+      throw std::runtime_error(path.string() + ": write at offset " + std::to_string(offset + done) +
+                               " made no progress");
+    done += static_cast<size_t>(w);
+  }
+}
+
+void fsync_fd(int fd, const std::filesystem::path& path) {
+  if (::fsync(fd) != 0) throw std::runtime_error(path.string() + ": fsync failed: " + errno_text());
+}
+
+void fsync_dir(const std::filesystem::path& dir) {
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) throw std::runtime_error(dir.string() + ": cannot open directory to fsync: " + errno_text());
+  fsync_fd(fd.get(), dir);
+  fd.close_checked(dir);
+}
+
+void write_file_synced(const std::filesystem::path& path, std::string_view contents) {
+  UniqueFd fd = open_for_write(path, false);
+  write_all(fd.get(), contents.data(), contents.size(), path, 0);
+  fsync_fd(fd.get(), path);
+  fd.close_checked(path);
+}
+
+void write_file(const std::filesystem::path& path, std::string_view contents) {
+  UniqueFd fd = open_for_write(path, false);
+  write_all(fd.get(), contents.data(), contents.size(), path, 0);
+  fd.close_checked(path);
+}
+
+std::string read_text_file(const std::filesystem::path& path) {
+  MappedFile m(path);
+  return std::string(reinterpret_cast<const char*>(m.data()), m.size());
+}
+
+void fsync_file(const std::filesystem::path& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw std::runtime_error(path.string() + ": cannot open to fsync: " + errno_text());
+  fsync_fd(fd.get(), path);
+  fd.close_checked(path);
+}
+
+std::filesystem::path make_temp_dir(const std::filesystem::path& base, const char* suffix) {
+  std::string templ = base.string() + suffix + "XXXXXX";
+  if (!::mkdtemp(templ.data()))
+    throw std::runtime_error(base.string() + ": cannot create temporary directory " + templ + ": " + errno_text());
+  return templ;
+}
+
+namespace {
+void fsync_parent(const fs::path& p) { fsync_dir(p.has_parent_path() ? p.parent_path() : fs::path(".")); }
+}  // namespace
+
+void replace_directory(const std::filesystem::path& tmp, const std::filesystem::path& out, bool use_exchange) {
+  std::error_code ec;
+  const bool exists = fs::exists(fs::symlink_status(out, ec));
+  if (!exists) {
+    if (::rename(tmp.c_str(), out.c_str()) != 0)
+      throw std::runtime_error(out.string() + ": cannot rename " + tmp.string() + " into place: " + errno_text());
+    fsync_parent(out);
+    return;
+  }
+  if (!fs::is_directory(fs::symlink_status(out, ec)))
+    throw std::runtime_error(out.string() + ": exists and is not a directory; refusing to replace it");
+  // Atomic swap first: afterwards `tmp` holds the old directory.
+  if (use_exchange) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) == 0) {
+      fsync_parent(out);
+      fs::remove_all(tmp, ec);
+      return;
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+      throw std::runtime_error(out.string() + ": cannot exchange with " + tmp.string() + ": " + errno_text());
+  }
+  // Filesystem without RENAME_EXCHANGE: move the old directory aside, move the new one in.
+  const fs::path aside = make_temp_dir(out, ".old-");  // reserves a name; rename replaces the empty dir
+  if (::rename(out.c_str(), aside.c_str()) != 0) {
+    std::string why = errno_text();
+    fs::remove(aside, ec);
+    throw std::runtime_error(out.string() + ": cannot move the old directory aside: " + why);
+  }
+  if (::rename(tmp.c_str(), out.c_str()) != 0) {
+    std::string why = errno_text();
+    if (::rename(aside.c_str(), out.c_str()) != 0)
+      throw std::runtime_error(out.string() + ": cannot rename " + tmp.string() + " into place (" + why +
+                               ") and cannot restore the old directory from " + aside.string() + ": " +
+                               errno_text());
+    throw std::runtime_error(out.string() + ": cannot rename " + tmp.string() + " into place: " + why);
+  }
+  fsync_parent(out);
+  fs::remove_all(aside, ec);
+}
+
+}  // namespace strata
