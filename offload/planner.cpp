@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cassert>
 #include <map>
-#include <unordered_set>
 
 #include "offload/size.h"
 
@@ -37,10 +36,19 @@ NextUse next_uses(const Schedule& s) {
   return nu;
 }
 
+// A demand point of the MIN schedule: what Belady evicts and loads when event `event` arrives,
+// and the earliest event after which it may be issued instead.
+struct Group {
+  size_t event;
+  std::vector<PlanOp> ops;
+  int64_t earliest = -1;  // issue after this event (-1: at the start of the step)
+  bool hoistable = true;  // allocations (write-only acquires) stay where they are
+};
+
 class Simulation {
  public:
-  Simulation(const Residency& start, const Schedule& s, const PlanOptions& opts)
-      : r_(start), s_(s), opts_(opts), nu_(next_uses(s)) {
+  Simulation(const Residency& start, const Schedule& s, const PlanOptions& opts, std::vector<Group> groups = {})
+      : r_(start), s_(s), opts_(opts), nu_(next_uses(s)), groups_(std::move(groups)) {
     plan_.options = opts;
     plan_.before.resize(s.size());
     plan_.after.resize(s.size());
@@ -55,23 +63,25 @@ class Simulation {
         c.next_use = it == nu_.first.end() ? kNever : it->second;
         base_ = std::max(base_, c.last_use + 1);
       }
+    for (size_t g = 0; g < groups_.size(); ++g) group_at_[groups_[g].event] = g;
   }
 
   Plan run() {
     const auto& ev = s_.events();
-    if (opts_.prefetch) prefetch(-1);
+    hoist(-1);
     for (size_t i = 0; i < ev.size(); ++i) {
       const ScheduleEvent& e = ev[i];
       if (e.release) {
         r_.release(e.block, e.tier, e.mode);
       } else {
+        force_group(i);
         demand(i, e);
         r_.acquire(e.block, e.tier, e.mode);
         CopyInfo& c = r_.copy_mut(e.block, e.tier);
         c.next_use = nu_.next[i];
         c.last_use = base_ + static_cast<int64_t>(i);
       }
-      if (opts_.prefetch) prefetch(static_cast<int64_t>(i));
+      hoist(static_cast<int64_t>(i));
     }
     plan_.end_fingerprint = r_.fingerprint();
     return std::move(plan_);
@@ -113,39 +123,58 @@ class Simulation {
     }
   }
 
-  // After event i (-1: at the start of the step): load the copies the next acquires read, in order, while room can be made by
-  // evicting only copies needed later than the one being loaded. Stops at the first that does
-  // not fit, so prefetches never overtake each other.
-  void prefetch(int64_t i) {
-    const auto& ev = s_.events();
-    size_t n = ev.size();
-    std::unordered_set<BlockId> written;  // blocks written between i and the candidate
-    size_t horizon = std::min(n, opts_.lookahead);
-    for (size_t k = 1; k <= horizon; ++k) {
-      int64_t j = i + static_cast<int64_t>(k);
-      const ScheduleEvent& e = ev[j % n];
-      if (e.release) continue;
-      BlockId b = e.block;
-      bool stale_first = written.count(b) > 0;  // a prefetched copy would go stale before its use
-      if (writes(e.mode)) written.insert(b);
-      if (!reads(e.mode) || stale_first) continue;
-      CopyInfo& c = r_.copy_mut(b, e.tier);
-      if (c.valid) continue;
-      if (being_written(b)) continue;  // its current bytes are still being produced
-      if (c.present || e.tier == r_.block(b).home) continue;  // stale home: refreshed on demand
-      uint64_t bytes = r_.block(b).bytes;
-      auto victims = r_.choose_victims(e.tier, bytes, Policy::belady, j);
-      if (!victims) return;
-      auto& ops = i < 0 ? plan_.start : plan_.after[static_cast<size_t>(i)];
-      evict_all(*victims, e.tier, ops);
-      count(r_.load(b, e.tier));
-      ops.push_back({OpKind::load, b, e.tier});
-      r_.copy_mut(b, e.tier).next_use = j;
+  // Evictions of a group whose copy is still there and free to go (as MIN found it).
+  std::vector<BlockId> live_victims(const Group& g) const {
+    std::vector<BlockId> v;
+    for (const PlanOp& op : g.ops) {
+      if (op.kind != OpKind::evict) continue;
+      const CopyInfo& c = r_.copy(op.block, op.tier);
+      if (c.present && c.pins == 0) v.push_back(op.block);
+    }
+    return v;
+  }
+
+  // Event i has arrived: its MIN group (if not issued early) goes now, before the demand.
+  void force_group(size_t i) {
+    auto it = group_at_.find(i);
+    if (it == group_at_.end() || it->second < next_group_) return;
+    assert(it->second == next_group_);
+    const Group& g = groups_[next_group_++];
+    if (g.ops.empty()) return;
+    evict_all(live_victims(g), g.ops.front().tier, plan_.before[i]);
+  }
+
+  // Cao et al.'s conservative prefetching: MIN's fetches, in MIN's order, each issued as soon as
+  // its victims are no longer used before it and its bytes are final — so it moves what MIN
+  // moves, only earlier. Stops at the first group that cannot go yet (order is kept).
+  void hoist(int64_t i) {
+    if (!opts_.prefetch) return;
+    auto& ops = i < 0 ? plan_.start : plan_.after[static_cast<size_t>(i)];
+    while (next_group_ < groups_.size()) {
+      const Group& g = groups_[next_group_];
+      if (!g.hoistable || g.earliest > i || static_cast<int64_t>(g.event) <= i) return;
+      const PlanOp& load = g.ops.back();
+      assert(load.kind == OpKind::load);
+      Tier t = load.tier;
+      const CopyInfo& c = r_.copy(load.block, t);
+      if (c.valid) {  // already there (placement differed from MIN's): nothing to do
+        ++next_group_;
+        continue;
+      }
+      if (c.present || any_writer(load.block)) return;
+      std::vector<BlockId> victims = live_victims(g);
+      Arena a = r_.arena(t);
+      for (BlockId v : victims) a.free(r_.copy(v, t).offset, r_.block(v).bytes);
+      if (!a.can_alloc(r_.block(load.block).bytes)) return;  // placement differs: wait for the demand
+      evict_all(victims, t, ops);
+      count(r_.load(load.block, t));
+      ops.push_back(load);
+      r_.copy_mut(load.block, t).next_use = static_cast<int64_t>(g.event);
+      ++next_group_;
     }
   }
 
-  // A copy of b is acquired in a writing mode right now: its bytes are still being produced.
-  bool being_written(BlockId b) const {
+  bool any_writer(BlockId b) const {
     for (int t = 0; t < kNumTiers; ++t)
       if (r_.copy(b, static_cast<Tier>(t)).write_pins > 0) return true;
     return false;
@@ -155,9 +184,42 @@ class Simulation {
   const Schedule& s_;
   PlanOptions opts_;
   NextUse nu_;
+  std::vector<Group> groups_;
+  std::map<size_t, size_t> group_at_;  // event -> group
+  size_t next_group_ = 0;
   Plan plan_;
   int64_t base_ = 0;
 };
+
+// MIN's demand points, with the earliest event after which each may be issued: after the last
+// use of every victim (on that tier) and after the last write of the block it loads.
+std::vector<Group> min_groups(const Plan& min, const Schedule& s) {
+  const auto& ev = s.events();
+  std::vector<Group> groups;
+  for (size_t j = 0; j < ev.size(); ++j) {
+    if (min.before[j].empty()) continue;
+    Group g{j, min.before[j]};
+    auto last_before = [&](auto pred) {
+      for (size_t k = j; k-- > 0;)
+        if (pred(ev[k])) return static_cast<int64_t>(k);
+      return int64_t{-1};
+    };
+    for (const PlanOp& op : g.ops) {
+      if (op.kind == OpKind::alloc) g.hoistable = false;
+      if (op.kind == OpKind::evict)
+        g.earliest = std::max(g.earliest, last_before([&](const ScheduleEvent& e) {
+                                return e.block == op.block && e.tier == op.tier;
+                              }));
+      if (op.kind == OpKind::load)
+        g.earliest = std::max(g.earliest, last_before([&](const ScheduleEvent& e) {
+                                return e.block == op.block && writes(e.mode);
+                              }));
+    }
+    if (g.ops.back().kind != OpKind::load) g.hoistable = false;
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
 
 }  // namespace
 
@@ -167,7 +229,9 @@ std::string Plan::name() const {
 }
 
 Plan simulate(const Residency& start, const Schedule& s, const PlanOptions& opts) {
-  return Simulation(start, s, opts).run();
+  if (!opts.prefetch || opts.policy != Policy::belady) return Simulation(start, s, {opts.policy, false}).run();
+  Plan min = Simulation(start, s, {Policy::belady, false}).run();
+  return Simulation(start, s, opts, min_groups(min, s)).run();
 }
 
 std::vector<Plan> candidate_plans(const Residency& start, const Schedule& s) {

@@ -1,7 +1,7 @@
 // Planner: turns one step's schedule into the loads, allocations and evictions to issue around
 // each event, by simulating the step on a copy of the residency state. Eviction by next-use
 // distance (Belady's MIN; exact because the step repeats, so next use wraps into the next step),
-// prefetch as early as the budget allows, and the smallest budget at which a schedule runs.
+// prefetch as early as the budget allows (MIN's own fetches, hoisted: no extra bytes), and the smallest budget at which a schedule runs.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,8 +23,7 @@ struct PlanOp {
 
 struct PlanOptions {
   Policy policy = Policy::belady;
-  bool prefetch = true;
-  size_t lookahead = SIZE_MAX;  // prefetch at most this many events ahead
+  bool prefetch = true;  // Belady only: issue MIN's fetches early (Cao's conservative prefetching)
 };
 
 struct Plan {
