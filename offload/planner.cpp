@@ -66,7 +66,7 @@ class Simulation {
     for (size_t g = 0; g < groups_.size(); ++g) group_at_[groups_[g].event] = g;
   }
 
-  Plan run() {
+  Plan run(Residency* end = nullptr) {
     const auto& ev = s_.events();
     hoist(-1);
     for (size_t i = 0; i < ev.size(); ++i) {
@@ -84,6 +84,7 @@ class Simulation {
       hoist(static_cast<int64_t>(i));
     }
     plan_.end_fingerprint = r_.fingerprint();
+    if (end) *end = r_;
     return std::move(plan_);
   }
 
@@ -228,22 +229,32 @@ std::string Plan::name() const {
   return options.prefetch ? "belady+prefetch" : "belady";
 }
 
-Plan simulate(const Residency& start, const Schedule& s, const PlanOptions& opts) {
-  if (!opts.prefetch || opts.policy != Policy::belady) return Simulation(start, s, {opts.policy, false}).run();
+Plan simulate(const Residency& start, const Schedule& s, const PlanOptions& opts, Residency* end) {
+  if (!opts.prefetch || opts.policy != Policy::belady) return Simulation(start, s, {opts.policy, false}).run(end);
   Plan min = Simulation(start, s, {Policy::belady, false}).run();
-  return Simulation(start, s, opts, min_groups(min, s)).run();
+  return Simulation(start, s, opts, min_groups(min, s)).run(end);
 }
 
 std::vector<Plan> candidate_plans(const Residency& start, const Schedule& s) {
   std::vector<Plan> out;
   const PlanOptions cands[] = {{Policy::belady, true}, {Policy::belady, false}, {Policy::lru, false}};
   for (const auto& o : cands) {
+    Residency end = start;
     try {
-      out.push_back(simulate(start, s, o));
+      out.push_back(simulate(start, s, o, &end));
+    } catch (const BudgetError&) {
+      continue;
+    }
+    try {  // steady: the plan can follow itself (its end state runs the next step)
+      simulate(end, s, o);
+      out.back().steady = true;
     } catch (const BudgetError&) {
     }
   }
-  std::stable_sort(out.begin(), out.end(), [](const Plan& a, const Plan& b) { return a.bytes_moved() < b.bytes_moved(); });
+  std::stable_sort(out.begin(), out.end(), [](const Plan& a, const Plan& b) {
+    if (a.steady != b.steady) return a.steady;
+    return a.bytes_moved() < b.bytes_moved();
+  });
   return out;
 }
 

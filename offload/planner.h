@@ -35,16 +35,19 @@ struct Plan {
   uint64_t schedule_fingerprint = 0;
   uint64_t start_fingerprint = 0;  // residency state the plan starts from
   uint64_t end_fingerprint = 0;    // ... and leaves behind
+  bool steady = false;             // candidate_plans: the next step runs from where this one ends
   uint64_t bytes_moved() const { return total(link_bytes); }
   std::string name() const;  // "belady+prefetch", "belady", "lru"
 };
 
-// Simulates one step of `s` from `start`. Throws BudgetError (minimum 0: unknown) when a demand
-// cannot be met even after evicting everything unpinned.
-Plan simulate(const Residency& start, const Schedule& s, const PlanOptions& opts);
+// Simulates one step of `s` from `start` (and leaves the state it ends in in *end). Throws
+// BudgetError (minimum 0: unknown) when a demand cannot be met even after evicting everything
+// unpinned.
+Plan simulate(const Residency& start, const Schedule& s, const PlanOptions& opts, Residency* end = nullptr);
 
-// The candidates (Belady with prefetch, Belady on demand, LRU on demand) that run from `start`,
-// cheapest in bytes moved first (ties: the earlier candidate). Empty when none runs.
+// The candidates (Belady with prefetch, Belady on demand, LRU on demand) that run from `start`:
+// steady ones first (their end state runs the next step: no cache flush between steps), then
+// cheapest in bytes moved (ties: the earlier candidate). Empty when none runs.
 std::vector<Plan> candidate_plans(const Residency& start, const Schedule& s);
 
 // Smallest budget for tier t (the other tiers as in `state`) at which `s` runs from a cold start
