@@ -62,7 +62,9 @@ TEST(Planner, MinimumBudgetRunsAndBelowItIsAnErrorNamingIt) {
     // The planner never moves more than LRU on the same schedule and budget (where LRU runs).
     // (Among plans that can follow themselves; a non-steady one pays a cache flush every step.)
     for (const Plan& p : plans)
-      if (p.steady == plans.front().steady) EXPECT_LE(plans.front().bytes_moved(), p.bytes_moved());
+      if (p.steady == plans.front().steady) {
+        EXPECT_LE(plans.front().bytes_moved(), p.bytes_moved());
+      }
     // Prefetching moves what MIN moves, when placement lets it (equal sizes: always).
     try {
       Plan bel = simulate(at_min, s, {Policy::belady, false});
