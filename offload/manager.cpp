@@ -167,17 +167,17 @@ void BlockManager::choose_plan() {
 
 void BlockManager::begin_step() {
   if (in_step_) throw std::logic_error("offload: begin_step inside a step");
-  in_step_ = true;
   cursor_ = 0;
   recording_.clear();
   planned_ = !schedule_.empty();
-  if (!planned_) {
+  if (planned_) {
+    choose_plan();  // may throw BudgetError: the step has not begun
+    apply_all(plan_->start);
+  } else {
     std::lock_guard lock(stats_mu_);
     stats_.policy = "online-lru";
-    return;
   }
-  choose_plan();
-  apply_all(plan_->start);
+  in_step_ = true;
 }
 
 // The client left the schedule: from here on this step runs online (demand loads, LRU), and

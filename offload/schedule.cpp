@@ -1,6 +1,7 @@
 // Schedule: building, validating and fingerprinting a step's access sequence.
 #include "offload/schedule.h"
 
+#include <algorithm>
 #include <cassert>
 #include <stdexcept>
 
@@ -44,6 +45,7 @@ std::string Schedule::describe(size_t i) const {
 
 void Schedule::validate(size_t n_blocks) const {
   std::vector<bool> open(events_.size(), false);
+  std::vector<std::vector<size_t>> open_of(n_blocks);  // per block: its open acquires
   size_t n_open = 0;
   for (size_t i = 0; i < events_.size(); ++i) {
     const auto& e = events_[i];
@@ -51,12 +53,13 @@ void Schedule::validate(size_t n_blocks) const {
     if (e.block >= n_blocks) throw bad("no such block (" + std::to_string(n_blocks) + " registered)");
     if (e.tier == Tier::nvme) throw bad("NVMe is storage only; acquire on device or host");
     if (!e.release) {
-      for (size_t k = 0; k < i; ++k) {  // open acquires of the same block on another tier
-        if (!open[k] || events_[k].block != e.block || events_[k].tier == e.tier) continue;
+      for (size_t k : open_of[e.block]) {  // open acquires of the same block on another tier
+        if (events_[k].tier == e.tier) continue;
         if (writes(e.mode) || writes(events_[k].mode))
           throw bad("the block is acquired on two tiers at once while one of them writes it (" + describe(k) + ")");
       }
       open[i] = true;
+      open_of[e.block].push_back(i);
       ++n_open;
       continue;
     }
@@ -64,6 +67,8 @@ void Schedule::validate(size_t n_blocks) const {
     const auto& a = events_[e.acquire_event];
     if (a.block != e.block || a.tier != e.tier || a.mode != e.mode) throw bad("does not match its acquire");
     open[e.acquire_event] = false;
+    auto& ob = open_of[e.block];
+    ob.erase(std::find(ob.begin(), ob.end(), static_cast<size_t>(e.acquire_event)));
     --n_open;
   }
   if (n_open != 0)

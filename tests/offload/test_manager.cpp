@@ -63,7 +63,7 @@ TEST(BlockManager, RandomSchedulesAtRandomBudgetsKeepEveryByte) {
   auto rt = kernels::make_runtime(kernels::Backend::cpu);
   std::mt19937_64 rng(2024);
   size_t acquires = 0, cold_restarts = 0;
-  for (int iter = 0; iter < 60; ++iter) {
+  for (int iter = 0; iter < 45; ++iter) {
     Case c = random_case(rng, false, 0);
     BlockManager mgr(*rt, budgets(c.device_bytes, c.host_bytes));
     for (const auto& b : c.blocks) mgr.add_block(b.name, b.bytes, b.home);
@@ -91,8 +91,8 @@ TEST(BlockManager, RandomSchedulesAtRandomBudgetsKeepEveryByte) {
     }
     check_within_budgets(mgr, c);
   }
-  EXPECT_GT(acquires, 5000u);
-  EXPECT_LE(cold_restarts, 12u);  // rare: only where no candidate plan is steady
+  EXPECT_GT(acquires, 4000u);
+  EXPECT_LE(cold_restarts, 10u);  // rare: only where no candidate plan is steady
 }
 
 TEST(BlockManager, RecordedScheduleIsPlannedAndAChangeIsReplanned) {
