@@ -108,6 +108,7 @@ TEST(BlockManager, RecordedScheduleIsPlannedAndAChangeIsReplanned) {
   EXPECT_EQ(mgr.schedule(), c.schedule);
   run_step(mgr, c.schedule, versions);  // planned
   EXPECT_NE(mgr.stats().policy, "online-lru");
+  EXPECT_LE(mgr.stats().planned_bytes, mgr.stats().lru_bytes);  // Belady vs LRU on the recording
   uint64_t changes = mgr.stats().schedule_changes;
   run_step(mgr, other, versions);  // departs from the plan: detected, run online, recorded
   EXPECT_EQ(mgr.stats().schedule_changes, changes + 1);
