@@ -64,6 +64,9 @@ class Fence {
   bool ready() const;                             // never blocks
   void enqueue_wait(kernels::Stream& s) const;    // s waits for every part
   void prune();                                   // drops completed parts (keeps failed ones)
+  // The same completion without the errors: for "whoever used this range last is done" (a
+  // failed move must not fail the next, unrelated owner of its memory).
+  Fence quiet() const;
   bool empty() const { return parts_.empty(); }
   size_t size() const { return parts_.size(); }
 

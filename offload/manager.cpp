@@ -82,9 +82,9 @@ void BlockManager::issue(const Move& m, bool fresh_dst) {
   deps.add(src.users);
   if (fresh_dst) {
     deps.add(pools_[index(m.to)].take_hazards(m.to_offset, m.bytes));
-  } else {
-    deps.add(dst.ready);
-    deps.add(dst.users);
+  } else {  // overwriting a copy (the home): its last users must be done, failed or not
+    deps.add(dst.ready.quiet());
+    deps.add(dst.users.quiet());
   }
   Fence done = transfer_->move(place(m.block, m.from), place(m.block, m.to), m.bytes, deps);
   dst.ready = done;
@@ -241,8 +241,10 @@ Handle BlockManager::finish_acquire(BlockId b, Tier t, Mode m, uint32_t event) {
   h.bytes_ = res_.block(b).bytes;
   h.ptr_ = pools_[index(t)].base() + c.offset;
   h.event_ = event;
-  h.ready_ = rc.ready;
-  if (writes(m)) h.ready_.add(rc.users);  // nothing may still read the bytes being overwritten
+  // Reading: the bytes must have arrived (a failed load is an error here). Writing: nothing may
+  // still read or write the range (completion only: the old bytes are being replaced).
+  h.ready_ = reads(m) ? rc.ready : rc.ready.quiet();
+  if (writes(m)) h.ready_.add(rc.users.quiet());
   ++open_handles_[b];
   return h;
 }

@@ -24,7 +24,7 @@ TierPool::TierPool(kernels::Runtime& rt, Tier tier, uint64_t budget) : tier_(tie
 void TierPool::add_hazard(uint64_t offset, uint64_t bytes, Fence last_users) {
   last_users.prune();
   if (last_users.empty()) return;
-  hazards_.push_back({offset, offset + align_up(bytes), std::move(last_users)});
+  hazards_.push_back({offset, offset + align_up(bytes), last_users.quiet()});
 }
 
 Fence TierPool::take_hazards(uint64_t offset, uint64_t bytes) {

@@ -24,7 +24,8 @@ class TierPool {
   char* base() const { return static_cast<char*>(device_.data() ? device_.data() : pinned_.data()); }
   uint64_t budget() const { return budget_; }
 
-  // A range given back: work in `last_users` may still read or write it.
+  // A range given back: work in `last_users` may still read or write it. Only its completion
+  // matters to the next owner, not its errors (those stay with the copies they concerned).
   void add_hazard(uint64_t offset, uint64_t bytes, Fence last_users);
   // What a new owner of [offset, offset+bytes) must wait for before touching it.
   Fence take_hazards(uint64_t offset, uint64_t bytes);

@@ -139,6 +139,10 @@ class MemStore final : public NvmeStore {
     std::lock_guard lock(mu_);
     fail_read_offset_ = off;
   }
+  void fail_writes_at(uint64_t off) {
+    std::lock_guard lock(mu_);
+    fail_write_offset_ = off;
+  }
   uint64_t reads_done() {
     std::lock_guard lock(mu_);
     return n_reads_;
@@ -172,9 +176,11 @@ class MemStore final : public NvmeStore {
         j = jobs_.front();
         jobs_.pop_front();
         if (!j.write) ++n_reads_;
-        if (!j.write && fail_read_offset_ >= j.off && fail_read_offset_ < j.off + j.len) {
+        uint64_t fail_at = j.write ? fail_write_offset_ : fail_read_offset_;
+        if (fail_at >= j.off && fail_at < j.off + j.len) {
           j.done->set(std::make_exception_ptr(std::runtime_error(
-              "MemStore: injected EIO reading " + std::to_string(j.len) + " bytes at offset " + std::to_string(j.off))));
+              std::string("MemStore: injected EIO ") + (j.write ? "writing " : "reading ") + std::to_string(j.len) +
+              " bytes at offset " + std::to_string(j.off))));
           continue;
         }
       }
@@ -191,6 +197,7 @@ class MemStore final : public NvmeStore {
   std::deque<Job> jobs_;
   bool stop_ = false;
   uint64_t fail_read_offset_ = UINT64_MAX;
+  uint64_t fail_write_offset_ = UINT64_MAX;
   uint64_t n_reads_ = 0;
   std::thread worker_;
 };

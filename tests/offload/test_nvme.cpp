@@ -135,6 +135,31 @@ TEST(Nvme, ReadErrorReachesADeviceAcquireThroughStaging) {
   t.mgr->end_step();
 }
 
+// A failed write-back leaves the NVMe copy bad: the next acquire that needs it gets the error,
+// never stale bytes.
+TEST(Nvme, WriteBackErrorReachesTheNextAcquire) {
+  auto store = std::make_unique<MemStore>(8 * kAlign);
+  MemStore* raw = store.get();
+  Thrash t(std::move(store));
+  raw->fail_writes_at(t.mgr->residency().copy(0, Tier::nvme).offset);
+  t.mgr->begin_step();
+  Handle a = t.mgr->acquire(0, Tier::host, Mode::read_write);  // dirty on host
+  a.wait();
+  t.mgr->release(a);
+  Handle b = t.mgr->acquire(1, Tier::host, Mode::read);  // evicts a: its write-back fails
+  b.wait();
+  t.mgr->release(b);
+  Handle again = t.mgr->acquire(0, Tier::host, Mode::read);  // must come from NVMe: fails
+  try {
+    again.wait();
+    FAIL() << "read bytes whose write-back had failed";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("injected EIO writing"), std::string::npos) << e.what();
+  }
+  t.mgr->release(again);
+  t.mgr->end_step();
+}
+
 // The production store: SwapSpace + IoEngine (threads engine, so it runs where io_uring is not
 // permitted), with an injected EIO on reads once armed.
 TEST(Nvme, SwapSpaceStoreRoundTripsAndReportsIoErrors) {
