@@ -55,7 +55,12 @@ void Fence::enqueue_wait(kernels::Stream& s) const {
   for (const auto& p : parts_) {
     if (p->enqueue_wait(s)) continue;
     std::shared_ptr<Waitable> keep = p;  // alive until the stream runs the wait
-    s.host_fn([keep] { keep->wait(); });
+    s.host_fn([keep] {
+      try {
+        keep->wait();
+      } catch (...) {  // carried by the fence of the work behind it, not by the stream
+      }
+    });
   }
 }
 
@@ -81,6 +86,20 @@ Fence Fence::quiet() const {
   for (const auto& p : parts_)
     out.parts_.push_back(dynamic_cast<QuietPart*>(p.get()) ? p : std::make_shared<QuietPart>(p));
   return out;
+}
+
+void Fence::carry_errors(const Fence& f) {
+  for (const auto& p : f.parts_)
+    if (!dynamic_cast<EventPart*>(p.get()) && !(p->ready() && [&] {
+          try {
+            p->wait();
+            return true;
+          } catch (...) {
+            return false;
+          }
+        }()))
+      parts_.push_back(p);
+  if (parts_.size() > 16) prune();
 }
 
 void Fence::prune() {

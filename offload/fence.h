@@ -62,7 +62,14 @@ class Fence {
   void add(const Fence& f);
   void wait() const;                              // host waits; rethrows the first error
   bool ready() const;                             // never blocks
-  void enqueue_wait(kernels::Stream& s) const;    // s waits for every part
+  // s waits for every part: events in stream order, other parts by a host function on s that
+  // waits and swallows their errors (a host function must not throw on CUDA). Errors do not
+  // travel through streams: work ordered this way carries its inputs' errors in its own fence
+  // (see carry_errors).
+  void enqueue_wait(kernels::Stream& s) const;
+  // Adds f's parts that are not stream events (host signals, I/O): their errors are what a
+  // fence of stream work ordered after f must rethrow.
+  void carry_errors(const Fence& f);
   void prune();                                   // drops completed parts (keeps failed ones)
   // The same completion without the errors: for "whoever used this range last is done" (a
   // failed move must not fail the next, unrelated owner of its memory).

@@ -131,7 +131,9 @@ struct TransferEngine::Impl {
     s.host_fn([c, bytes] { c->end(bytes); });
     auto part = std::make_shared<EventPart>(rt.create_event());
     s.record(part->event());
-    return Fence(part);
+    Fence done(part);
+    done.carry_errors(deps);  // an input that failed (e.g. an NVMe read) fails this move too
+    return done;
   }
 
   // host<->NVMe: the submit lane waits for deps and submits; the completion lane waits for the

@@ -117,6 +117,27 @@ TEST(Nvme, ReadErrorReachesTheWaitingAcquire) {
   t.mgr->end_step();
 }
 
+// The device copy is loaded from a host copy that is itself still arriving from NVMe: the copy
+// stream waits for it, and the NVMe error reaches the device acquire through the fences.
+TEST(Nvme, ReadErrorFlowsThroughAHostCopyToTheDevice) {
+  auto store = std::make_unique<MemStore>(8 * kAlign);
+  MemStore* raw = store.get();
+  Thrash t(std::move(store));
+  Schedule s;
+  s.use(0, Tier::host, Mode::read);
+  s.use(1, Tier::host, Mode::read);
+  for (int step = 0; step < 2; ++step) run_step(*t.mgr, s, t.versions);
+  raw->fail_reads_at(t.mgr->residency().copy(1, Tier::nvme).offset);
+  t.mgr->begin_step();
+  Handle h = t.mgr->acquire(1, Tier::host, Mode::read);
+  Handle d = t.mgr->acquire(1, Tier::device, Mode::read);
+  EXPECT_THROW(d.wait(), std::runtime_error);
+  EXPECT_THROW(h.wait(), std::runtime_error);
+  t.mgr->release(d);
+  t.mgr->release(h);
+  t.mgr->end_step();
+}
+
 TEST(Nvme, ReadErrorReachesADeviceAcquireThroughStaging) {
   auto store = std::make_unique<MemStore>(8 * kAlign);
   MemStore* raw = store.get();
