@@ -19,6 +19,10 @@ TierPool::TierPool(kernels::Runtime& rt, Tier tier, uint64_t budget) : tier_(tie
     throw std::runtime_error("offload: cannot allocate the " + std::string(tier_name(tier)) + " pool of " +
                              format_size(budget_) + " (--" + std::string(tier_name(tier)) + "-mem): " + e.what());
   }
+  // Fault every page in now, not inside the step loop (fresh pages are slow to fault in).
+  auto s = rt.create_stream();
+  s->memset_async(base(), 0, budget_);
+  s->synchronize();
 }
 
 void TierPool::add_hazard(uint64_t offset, uint64_t bytes, Fence last_users) {
