@@ -227,6 +227,7 @@ nlohmann::json run_workload(const Workload& w, const BenchOptions& o, io::SwapSp
   j["measured_bytes"] = (s1.bytes_moved() - s0.bytes_moved()) / static_cast<uint64_t>(o.steps);
   j["host_peak_bytes"] = s1.tiers[1].bytes_peak;
   j["cold_restarts"] = s1.cold_restarts;
+  j["plans_computed"] = s1.plans;  // a steady step reuses its plan (same start placement)
   j["engine"] = io::to_string(space.engine().kind());
   return j;
 }
