@@ -57,7 +57,11 @@ EngineKind parse_engine_kind(const std::string& s) {
 
 // ---- IoHandle ----
 
-bool IoHandle::ready() const { return r_ && r_->done.load(std::memory_order_acquire) != 0; }
+bool IoHandle::ready() const {
+  if (!r_) return false;
+  if (!r_->done.load(std::memory_order_acquire) && r_->reaper) r_->reaper->poll();  // caller-reaped: make progress
+  return r_->done.load(std::memory_order_acquire) != 0;
+}
 
 void IoHandle::wait() {
   assert(r_ && "wait() on an empty IoHandle");
@@ -69,7 +73,10 @@ void IoHandle::wait() {
       while (!r.done.load(std::memory_order_acquire)) r.done.wait(0, std::memory_order_acquire);
     }
   }
-  if (r.error) std::rethrow_exception(r.error);
+  if (r.error) {
+    const detail::Request::Failure& f = *r.error;
+    throw IoError(f.op, f.path, f.offset, f.length, f.err, f.hint);
+  }
   if (r.verify) {
     std::call_once(r.verify_once, [&r] {
       try {
@@ -232,7 +239,7 @@ Outcome EngineBase::on_result(Piece& p, int64_t res) {
     std::string h = hint;
     if (!p.req->label.empty()) h += (h.empty() ? "" : "; ") + p.req->label;
     if (err == ENOSPC) h += (h.empty() ? "" : "; ") + std::string("the disk is full");
-    p.req->fail(std::make_exception_ptr(IoError(op, file_path(p.file), p.offset, p.length, err, h)));
+    p.req->fail({op, file_path(p.file), h, p.offset, p.length, err});
     st_.errors.fetch_add(1, std::memory_order_relaxed);
     return Outcome::failed;
   };

@@ -40,7 +40,7 @@ struct EngineStats {
   uint64_t bytes_written = 0;
   uint64_t short_requeues = 0;  // short reads/writes re-issued for the remainder
   uint64_t retries = 0;         // EAGAIN / EINTR re-issued
-  uint64_t errors = 0;          // requests that failed
+  uint64_t errors = 0;          // pieces that failed (a request fails if any of its pieces does)
   uint64_t submit_calls = 0;    // io_uring_submit syscalls (uring engine)
   uint64_t fixed_pieces = 0;    // pieces that used a registered buffer
 };
@@ -56,7 +56,7 @@ class IoHandle {
   IoHandle() = default;
   explicit IoHandle(std::shared_ptr<detail::Request> r) : r_(std::move(r)) {}
   bool valid() const { return r_ != nullptr; }
-  bool ready() const;      // every piece has finished (successfully or not); never blocks
+  bool ready() const;      // every piece has finished (ok or not); never blocks (reaps what is there)
   void wait();             // blocks until ready; throws IoError / ChecksumError on failure
   uint64_t bytes() const;  // bytes the request covers
   double latency_us() const;  // submit -> last piece done; valid once ready()

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <vector>
@@ -34,6 +35,7 @@ struct Piece {
 class Reaper {
  public:
   virtual void reap_until(Request& r) = 0;
+  virtual size_t poll() = 0;  // non-blocking
 
  protected:
   ~Reaper() = default;
@@ -50,15 +52,22 @@ struct Request {
   std::function<void()> verify;
   std::once_flag verify_once;
   std::exception_ptr verify_error;
+  // The first failure, kept as plain data: each wait() throws its own IoError built from it, so
+  // no exception object is shared between the completing and the waiting thread.
+  struct Failure {
+    std::string op, path, hint;
+    uint64_t offset = 0, length = 0;
+    int err = 0;
+  };
   std::mutex error_mu;
-  std::exception_ptr error;  // first failure; written before `done` is released
+  std::optional<Failure> error;  // written before `done` is released
   std::chrono::steady_clock::time_point t_submit;
   std::atomic<int64_t> latency_ns{0};
   std::shared_ptr<Request> self;  // keeps the request alive while pieces are in flight
 
-  void fail(std::exception_ptr e) {
+  void fail(Failure f) {
     std::lock_guard lk(error_mu);
-    if (!error) error = std::move(e);
+    if (!error) error = std::move(f);
   }
   // Called once per piece when it is finished for good; the last one completes the request.
   void finish_piece() {

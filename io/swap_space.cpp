@@ -101,9 +101,9 @@ void SwapSpace::Impl::open_dir(Dir& d) {
   d.dir = tmpl;
   d.file = d.dir + "/swap";
   const int base = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
-  d.direct = !opts.force_buffered;
-  d.fd = d.direct ? ::open(d.file.c_str(), base | O_DIRECT, 0600) : -1;
-  if (d.fd < 0 && d.direct && errno != EINVAL) {
+  d.direct = true;
+  d.fd = opts.test_reject_direct ? (errno = EINVAL, -1) : ::open(d.file.c_str(), base | O_DIRECT, 0600);
+  if (d.fd < 0 && errno != EINVAL) {
     int err = errno;
     ::rmdir(d.dir.c_str());
     throw path_error(d.file, err, "cannot create the swap file");
@@ -113,7 +113,7 @@ void SwapSpace::Impl::open_dir(Dir& d) {
     ::unlink(d.file.c_str());
     d.fd = -1;
   }
-  if (d.fd < 0 && d.direct) {  // the filesystem rejects O_DIRECT
+  if (d.fd < 0) {  // the filesystem rejects O_DIRECT
     if (!opts.allow_buffered) {
       ::rmdir(d.dir.c_str());
       throw path_error(d.root, EINVAL,
@@ -146,9 +146,13 @@ uint64_t SwapSpace::Impl::alloc_region(Dir& d, uint64_t bytes) {
   }
   // Grow the file; a free block touching the end is reused, so only the shortfall is new.
   uint64_t off = d.end;
+  bool reuse_tail = false;
   if (!d.free.empty()) {
     auto last = std::prev(d.free.end());
-    if (last->first + last->second == d.end) off = last->first;
+    if (last->first + last->second == d.end) {
+      off = last->first;
+      reuse_tail = true;
+    }
   }
   uint64_t grow = off + bytes - d.end;
   if (::fallocate(d.fd, 0, static_cast<off_t>(d.end), static_cast<off_t>(grow)) != 0) {
@@ -161,7 +165,7 @@ uint64_t SwapSpace::Impl::alloc_region(Dir& d, uint64_t bytes) {
     throw IoError("allocate swap in", d.file, d.end, grow, err, hint);
   }
   d.end += grow;
-  if (off != d.end - bytes) d.free.erase(off);  // consumed the trailing free block
+  if (reuse_tail) d.free.erase(off);  // the trailing free block is now part of this region
   return off;
 }
 

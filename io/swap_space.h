@@ -16,7 +16,7 @@ struct SwapOptions {
   uint64_t stripe_bytes = 1 << 20;     // RAID-0 stripe unit across paths (multiple of 4 KiB)
   bool checksums = false;              // crc32c per whole-extent write, verified on whole-extent read
   bool allow_buffered = false;         // a path whose filesystem rejects O_DIRECT: use buffered I/O (warns)
-  bool force_buffered = false;         // tests: never open with O_DIRECT
+  bool test_reject_direct = false;     // tests: act as if every path's filesystem rejected O_DIRECT
 };
 
 // A handle to allocated swap bytes. `bytes` is the allocation rounded up to 4 KiB.
