@@ -54,6 +54,7 @@ BlockId BlockManager::add_block(const std::string& name, uint64_t bytes, Tier ho
 const BlockSpec& BlockManager::block(BlockId b) const { return res_.block(b); }
 
 void BlockManager::set_schedule(Schedule s) {
+  if (in_step_) throw std::logic_error("offload: set_schedule inside a step");
   s.validate(res_.n_blocks());
   check_budgets(res_, s);
   schedule_ = std::move(s);

@@ -63,6 +63,9 @@ class Handle {
   Fence ready_;
 };
 
+// One client thread drives a manager (acquire/release/steps); Handle::wait may be called from
+// any thread. After a move fails, the error is rethrown by every wait that depends on it; the
+// step should be abandoned (the manager stays consistent, the bytes of that block do not).
 class BlockManager {
  public:
   // Allocates the device and host pools (their whole budgets) now. `store` holds the NVMe tier;
