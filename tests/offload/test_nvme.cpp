@@ -209,6 +209,12 @@ TEST(Nvme, SwapSpaceStoreRoundTripsAndReportsIoErrors) {
     OffloadStats st = t.mgr->stats();
     EXPECT_GT(st.link(Link::nvme_to_host).bytes, 0u);
     EXPECT_GT(st.link(Link::host_to_nvme).bytes, 0u);
+    for (Link l : {Link::nvme_to_host, Link::host_to_nvme, Link::h2d, Link::d2h}) {
+      EXPECT_GT(st.link(l).transfers, 0u) << link_name(l);
+      EXPECT_GT(st.link(l).ms_busy, 0.0) << link_name(l);
+      EXPECT_EQ(st.link(l).bytes % (l == Link::h2d || l == Link::d2h ? 1 : kAlign), 0u);
+    }
+    EXPECT_EQ(st.tiers[index(Tier::nvme)].budget_bytes, 8 * kAlign);
     fail = true;
     t.mgr->begin_step();
     Handle a = t.mgr->acquire(0, Tier::host, Mode::read);
