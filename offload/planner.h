@@ -1,7 +1,8 @@
 // Planner: turns one step's schedule into the loads, allocations and evictions to issue around
 // each event, by simulating the step on a copy of the residency state. Eviction by next-use
 // distance (Belady's MIN; exact because the step repeats, so next use wraps into the next step),
-// prefetch as early as the budget allows (MIN's own fetches, hoisted: no extra bytes), and the smallest budget at which a schedule runs.
+// prefetch as early as the budget allows (MIN's own fetches, hoisted: no extra bytes), and the
+// smallest budget at which a schedule runs.
 #pragma once
 #include <cstdint>
 #include <string>
