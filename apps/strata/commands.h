@@ -11,5 +11,6 @@ using Run = std::function<int()>;
 // `strata bench <what>`: one registration per benchmark family.
 void register_bench_ops(CLI::App& bench, Run& run);
 void register_bench_io(CLI::App& bench, Run& run);
+void register_bench_offload(CLI::App& bench, Run& run);
 
 }  // namespace strata::app

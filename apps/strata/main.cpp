@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   strata::app::register_bench_ops(*bench, run);
   strata::app::register_bench_io(*bench, run);
+  strata::app::register_bench_offload(*bench, run);
 
   try {
     app.parse(argc, argv);

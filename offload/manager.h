@@ -1,0 +1,139 @@
+// BlockManager: the tiered memory manager. Blocks (named byte ranges with a home tier) are
+// acquired on a tier and released; behind that, hard per-tier budgets, async moves between
+// device, pinned host and NVMe, and prefetch/eviction planned from the step's schedule —
+// declared up front or recorded on the first step, replanned when the program changes.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "offload/fence.h"
+#include "offload/nvme_store.h"
+#include "offload/planner.h"
+#include "offload/pool.h"
+#include "offload/residency.h"
+#include "offload/schedule.h"
+#include "offload/stats.h"
+#include "offload/transfer.h"
+
+namespace strata::kernels {
+class Runtime;
+class Stream;
+}  // namespace strata::kernels
+
+namespace strata::offload {
+
+struct ManagerConfig {
+  uint64_t device_bytes = 0;  // --device-mem: hard budget of the device pool
+  uint64_t host_bytes = 0;    // --host-mem: hard budget of the pinned host pool (staging not included)
+  TransferConfig transfer;    // staging buffers for device<->NVMe
+};
+
+class BlockManager;
+
+// An acquired block: data() is valid from acquire to release; its bytes are current once
+// ready() (wait() on the host, or wait_on() a compute stream).
+class Handle {
+ public:
+  Handle() = default;
+  void* data() const { return ptr_; }
+  uint64_t bytes() const { return bytes_; }
+  BlockId block() const { return block_; }
+  Tier tier() const { return tier_; }
+  Mode mode() const { return mode_; }
+  explicit operator bool() const { return mgr_ != nullptr; }
+  bool ready() const { return ready_.ready(); }
+  // Host blocks until the bytes are there; the time blocked is counted as stall. Rethrows the
+  // error of the move that was to bring them (e.g. an NVMe read error with path and offset).
+  void wait();
+  void wait_on(kernels::Stream& s) const { ready_.enqueue_wait(s); }
+
+ private:
+  friend class BlockManager;
+  BlockManager* mgr_ = nullptr;
+  BlockId block_ = 0;
+  Tier tier_ = Tier::host;
+  Mode mode_ = Mode::read;
+  void* ptr_ = nullptr;
+  uint64_t bytes_ = 0;
+  uint32_t event_ = 0;  // the acquire's index in the step
+  Fence ready_;
+};
+
+// One client thread drives a manager (acquire/release/steps); Handle::wait may be called from
+// any thread. After a move fails, the error is rethrown by every wait that depends on it; the
+// step should be abandoned (the manager stays consistent, the bytes of that block do not).
+class BlockManager {
+ public:
+  // Allocates the device and host pools (their whole budgets) now. `store` holds the NVMe tier;
+  // without one, no block may live on NVMe.
+  BlockManager(kernels::Runtime& rt, ManagerConfig cfg, std::unique_ptr<NvmeStore> store = nullptr);
+  ~BlockManager();  // waits for every move in flight
+  BlockManager(const BlockManager&) = delete;
+  BlockManager& operator=(const BlockManager&) = delete;
+
+  // Registers a block and places its home copy (BudgetError when the home tier is full).
+  BlockId add_block(const std::string& name, uint64_t bytes, Tier home);
+  const BlockSpec& block(BlockId b) const;
+
+  // Declares the step's schedule; validates it and throws BudgetError naming the minimum when a
+  // budget is too small to run it. Without one, the first step is recorded (online, LRU) and
+  // later steps are planned from the recording.
+  void set_schedule(Schedule s);
+  const Schedule& schedule() const { return schedule_; }
+
+  void begin_step();
+  void end_step();  // every handle must have been released
+  Handle acquire(BlockId b, Tier t, Mode m);
+  // done_on: the stream whose enqueued work uses the block (null: the host is done with it).
+  void release(Handle& h, kernels::Stream* done_on = nullptr);
+
+  // Smallest budget of tier t at which the current schedule runs (others as configured).
+  uint64_t min_budget(Tier t) const;
+  OffloadStats stats() const;
+  const Residency& residency() const { return res_; }
+  void drain();  // host waits for every move issued so far
+
+ private:
+  struct RtCopy {
+    Fence ready;  // the bytes are current after this
+    Fence users;  // work that reads or writes the range (moves, released clients)
+  };
+  void apply(const PlanOp& op);
+  void apply_all(const std::vector<PlanOp>& ops);
+  void issue(const Move& m, bool fresh_dst);
+  void free_ranges(const std::vector<Freed>& freed);
+  Handle finish_acquire(BlockId b, Tier t, Mode m, uint32_t event);
+  void online_demand(BlockId b, Tier t, Mode m);
+  void diverge();
+  void choose_plan();
+  void flush_to_cold();
+  Place place(BlockId b, Tier t) const;
+  RtCopy& rt_copy(BlockId b, Tier t) { return copies_[b][index(t)]; }
+
+  kernels::Runtime& rt_;
+  ManagerConfig cfg_;
+  std::unique_ptr<NvmeStore> store_;
+  std::array<TierPool, kNumTiers> pools_;
+  Residency res_;
+  std::vector<std::array<RtCopy, kNumTiers>> copies_;
+  std::unique_ptr<TransferEngine> transfer_;  // after the pools: destroyed (drained) first
+
+  Schedule schedule_;              // the step's program (declared or recorded)
+  std::optional<Plan> plan_;       // for schedule_ from the residency state it starts at
+  bool in_step_ = false;
+  bool planned_ = false;           // this step follows plan_ (else online, recording)
+  size_t cursor_ = 0;              // next event of schedule_ expected
+  Schedule recording_;             // online: what the client did this step
+  std::vector<int> open_handles_;  // per block: handles not yet released
+  int64_t clock_ = 0;              // LRU time across steps
+
+  mutable std::mutex stats_mu_;
+  OffloadStats stats_;             // counters kept here (links come from transfer_)
+  friend class Handle;
+};
+
+}  // namespace strata::offload

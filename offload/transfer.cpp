@@ -1,0 +1,293 @@
+// TransferEngine: copy streams for PCIe, two in-order lanes for NVMe, a pinned staging pool.
+#include "offload/transfer.h"
+
+#include <cassert>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "kernels/runtime.h"
+
+namespace strata::offload {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// An in-order worker thread: jobs run one after another, in the order pushed.
+class Lane {
+ public:
+  Lane() : thread_([this] { run(); }) {}
+  ~Lane() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void push(std::function<void()> job) {
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(std::move(job));
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+  void drain() {
+    std::unique_lock lock(mu_);
+    idle_cv_.wait(lock, [&] { return pending_ == 0; });
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();  // jobs catch their own errors
+      {
+        std::lock_guard lock(mu_);
+        --pending_;
+      }
+      idle_cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::function<void()>> jobs_;
+  size_t pending_ = 0;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the members it uses
+};
+
+// Wall time with at least one transfer in flight, and bytes, for one link.
+class LinkClock {
+ public:
+  void begin() {
+    std::lock_guard lock(mu_);
+    if (in_flight_++ == 0) since_ = Clock::now();
+  }
+  void end(uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    assert(in_flight_ > 0);
+    stats_.bytes += bytes;
+    ++stats_.transfers;
+    if (--in_flight_ == 0) stats_.ms_busy += std::chrono::duration<double, std::milli>(Clock::now() - since_).count();
+  }
+  LinkStats stats() const {
+    std::lock_guard lock(mu_);
+    return stats_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  int in_flight_ = 0;
+  Clock::time_point since_;
+  LinkStats stats_;
+};
+
+}  // namespace
+
+struct TransferEngine::Impl {
+  kernels::Runtime& rt;
+  NvmeStore* store;
+  TransferConfig cfg;
+  std::unique_ptr<kernels::Stream> h2d, d2h, staging_stream;
+  kernels::PinnedBuffer staging;               // n_staging x staging_bytes
+  std::vector<std::unique_ptr<kernels::Event>> staging_done;  // per buffer: its last copy finished
+  std::array<LinkClock, kNumLinks> clocks;
+  Lane submit, complete;                       // NVMe: waits + submissions; completions in order
+
+  Impl(kernels::Runtime& r, NvmeStore* s, TransferConfig c) : rt(r), store(s), cfg(c) {
+    h2d = rt.create_stream();
+    d2h = rt.create_stream();
+    if (store) {
+      assert(cfg.staging_bytes % kAlign == 0 && cfg.n_staging >= 1);
+      staging_stream = rt.create_stream();
+      staging = kernels::PinnedBuffer(rt, cfg.staging_bytes * static_cast<uint64_t>(cfg.n_staging));
+      store->register_buffer(staging.data(), staging.bytes());
+      for (int i = 0; i < cfg.n_staging; ++i) staging_done.push_back(rt.create_event());
+    }
+  }
+
+  LinkClock& clock(Link l) { return clocks[static_cast<int>(l)]; }
+
+  // device<->host: the copy stream waits for deps, copies, and records the fence's event.
+  Fence copy_on_stream(const Place& src, const Place& dst, uint64_t bytes, const Fence& deps) {
+    Link link = dst.tier == Tier::device ? Link::h2d : Link::d2h;
+    kernels::Stream& s = link == Link::h2d ? *h2d : *d2h;
+    deps.enqueue_wait(s);
+    LinkClock* c = &clock(link);
+    s.host_fn([c] { c->begin(); });
+    s.memcpy_async(dst.ptr, src.ptr, bytes);
+    s.host_fn([c, bytes] { c->end(bytes); });
+    auto part = std::make_shared<EventPart>(rt.create_event());
+    s.record(part->event());
+    Fence done(part);
+    done.carry_errors(deps);  // an input that failed (e.g. an NVMe read) fails this move too
+    return done;
+  }
+
+  // host<->NVMe: the submit lane waits for deps and submits; the completion lane waits for the
+  // I/O and completes the fence, so several moves are in flight at once.
+  Fence host_nvme(const Place& src, const Place& dst, uint64_t bytes, const Fence& deps) {
+    uint64_t len = align_up(bytes);
+    bool to_nvme = dst.tier == Tier::nvme;
+    LinkClock* c = &clock(to_nvme ? Link::host_to_nvme : Link::nvme_to_host);
+    if (deps.ready()) {
+      // Nothing to wait for: submit from here and hand out the I/O itself, so the waiter is woken
+      // by the engine's completion, not by two lane hops. The completion lane only keeps time.
+      try {
+        deps.wait();  // completed; rethrows if an input failed
+        c->begin();
+        std::shared_ptr<Waitable> io;
+        try {
+          io = to_nvme ? store->write(dst.nvme_offset, len, src.ptr) : store->read(src.nvme_offset, len, dst.ptr);
+        } catch (...) {
+          c->end(0);
+          throw;
+        }
+        complete.push([io, c, len] {
+          try {
+            io->wait();
+            c->end(len);
+          } catch (...) {
+            c->end(0);
+          }
+        });
+        return Fence(io);
+      } catch (...) {
+        auto failed = std::make_shared<Signal>();
+        failed->set(std::current_exception());
+        return Fence(failed);
+      }
+    }
+    auto done = std::make_shared<Signal>();
+    submit.push([=, this] {
+      std::shared_ptr<Waitable> io;
+      try {
+        deps.wait();
+        c->begin();
+        io = to_nvme ? store->write(dst.nvme_offset, len, src.ptr) : store->read(src.nvme_offset, len, dst.ptr);
+      } catch (...) {
+        done->set(std::current_exception());
+        return;
+      }
+      complete.push([io, done, c, len] {
+        try {
+          io->wait();
+          c->end(len);
+          done->set();
+        } catch (...) {
+          c->end(0);
+          done->set(std::current_exception());
+        }
+      });
+    });
+    return Fence(done);
+  }
+
+  // device<->NVMe through the staging buffers, chunk by chunk on the submit lane: buffer k is
+  // filled (NVMe read or device copy) while buffer k-1 drains (device copy or NVMe write).
+  Fence device_nvme(const Place& src, const Place& dst, uint64_t bytes, const Fence& deps) {
+    auto done = std::make_shared<Signal>();
+    uint64_t len = align_up(bytes);
+    bool to_nvme = dst.tier == Tier::nvme;
+    submit.push([=, this] {
+      LinkClock& c_pcie = clock(to_nvme ? Link::d2h : Link::h2d);
+      LinkClock& c_nvme = clock(to_nvme ? Link::host_to_nvme : Link::nvme_to_host);
+      std::vector<std::shared_ptr<Waitable>> writes(cfg.n_staging);  // to_nvme: last write per buffer
+      try {
+        deps.wait();
+        c_pcie.begin();
+        c_nvme.begin();
+        auto* base = static_cast<char*>(staging.data());
+        for (uint64_t off = 0, k = 0; off < len; off += cfg.staging_bytes, ++k) {
+          uint64_t n = std::min<uint64_t>(cfg.staging_bytes, len - off);
+          int slot = static_cast<int>(k % static_cast<uint64_t>(cfg.n_staging));
+          char* buf = base + static_cast<uint64_t>(slot) * cfg.staging_bytes;
+          staging_done[slot]->synchronize();  // the buffer's previous device copy has finished
+          if (to_nvme) {
+            if (writes[slot]) writes[slot]->wait();  // ... and its previous NVMe write
+            staging_stream->memcpy_async(buf, static_cast<const char*>(src.ptr) + off, std::min(n, bytes - off));
+            staging_stream->record(*staging_done[slot]);
+            staging_done[slot]->synchronize();
+            writes[slot] = store->write(dst.nvme_offset + off, n, buf);
+          } else {
+            store->read(src.nvme_offset + off, n, buf)->wait();
+            staging_stream->memcpy_async(static_cast<char*>(dst.ptr) + off, buf, std::min(n, bytes - off));
+            staging_stream->record(*staging_done[slot]);
+          }
+        }
+        for (auto& w : writes)
+          if (w) w->wait();
+        for (auto& e : staging_done) e->synchronize();
+        c_pcie.end(bytes);
+        c_nvme.end(len);
+        done->set();
+      } catch (...) {
+        // Leave the staging buffers quiet before the next move reuses them.
+        for (auto& w : writes)
+          try {
+            if (w) w->wait();
+          } catch (...) {
+          }
+        try {
+          staging_stream->synchronize();
+        } catch (...) {
+        }
+        c_pcie.end(0);
+        c_nvme.end(0);
+        done->set(std::current_exception());
+      }
+    });
+    return Fence(done);
+  }
+};
+
+TransferEngine::TransferEngine(kernels::Runtime& rt, NvmeStore* store, TransferConfig cfg)
+    : impl_(std::make_unique<Impl>(rt, store, cfg)) {}
+
+TransferEngine::~TransferEngine() { drain(); }
+
+Fence TransferEngine::move(const Place& src, const Place& dst, uint64_t bytes, const Fence& deps) {
+  assert(src.tier != dst.tier);
+  bool nvme = src.tier == Tier::nvme || dst.tier == Tier::nvme;
+  if (!nvme) return impl_->copy_on_stream(src, dst, bytes, deps);
+  assert(impl_->store && "offload: an NVMe move without an NVMe store");
+  bool device = src.tier == Tier::device || dst.tier == Tier::device;
+  return device ? impl_->device_nvme(src, dst, bytes, deps) : impl_->host_nvme(src, dst, bytes, deps);
+}
+
+void TransferEngine::drain() {
+  impl_->submit.drain();
+  impl_->complete.drain();
+  auto quiet = [](kernels::Stream* s) {
+    if (!s) return;
+    try {
+      s->synchronize();
+    } catch (...) {  // the error stays with the fences of the moves that failed
+    }
+  };
+  quiet(impl_->h2d.get());
+  quiet(impl_->d2h.get());
+  quiet(impl_->staging_stream.get());
+}
+
+std::array<LinkStats, kNumLinks> TransferEngine::link_stats() const {
+  std::array<LinkStats, kNumLinks> out;
+  for (int i = 0; i < kNumLinks; ++i) out[i] = impl_->clocks[i].stats();
+  return out;
+}
+
+uint64_t TransferEngine::staging_bytes() const { return impl_->staging.bytes(); }
+
+}  // namespace strata::offload
