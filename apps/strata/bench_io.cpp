@@ -35,7 +35,6 @@ struct BenchIoArgs {
   std::string mode = "read";
   std::string engine = "uring";
   std::string reap = "caller";
-  bool checksums = false;
   bool allow_buffered = false;
 };
 
@@ -151,7 +150,6 @@ int bench_io(const BenchIoArgs& a) {
     io::SwapOptions so;
     so.paths = a.paths;
     so.stripe_bytes = block;
-    so.checksums = a.checksums;
     so.allow_buffered = a.allow_buffered;
     io::SwapSpace swap(so, *engine);
     io::Extent ext = swap.allocate(n_blocks * block);
@@ -181,7 +179,6 @@ int bench_io(const BenchIoArgs& a) {
   j["block_bytes"] = block;
   j["qd"] = a.qd;
   j["registered_buffers"] = registered;
-  j["checksums"] = a.checksums;
   j["buffered"] = buffered;
   j["target"] = a.file.empty() ? "swap" : "file";
   j["seconds"] = r.seconds;
@@ -211,7 +208,6 @@ void register_bench_io(CLI::App& bench, Run& run) {
   cmd->add_option("--engine", args->engine, "uring | threads | auto")->capture_default_str();
   cmd->add_option("--reap", args->reap, "Who reaps completions: caller (this thread) | thread (a reaper thread)")
       ->capture_default_str();
-  cmd->add_flag("--checksums", args->checksums, "crc32c per extent write (whole-extent I/O only; off here)");
   cmd->add_flag("--allow-buffered-io", args->allow_buffered, "Fall back to buffered I/O where O_DIRECT is rejected");
   cmd->callback([&run, args] { run = [args] { return bench_io(*args); }; });
 }
