@@ -10,5 +10,9 @@ using Run = std::function<int()>;
 
 // `strata bench <what>`: one registration per benchmark family.
 void register_bench_ops(CLI::App& bench, Run& run);
+void register_bench_step(CLI::App& bench, Run& run);
+
+// `strata train`.
+void register_train(CLI::App& app, Run& run);
 
 }  // namespace strata::app
