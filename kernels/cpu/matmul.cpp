@@ -1,0 +1,237 @@
+// cpu::matmul on oneDNN's matmul primitive. A primitive is built once per distinct problem
+// (shape, transposes, leading dims, batch strides, dtypes, alpha, beta) and kept in a
+// thread-safe cache, so a step loop only looks it up and executes it; fp16 inputs, which this
+// CPU's oneDNN cannot multiply natively, are widened to fp32 in k-tiles through a reusable
+// per-thread scratch buffer.
+#include <omp.h>
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/parallel.h"
+
+namespace strata::kernels::cpu {
+namespace {
+
+using dnnl::memory;
+using Dims = memory::dims;
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+// One oneDNN stream per calling thread (a CPU stream's worker, a test, a benchmark).
+dnnl::stream& dnnl_stream() {
+  thread_local dnnl::stream s(engine());
+  return s;
+}
+
+memory::data_type dnnl_type(DType t) {
+  switch (t) {
+    case DType::f32: return memory::data_type::f32;
+    case DType::bf16: return memory::data_type::bf16;
+    case DType::f16: return memory::data_type::f16;
+  }
+  return memory::data_type::undef;
+}
+
+// A fully resolved problem: leading dims and batch strides are explicit (never 0).
+struct Key {
+  int64_t m, n, k, batch;
+  int64_t lda, ldb, ldc, stride_a, stride_b, stride_c;
+  bool trans_a, trans_b;
+  DType ab, c;
+  float alpha, beta;
+  bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    // FNV-1a over the bytes; Key is zero-initialised before filling, so padding is stable.
+    const auto* p = reinterpret_cast<const unsigned char*>(&k);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof(Key); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+struct Entry {
+  memory::desc a_md, b_md, c_md;
+  dnnl::matmul prim;
+};
+
+Key resolve(const MatmulArgs& a) {
+  Key k;
+  std::memset(&k, 0, sizeof(k));
+  k.m = a.m, k.n = a.n, k.k = a.k, k.batch = a.batch;
+  k.trans_a = a.trans_a, k.trans_b = a.trans_b;
+  const int64_t a_rows = a.trans_a ? a.k : a.m, a_cols = a.trans_a ? a.m : a.k;
+  const int64_t b_rows = a.trans_b ? a.n : a.k, b_cols = a.trans_b ? a.k : a.n;
+  k.lda = a.lda ? a.lda : a_cols;
+  k.ldb = a.ldb ? a.ldb : b_cols;
+  k.ldc = a.ldc ? a.ldc : a.n;
+  k.stride_a = a.batch == 1 ? 0 : (a.stride_a ? a.stride_a : a_rows * k.lda);
+  k.stride_b = a.batch == 1 ? 0 : (a.stride_b ? a.stride_b : b_rows * k.ldb);
+  k.stride_c = a.batch == 1 ? 0 : (a.stride_c ? a.stride_c : a.m * k.ldc);
+  k.ab = a.ab_dtype, k.c = a.c_dtype;
+  k.alpha = a.alpha, k.beta = a.beta;
+  return k;
+}
+
+// Memory descriptors of op(A): (m, k), op(B): (k, n), C: (m, n), with a leading batch
+// dimension when batch > 1. A transpose is just swapped strides.
+std::unique_ptr<Entry> build(const Key& k) {
+  auto e = std::make_unique<Entry>();
+  const auto ta = dnnl_type(k.ab), tc = dnnl_type(k.c);
+  if (k.batch == 1) {
+    e->a_md = memory::desc(Dims{k.m, k.k}, ta, k.trans_a ? Dims{1, k.lda} : Dims{k.lda, 1});
+    e->b_md = memory::desc(Dims{k.k, k.n}, ta, k.trans_b ? Dims{1, k.ldb} : Dims{k.ldb, 1});
+    e->c_md = memory::desc(Dims{k.m, k.n}, tc, Dims{k.ldc, 1});
+  } else {
+    e->a_md = memory::desc(Dims{k.batch, k.m, k.k}, ta,
+                           k.trans_a ? Dims{k.stride_a, 1, k.lda} : Dims{k.stride_a, k.lda, 1});
+    e->b_md = memory::desc(Dims{k.batch, k.k, k.n}, ta,
+                           k.trans_b ? Dims{k.stride_b, 1, k.ldb} : Dims{k.stride_b, k.ldb, 1});
+    e->c_md = memory::desc(Dims{k.batch, k.m, k.n}, tc, Dims{k.stride_c, k.ldc, 1});
+  }
+  dnnl::primitive_attr attr;
+  if (k.alpha != 1.f) attr.set_output_scales(0, {k.alpha});
+  if (k.beta != 0.f) {
+    dnnl::post_ops po;
+    po.append_sum(k.beta);  // C = alpha·A·B + beta·C
+    attr.set_post_ops(po);
+  }
+  try {
+    dnnl::matmul::desc desc(e->a_md, e->b_md, e->c_md);
+    dnnl::matmul::primitive_desc pd(desc, attr, engine());
+    e->prim = dnnl::matmul(pd);
+  } catch (const dnnl::error& err) {
+    throw std::runtime_error("matmul: oneDNN cannot build m=" + std::to_string(k.m) + " n=" + std::to_string(k.n) +
+                             " k=" + std::to_string(k.k) + " batch=" + std::to_string(k.batch) + " " +
+                             std::string(dtype_name(k.ab)) + "->" + std::string(dtype_name(k.c)) + ": " +
+                             err.what());
+  }
+  return e;
+}
+
+// Process-wide primitive cache. Entries are never evicted: a training run has a few dozen
+// distinct shapes, each built once.
+class Cache {
+ public:
+  const Entry& get(const Key& k) {
+    {
+      std::lock_guard lock(mu_);
+      auto it = map_.find(k);
+      if (it != map_.end()) return *it->second;
+    }
+    auto e = build(k);  // outside the lock: building can take milliseconds
+    std::lock_guard lock(mu_);
+    auto [it, inserted] = map_.emplace(k, std::move(e));
+    return *it->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<Key, std::unique_ptr<Entry>, KeyHash> map_;
+};
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+void execute(const Entry& e, const void* a, const void* b, void* c) {
+  // The caller's OpenMP team size follows num_threads() (omp_set_num_threads is per thread).
+  if (omp_get_max_threads() != num_threads()) omp_set_num_threads(num_threads());
+  memory am(e.a_md, engine(), const_cast<void*>(a));
+  memory bm(e.b_md, engine(), const_cast<void*>(b));
+  memory cm(e.c_md, engine(), c);
+  e.prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  dnnl_stream().wait();
+}
+
+// Per-thread scratch that only grows; fp16 operands are widened into it.
+float* scratch(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
+constexpr int64_t kF16TileFloats = int64_t{1} << 22;  // 16 MiB of widened A and B per k-tile
+
+// Copies `rows` x `cols` fp16 elements (row stride ld) into packed fp32 (row stride cols).
+void widen_f16(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  CastArgs c;
+  c.src_dtype = DType::f16, c.dst_dtype = DType::f32, c.n = cols;
+  if (ld == cols) {
+    c.n = rows * cols, c.src = src, c.dst = dst;
+    cast(c);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    c.src = src + r * ld, c.dst = dst + r * cols;
+    cast(c);
+  }
+}
+
+// fp16 inputs: per batch item and k-tile, widen op(A)[:, k0:k1] and op(B)[k0:k1, :] to fp32
+// (keeping their stored orientation) and run an fp32 primitive; the first tile applies the
+// caller's beta, later ones accumulate (beta = 1). An fp16 C is widened once and narrowed back.
+void matmul_f16(const MatmulArgs& a, const Key& key) {
+  const int64_t kt = std::max<int64_t>(1, std::min<int64_t>(a.k, kF16TileFloats / (a.m + a.n)));
+  const bool c_f16 = a.c_dtype == DType::f16;
+  float* tile = scratch(static_cast<size_t>((a.m + a.n) * kt + (c_f16 ? a.m * a.n : 0)));
+  float* ta = tile;                 // op(A) tile, stored (m, kt) or (kt, m) when trans_a
+  float* tb = tile + a.m * kt;      // op(B) tile, stored (kt, n) or (n, kt) when trans_b
+  float* tc = tb + a.n * kt;        // (m, n) fp32 copy of an fp16 C
+  for (int64_t bi = 0; bi < a.batch; ++bi) {
+    const auto* A = static_cast<const uint16_t*>(a.a) + bi * key.stride_a;
+    const auto* B = static_cast<const uint16_t*>(a.b) + bi * key.stride_b;
+    void* C = static_cast<char*>(a.c) + bi * key.stride_c * dtype_size(a.c_dtype);
+    float* c_out = static_cast<float*>(C);
+    int64_t ldc = key.ldc;
+    if (c_f16) {
+      c_out = tc, ldc = a.n;
+      if (a.beta != 0.f)
+        for (int64_t r = 0; r < a.m; ++r) {
+          CastArgs c{a.n, static_cast<const uint16_t*>(C) + r * key.ldc, DType::f16, tc + r * a.n, DType::f32};
+          cast(c);
+        }
+    }
+    for (int64_t k0 = 0; k0 < a.k; k0 += kt) {
+      const int64_t kk = std::min(kt, a.k - k0);
+      if (a.trans_a) widen_f16(A + k0 * key.lda, kk, a.m, key.lda, ta);  // (kk, m)
+      else widen_f16(A + k0, a.m, kk, key.lda, ta);                       // (m, kk)
+      if (a.trans_b) widen_f16(B + k0, a.n, kk, key.ldb, tb);             // (n, kk)
+      else widen_f16(B + k0 * key.ldb, kk, a.n, key.ldb, tb);             // (kk, n)
+      MatmulArgs t;
+      t.ab_dtype = DType::f32, t.c_dtype = DType::f32;
+      t.m = a.m, t.n = a.n, t.k = kk, t.trans_a = a.trans_a, t.trans_b = a.trans_b, t.ldc = ldc;
+      t.alpha = a.alpha, t.beta = k0 == 0 ? a.beta : 1.f;
+      execute(cache().get(resolve(t)), ta, tb, c_out);
+    }
+    if (c_f16)
+      for (int64_t r = 0; r < a.m; ++r) {
+        CastArgs c{a.n, tc + r * a.n, DType::f32, static_cast<uint16_t*>(C) + r * key.ldc, DType::f16};
+        cast(c);
+      }
+  }
+}
+
+}  // namespace
+
+void matmul(const MatmulArgs& a) {
+  const Key key = resolve(a);
+  if (a.ab_dtype == DType::f16) {
+    matmul_f16(a, key);
+    return;
+  }
+  execute(cache().get(key), a.a, a.b, a.c);
+}
+
+}  // namespace strata::kernels::cpu
