@@ -1,0 +1,186 @@
+// Elementwise CPU ops (bias add, SwiGLU, GELU, add) against float64 references, their
+// backwards against float64 central finite differences of L = Σ w·y, in fp32, bf16 and fp16;
+// plus one op through the Ops interface on a CPU stream.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/runtime.h"
+#include "layer_test_util.h"
+
+using namespace strata::kernels;
+using namespace strata::kernels::test;
+
+namespace {
+
+struct Shape {
+  int64_t rows, cols;
+};
+const Shape kShapes[] = {{1, 1}, {3, 3}, {2, 17}, {5, 129}, {33, 64}};
+
+// Tolerances: fp32 math vs float64, or rounding of the stored result for 16-bit types.
+double rtol_for(DType t) { return t == DType::f32 ? 2e-6 : (t == DType::bf16 ? 1e-2 : 2e-3); }
+
+class ElementwiseTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(ElementwiseTest, BiasAddMatchesReference) {
+  const DType t = GetParam();
+  uint32_t seed = 1;
+  for (const Shape s : kShapes) {
+    TypedBuf y(t, random_vec(s.rows * s.cols, seed++)), bias(t, random_vec(s.cols, seed++));
+    const auto y0 = y.values(), b = bias.values();
+    cpu::bias_add({.dtype = t, .rows = s.rows, .cols = s.cols, .y = y.data(), .bias = bias.data()});
+    std::vector<double> want(y0.size());
+    for (int64_t r = 0; r < s.rows; ++r)
+      for (int64_t c = 0; c < s.cols; ++c) want[r * s.cols + c] = y0[r * s.cols + c] + b[c];
+    expect_close(y.values(), want, 1e-7, rtol_for(t), "bias_add " + std::to_string(s.cols));
+  }
+}
+
+TEST_P(ElementwiseTest, BiasBackwardAccumulatesFiniteDifferenceGradient) {
+  const DType t = GetParam();
+  uint32_t seed = 10;
+  for (const Shape s : kShapes) {
+    // L(bias) = Σ w·(y0 + bias) so dL/dy = w; the kernel gets dy = w.
+    const auto y0 = random_vec(s.rows * s.cols, seed++);
+    TypedBuf w(t, random_vec(s.rows * s.cols, seed++));
+    const auto wv = w.values();
+    auto loss = [&](const std::vector<double>& b) {
+      double l = 0;
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t c = 0; c < s.cols; ++c) l += wv[r * s.cols + c] * (y0[r * s.cols + c] + b[c]);
+      return l;
+    };
+    const auto fd = finite_diff(random_vec(s.cols, seed++), loss);
+    std::vector<float> dbias(s.cols);
+    const auto init = random_vec(s.cols, seed++);
+    for (int64_t c = 0; c < s.cols; ++c) dbias[c] = static_cast<float>(init[c]);
+    cpu::bias_backward({.dtype = t, .rows = s.rows, .cols = s.cols, .dy = w.data(), .dbias = dbias.data()});
+    std::vector<double> got(s.cols), want(s.cols);
+    for (int64_t c = 0; c < s.cols; ++c) got[c] = dbias[c], want[c] = init[c] + fd[c];
+    expect_close(got, want, 1e-5 * s.rows, 1e-5, "bias_backward " + std::to_string(s.cols));
+  }
+}
+
+double silu(double g) { return g / (1 + std::exp(-g)); }
+
+TEST_P(ElementwiseTest, SwigluForwardAndBackwardInFusedBuffer) {
+  const DType t = GetParam();
+  uint32_t seed = 20;
+  for (const Shape s : kShapes) {
+    const int64_t ld = 2 * s.cols;  // fused [gate | up] rows
+    TypedBuf fused(t, random_vec(s.rows * ld, seed++, -4, 4));
+    const auto fv = fused.values();
+    auto forward = [&](const std::vector<double>& in) {  // in: (rows, 2·cols)
+      std::vector<double> out(s.rows * s.cols);
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t c = 0; c < s.cols; ++c) out[r * s.cols + c] = silu(in[r * ld + c]) * in[r * ld + s.cols + c];
+      return out;
+    };
+    TypedBuf out(t, s.rows * s.cols);
+    const char* base = static_cast<const char*>(fused.data());
+    const size_t half = s.cols * dtype_size(t);
+    cpu::swiglu({.dtype = t, .rows = s.rows, .cols = s.cols, .ld = ld, .gate = base, .up = base + half,
+                 .out = out.data()});
+    expect_close(out.values(), forward(fv), 1e-6, rtol_for(t), "swiglu " + std::to_string(s.cols));
+
+    TypedBuf w(t, random_vec(s.rows * s.cols, seed++));
+    const auto wv = w.values();
+    const auto fd = finite_diff(fv, [&](const std::vector<double>& in) { return dot(wv, forward(in)); });
+    TypedBuf dfused(t, s.rows * ld);
+    char* dbase = static_cast<char*>(dfused.data());
+    cpu::swiglu_backward({.dtype = t, .rows = s.rows, .cols = s.cols, .ld = ld, .gate = base, .up = base + half,
+                          .dout = w.data(), .dgate = dbase, .dup = dbase + half});
+    expect_close(dfused.values(), fd, 1e-5 + 2 * rtol_for(t) * max_abs(fd), 1e-4,
+                 "swiglu_backward " + std::to_string(s.cols));
+  }
+}
+
+double gelu_ref(double x, bool tanh_approx) {
+  if (tanh_approx) return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+}
+
+TEST_P(ElementwiseTest, GeluForwardAndBackwardBothForms) {
+  const DType t = GetParam();
+  uint32_t seed = 30;
+  for (bool tanh_approx : {false, true}) {
+    for (int64_t n : {1, 3, 17, 129, 1000}) {
+      TypedBuf x(t, random_vec(n, seed++, -5, 5));
+      const auto xv = x.values();
+      auto forward = [&](const std::vector<double>& in) {
+        std::vector<double> y(in.size());
+        for (size_t i = 0; i < in.size(); ++i) y[i] = gelu_ref(in[i], tanh_approx);
+        return y;
+      };
+      TypedBuf y(t, n);
+      cpu::gelu({.dtype = t, .n = n, .tanh_approx = tanh_approx, .x = x.data(), .y = y.data()});
+      const std::string what = std::string(tanh_approx ? "gelu_tanh " : "gelu ") + std::to_string(n);
+      expect_close(y.values(), forward(xv), 1e-6, rtol_for(t), what);
+
+      TypedBuf w(t, random_vec(n, seed++));
+      const auto wv = w.values();
+      const auto fd = finite_diff(xv, [&](const std::vector<double>& in) { return dot(wv, forward(in)); });
+      TypedBuf dx(t, random_vec(n, seed++));
+      const auto dx0 = dx.values();
+      // Overwrite, then accumulate on top of the result: dx = 2·grad after the second call.
+      cpu::gelu_backward({.dtype = t, .n = n, .tanh_approx = tanh_approx, .x = x.data(), .dy = w.data(),
+                          .dx = dx.data()});
+      expect_close(dx.values(), fd, 1e-5, 2 * rtol_for(t), what + " backward");
+      cpu::gelu_backward({.dtype = t, .n = n, .tanh_approx = tanh_approx, .x = x.data(), .dy = w.data(),
+                          .dx = dx.data(), .accumulate = true});
+      std::vector<double> twice(fd);
+      for (auto& v : twice) v *= 2;
+      expect_close(dx.values(), twice, 1e-5, 4 * rtol_for(t), what + " backward accumulate");
+    }
+  }
+}
+
+TEST_P(ElementwiseTest, AddInPlaceAndOutOfPlace) {
+  const DType t = GetParam();
+  for (int64_t n : {1, 17, 40000}) {
+    TypedBuf a(t, random_vec(n, 40)), b(t, random_vec(n, 41)), out(t, n);
+    const auto av = a.values(), bv = b.values();
+    std::vector<double> want(n);
+    for (int64_t i = 0; i < n; ++i) want[i] = av[i] + bv[i];
+    cpu::add({.dtype = t, .n = n, .a = a.data(), .b = b.data(), .out = out.data()});
+    expect_close(out.values(), want, 1e-7, rtol_for(t), "add");
+    cpu::add({.dtype = t, .n = n, .a = a.data(), .b = b.data(), .out = a.data()});  // out aliases a
+    expect_close(a.values(), want, 1e-7, rtol_for(t), "add in place");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, ElementwiseTest, ::testing::Values(DType::f32, DType::bf16, DType::f16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(ElementwiseOps, GeluTanhIsHfGeluNewAtKnownPoints) {
+  // HF gelu_new(1.0) = 0.8411919906082768, exact gelu(1.0) = 0.8413447460685429.
+  float x[2] = {1.f, -2.f}, y[2];
+  cpu::gelu({.dtype = DType::f32, .n = 2, .tanh_approx = true, .x = x, .y = y});
+  EXPECT_NEAR(y[0], 0.8411919906082768, 1e-6);
+  EXPECT_NEAR(y[1], -0.04540230591222612, 1e-6);
+  cpu::gelu({.dtype = DType::f32, .n = 2, .tanh_approx = false, .x = x, .y = y});
+  EXPECT_NEAR(y[0], 0.8413447460685429, 1e-6);
+  EXPECT_NEAR(y[1], -0.04550026389635842, 1e-6);
+}
+
+TEST(ElementwiseOps, RunsThroughOpsOnAStreamAndValidates) {
+  auto rt = make_runtime(Backend::cpu);
+  auto stream = rt->create_stream();
+  const int64_t n = 1000;
+  std::vector<float> a(n), b(n), out(n, 0.f);
+  for (int64_t i = 0; i < n; ++i) a[i] = static_cast<float>(i), b[i] = 0.5f * static_cast<float>(i);
+  rt->ops().add(*stream, {.dtype = DType::f32, .n = n, .a = a.data(), .b = b.data(), .out = out.data()});
+  stream->synchronize();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], 1.5f * static_cast<float>(i)) << i;
+  EXPECT_THROW(rt->ops().add(*stream, {.dtype = DType::f32, .n = 0, .a = a.data(), .b = b.data(), .out = out.data()}),
+               std::invalid_argument);
+  EXPECT_THROW(rt->ops().swiglu(*stream, {.dtype = DType::f32, .rows = 2, .cols = 4, .ld = 3, .gate = a.data(),
+                                          .up = b.data(), .out = out.data()}),
+               std::invalid_argument);
+  stream->synchronize();
+}
+
+}  // namespace
