@@ -7,7 +7,5 @@
 namespace strata::kernels::cpu {
 #define STRATA_TODO(name, Args) \
   void name(const Args&) { throw std::logic_error(#name ": not implemented on the CPU backend yet"); }
-STRATA_TODO(attention, AttentionArgs)
-STRATA_TODO(attention_backward, AttentionBackwardArgs)
 #undef STRATA_TODO
 }  // namespace strata::kernels::cpu
