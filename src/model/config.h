@@ -18,6 +18,7 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  bool operator==(const RopeScaling&) const = default;
 };
 
 struct ModelConfig {
@@ -46,6 +47,7 @@ struct ModelConfig {
   // Throws std::invalid_argument naming the field when the config is inconsistent
   // (e.g. n_heads not dividing hidden_size without head_dim, n_heads % n_kv_heads != 0).
   void validate() const;
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // The embedded default model: a small llama-style config (about 10–30M parameters) with a

@@ -1,0 +1,66 @@
+// Small POSIX helpers shared by the checkpoint and data readers/writers: an owned fd, a
+// read-only memory map, complete writes that name the path and offset on failure, fsync of
+// files and directories. Internal to strata_core.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace strata {
+
+// strerror(errno) as a string (thread-safe).
+std::string errno_text(int err);
+std::string errno_text();
+
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd();
+  int get() const { return fd_; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  // Closes now and throws naming `path` if close fails (it can report a deferred write error).
+  void close_checked(const std::filesystem::path& path);
+
+ private:
+  int fd_ = -1;
+};
+
+// A whole file mapped read-only. An empty file maps to data() == nullptr, size() == 0.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::filesystem::path& path);  // throws naming the path
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+  const std::byte* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  const std::byte* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// Opens `path` for writing (created, or truncated). Throws naming the path.
+UniqueFd open_for_write(const std::filesystem::path& path, bool exclusive);
+// Writes all of `data` at the fd's current position; retries short writes and EINTR; throws
+// naming `path` and the byte offset on failure (ENOSPC, EIO, ...). `offset` is for messages.
+void write_all(int fd, const void* data, size_t n, const std::filesystem::path& path, uint64_t offset);
+void fsync_fd(int fd, const std::filesystem::path& path);
+void fsync_dir(const std::filesystem::path& dir);
+// Writes a whole file, fsyncs and closes it, all checked.
+void write_file_synced(const std::filesystem::path& path, std::string_view contents);
+
+}  // namespace strata

@@ -1,0 +1,208 @@
+// Saving a HF model directory crash-safely: everything is written and fsynced in a sibling
+// temporary directory, which then replaces `out_dir` (atomic exchange where the filesystem
+// supports it). Tensors are produced one at a time by callbacks, so memory stays bounded.
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <set>
+#include <stdexcept>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "src/checkpoint/file_util.h"
+#include "src/checkpoint/hf.h"
+#include "src/checkpoint/safetensors.h"
+
+namespace strata {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Shard {
+  std::string file_name;
+  std::vector<size_t> tensors;  // indices into the caller's list, in order
+};
+
+uint64_t tensor_bytes(const TensorToSave& t) {
+  uint64_t n = 1;
+  for (int64_t d : t.shape) {
+    if (d < 0) throw std::invalid_argument("save_hf_model: tensor '" + t.name + "' has a negative dimension");
+    n *= static_cast<uint64_t>(d);
+  }
+  return n * kernels::dtype_size(t.dtype);
+}
+
+// mkdtemp next to `base`: "<base><suffix>XXXXXX".
+fs::path make_temp_dir(const fs::path& base, const char* suffix) {
+  std::string templ = base.string() + suffix + "XXXXXX";
+  if (!::mkdtemp(templ.data()))
+    throw std::runtime_error(base.string() + ": cannot create temporary directory " + templ + ": " + errno_text());
+  return templ;
+}
+
+// Removes the directory tree on scope exit unless released.
+class TempDirGuard {
+ public:
+  explicit TempDirGuard(fs::path p) : path_(std::move(p)) {}
+  ~TempDirGuard() {
+    if (!path_.empty()) {
+      std::error_code ec;
+      fs::remove_all(path_, ec);
+    }
+  }
+  void release() { path_.clear(); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+void write_shard(const fs::path& path, const std::vector<TensorToSave>& tensors, const Shard& shard,
+                 std::vector<std::byte>& buffer) {
+  std::vector<safetensors::Entry> entries;
+  uint64_t offset = 0;
+  for (size_t i : shard.tensors) {
+    const TensorToSave& t = tensors[i];
+    safetensors::Entry e;
+    e.name = t.name;
+    e.dtype = t.dtype;
+    e.shape = t.shape;
+    e.begin = offset;
+    offset += tensor_bytes(t);
+    e.end = offset;
+    entries.push_back(std::move(e));
+  }
+  const std::string header = safetensors::build_header(entries);
+  UniqueFd fd = open_for_write(path, true);
+  write_all(fd.get(), header.data(), header.size(), path, 0);
+  uint64_t file_offset = header.size();
+  for (size_t k = 0; k < shard.tensors.size(); ++k) {
+    const TensorToSave& t = tensors[shard.tensors[k]];
+    const uint64_t n = entries[k].end - entries[k].begin;
+    // Zeroed, so a callback that writes fewer bytes than promised still saves deterministically.
+    buffer.assign(n, std::byte{0});
+    if (!t.fill) throw std::invalid_argument("save_hf_model: tensor '" + t.name + "' has no fill callback");
+    t.fill(buffer.data());
+    write_all(fd.get(), buffer.data(), n, path, file_offset);
+    file_offset += n;
+  }
+  fsync_fd(fd.get(), path);
+  fd.close_checked(path);
+}
+
+void fsync_parent(const fs::path& p) { fsync_dir(p.has_parent_path() ? p.parent_path() : fs::path(".")); }
+
+// Puts the complete `tmp` directory at `out`, replacing whatever directory is there. On failure
+// `out` is left as it was.
+void install_dir(const fs::path& tmp, const fs::path& out) {
+  std::error_code ec;
+  const bool exists = fs::exists(fs::symlink_status(out, ec));
+  if (!exists) {
+    if (::rename(tmp.c_str(), out.c_str()) != 0)
+      throw std::runtime_error(out.string() + ": cannot rename " + tmp.string() + " into place: " + errno_text());
+    fsync_parent(out);
+    return;
+  }
+  if (!fs::is_directory(fs::symlink_status(out, ec)))
+    throw std::runtime_error(out.string() + ": exists and is not a directory; refusing to replace it");
+  // Atomic swap first: afterwards `tmp` holds the old directory.
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_parent(out);
+    fs::remove_all(tmp, ec);
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+    throw std::runtime_error(out.string() + ": cannot exchange with " + tmp.string() + ": " + errno_text());
+  // Filesystem without RENAME_EXCHANGE: move the old directory aside, move the new one in.
+  const fs::path aside = make_temp_dir(out, ".old-");  // reserves a name; rename replaces the empty dir
+  if (::rename(out.c_str(), aside.c_str()) != 0) {
+    std::string why = errno_text();
+    fs::remove(aside, ec);
+    throw std::runtime_error(out.string() + ": cannot move the old directory aside: " + why);
+  }
+  if (::rename(tmp.c_str(), out.c_str()) != 0) {
+    std::string why = errno_text();
+    if (::rename(aside.c_str(), out.c_str()) != 0)
+      throw std::runtime_error(out.string() + ": cannot rename " + tmp.string() + " into place (" + why +
+                               ") and cannot restore the old directory from " + aside.string() + ": " +
+                               errno_text());
+    throw std::runtime_error(out.string() + ": cannot rename " + tmp.string() + " into place: " + why);
+  }
+  fsync_parent(out);
+  fs::remove_all(aside, ec);
+}
+
+}  // namespace
+
+void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& cfg,
+                   const std::vector<TensorToSave>& tensors, uint64_t shard_bytes) {
+  if (out_dir_in.empty()) throw std::invalid_argument("save_hf_model: empty output path");
+  // "runs/x/" has an empty filename; normalise so the temp dir is a sibling, not a child.
+  const fs::path out_dir = out_dir_in.has_filename() ? out_dir_in : out_dir_in.parent_path();
+  cfg.validate();
+  std::set<std::string> names;
+  uint64_t total = 0;
+  for (const TensorToSave& t : tensors) {
+    if (t.name.empty() || t.name == "__metadata__")
+      throw std::invalid_argument("save_hf_model: invalid tensor name '" + t.name + "'");
+    if (!names.insert(t.name).second)
+      throw std::invalid_argument("save_hf_model: tensor '" + t.name + "' given twice");
+    total += tensor_bytes(t);
+  }
+
+  // Greedy split in the caller's order (keeps each layer's tensors together, as HF does); a
+  // tensor larger than shard_bytes gets a shard of its own.
+  std::vector<Shard> shards;
+  uint64_t in_current = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t n = tensor_bytes(tensors[i]);
+    if (shards.empty() || (!shards.back().tensors.empty() && in_current + n > shard_bytes)) {
+      shards.emplace_back();
+      in_current = 0;
+    }
+    shards.back().tensors.push_back(i);
+    in_current += n;
+  }
+  if (shards.empty()) shards.emplace_back();
+  if (shards.size() == 1) {
+    shards[0].file_name = "model.safetensors";
+  } else {
+    char buf[64];
+    for (size_t k = 0; k < shards.size(); ++k) {
+      std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+      shards[k].file_name = buf;
+    }
+  }
+
+  const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) throw std::runtime_error(out_dir.string() + ": cannot create parent directory " + parent.string() + ": " +
+                                   ec.message());
+  TempDirGuard tmp(make_temp_dir(out_dir, ".tmp-"));
+  // mkdtemp makes 0700; a model directory is normally readable by others.
+  if (::chmod(tmp.path().c_str(), 0755) != 0)
+    throw std::runtime_error(tmp.path().string() + ": chmod failed: " + errno_text());
+
+  std::vector<std::byte> buffer;
+  for (const Shard& s : shards) write_shard(tmp.path() / s.file_name, tensors, s, buffer);
+  if (shards.size() > 1) {
+    nlohmann::json index;
+    index["metadata"] = {{"total_size", total}};
+    nlohmann::json& map = index["weight_map"] = nlohmann::json::object();
+    for (const Shard& s : shards)
+      for (size_t i : s.tensors) map[tensors[i].name] = s.file_name;
+    write_file_synced(tmp.path() / "model.safetensors.index.json", index.dump(2) + "\n");
+  }
+  write_hf_config(cfg, tmp.path() / "config.json");
+  fsync_dir(tmp.path());
+  install_dir(tmp.path(), out_dir);
+  tmp.release();
+}
+
+}  // namespace strata

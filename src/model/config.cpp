@@ -1,0 +1,138 @@
+// ModelConfig arithmetic and checks: parameter counts per family (matching what HF's
+// `model.num_parameters()` reports), consistency validation, the embedded default model and
+// the named presets used by benches.
+#include "src/model/config.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace strata {
+
+namespace {
+
+int64_t effective_head_dim(const ModelConfig& c) { return c.head_dim > 0 ? c.head_dim : c.hidden_size / c.n_heads; }
+
+void require(bool ok, const char* field, const std::string& why) {
+  if (!ok) throw std::invalid_argument(std::string("model config: ") + field + ": " + why);
+}
+
+}  // namespace
+
+int64_t ModelConfig::n_params() const {
+  const int64_t V = vocab_size, C = hidden_size, L = n_layers, F = intermediate_size;
+  if (family == Family::gpt2) {
+    // wte, wpe; per block ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj; ln_f; head tied to wte.
+    const int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * F + F) + (F * C + C);
+    return V * C + max_position_embeddings * C + L * per_layer + 2 * C;
+  }
+  const int64_t D = effective_head_dim(*this);
+  const int64_t q = n_heads * D, kv = n_kv_heads * D;
+  int64_t attn = C * q + 2 * C * kv + q * C;
+  if (attention_bias) attn += q + 2 * kv;
+  if (o_bias) attn += C;
+  int64_t mlp = 3 * C * F;
+  if (mlp_bias) mlp += 2 * F + C;
+  const int64_t per_layer = attn + mlp + 2 * C;  // + input_layernorm, post_attention_layernorm
+  return V * C + L * per_layer + C + (tie_word_embeddings ? 0 : V * C);
+}
+
+void ModelConfig::validate() const {
+  require(vocab_size > 0, "vocab_size", "must be positive, got " + std::to_string(vocab_size));
+  require(hidden_size > 0, "hidden_size", "must be positive, got " + std::to_string(hidden_size));
+  require(n_layers > 0, "num_hidden_layers", "must be positive, got " + std::to_string(n_layers));
+  require(n_heads > 0, "num_attention_heads", "must be positive, got " + std::to_string(n_heads));
+  require(n_kv_heads > 0, "num_key_value_heads", "must be positive, got " + std::to_string(n_kv_heads));
+  require(n_heads % n_kv_heads == 0, "num_key_value_heads",
+          std::to_string(n_kv_heads) + " does not divide num_attention_heads " + std::to_string(n_heads));
+  require(head_dim >= 0, "head_dim", "must not be negative, got " + std::to_string(head_dim));
+  if (head_dim == 0)
+    require(hidden_size % n_heads == 0, "num_attention_heads",
+            std::to_string(n_heads) + " does not divide hidden_size " + std::to_string(hidden_size) +
+                " and no head_dim is given");
+  require(intermediate_size > 0, "intermediate_size", "must be positive, got " + std::to_string(intermediate_size));
+  require(max_position_embeddings > 0, "max_position_embeddings",
+          "must be positive, got " + std::to_string(max_position_embeddings));
+  require(norm_eps > 0, "norm_eps", "must be positive");
+
+  if (family == Family::gpt2) {
+    require(model_type == "gpt2", "model_type", "family gpt2 needs model_type gpt2, got '" + model_type + "'");
+    require(activation == "gelu_new" || activation == "gelu_pytorch_tanh" || activation == "gelu",
+            "activation_function", "expected gelu_new, gelu_pytorch_tanh or gelu, got '" + activation + "'");
+    require(n_kv_heads == n_heads, "n_head", "gpt2 has no grouped-query attention");
+    require(effective_head_dim(*this) * n_heads == hidden_size, "head_dim", "gpt2 needs n_embd / n_head");
+    require(tie_word_embeddings, "tie_word_embeddings", "gpt2's LM head is always tied to wte");
+    require(rope_scaling.type.empty(), "rope_scaling", "gpt2 has no rotary embeddings");
+    return;
+  }
+
+  require(model_type == "llama" || model_type == "mistral" || model_type == "qwen2", "model_type",
+          "family llama needs model_type llama, mistral or qwen2, got '" + model_type + "'");
+  require(activation == "silu", "hidden_act", "expected silu, got '" + activation + "'");
+  require(rope_theta > 0, "rope_theta", "must be positive");
+  require(effective_head_dim(*this) % 2 == 0, "head_dim", "rotary embeddings need an even head_dim");
+  if (model_type == "llama") {
+    require(o_bias == attention_bias, "attention_bias", "llama puts biases on q, k, v and o together");
+  } else if (model_type == "qwen2") {
+    require(attention_bias && !o_bias, "attention_bias", "qwen2 has q/k/v biases and no o bias");
+    require(!mlp_bias, "mlp_bias", "qwen2 has no MLP biases");
+  } else {  // mistral
+    require(!attention_bias && !o_bias, "attention_bias", "mistral has no attention biases");
+    require(!mlp_bias, "mlp_bias", "mistral has no MLP biases");
+  }
+  const RopeScaling& rs = rope_scaling;
+  if (!rs.type.empty()) {
+    require(rs.type == "llama3", "rope_scaling", "type '" + rs.type + "' is not supported (only llama3)");
+    require(rs.factor > 0, "rope_scaling.factor", "must be positive");
+    require(rs.low_freq_factor > 0 && rs.high_freq_factor > rs.low_freq_factor, "rope_scaling.high_freq_factor",
+            "must be greater than low_freq_factor > 0");
+    require(rs.original_max_position_embeddings > 0, "rope_scaling.original_max_position_embeddings",
+            "must be positive");
+  }
+}
+
+ModelConfig default_model_config() {
+  // Byte-level llama: 8 layers, 512 wide, 8 heads of 64 (4 KV heads), SwiGLU 1408 ≈ 8/3·C rounded
+  // to 128. 23,863,808 parameters (untied 256-row embedding and head are a rounding error).
+  ModelConfig c;
+  c.family = Family::llama;
+  c.model_type = "llama";
+  c.vocab_size = 256;
+  c.hidden_size = 512;
+  c.n_layers = 8;
+  c.n_heads = 8;
+  c.n_kv_heads = 4;
+  c.head_dim = 64;
+  c.intermediate_size = 1408;
+  c.max_position_embeddings = 1024;
+  c.norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = false;
+  c.activation = "silu";
+  c.torch_dtype = "float32";
+  return c;
+}
+
+ModelConfig preset_model_config(const std::string& name) {
+  if (name == "gpt2-124m") {
+    ModelConfig c;
+    c.family = Family::gpt2;
+    c.model_type = "gpt2";
+    c.vocab_size = 50257;
+    c.hidden_size = 768;
+    c.n_layers = 12;
+    c.n_heads = 12;
+    c.n_kv_heads = 12;
+    c.head_dim = 64;
+    c.intermediate_size = 4 * 768;
+    c.max_position_embeddings = 1024;
+    c.norm_eps = 1e-5;
+    c.tie_word_embeddings = true;
+    c.activation = "gelu_new";
+    c.torch_dtype = "float32";
+    return c;
+  }
+  if (name == "default") return default_model_config();
+  throw std::invalid_argument("unknown model preset '" + name + "' (valid presets: default, gpt2-124m)");
+}
+
+}  // namespace strata

@@ -1,0 +1,448 @@
+// Safetensors checkpoints: save -> open -> read_into bit-exact per dtype, conversions with
+// round-to-nearest-even, byte-identical re-save, sharding with an index, malformed files
+// (each error names the file and tensor), and crash-safe replacement of an existing directory.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/checkpoint/hf.h"
+
+using namespace strata;
+using kernels::DType;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+void write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A tensor held in memory, in its stored bytes.
+struct HostTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype;
+  std::vector<unsigned char> bytes;
+};
+
+HostTensor random_tensor(const std::string& name, std::vector<int64_t> shape, DType dtype, uint32_t seed) {
+  HostTensor t{name, std::move(shape), dtype, {}};
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 3.f);
+  t.bytes.resize(static_cast<size_t>(n) * kernels::dtype_size(dtype));
+  for (int64_t i = 0; i < n; ++i) kernels::store_from_f32(t.bytes.data(), dtype, static_cast<size_t>(i), dist(rng));
+  return t;
+}
+
+std::vector<TensorToSave> to_save(const std::vector<HostTensor>& ts) {
+  std::vector<TensorToSave> out;
+  for (const HostTensor& t : ts)
+    out.push_back({t.name, t.shape, t.dtype, [&t](void* dst) { std::memcpy(dst, t.bytes.data(), t.bytes.size()); }});
+  return out;
+}
+
+ModelConfig tiny_config() {
+  ModelConfig c;
+  c.vocab_size = 16;
+  c.hidden_size = 8;
+  c.n_layers = 1;
+  c.n_heads = 2;
+  c.n_kv_heads = 2;
+  c.head_dim = 4;
+  c.intermediate_size = 12;
+  c.max_position_embeddings = 16;
+  return c;
+}
+
+std::vector<HostTensor> sample_tensors() {
+  return {random_tensor("model.embed_tokens.weight", {16, 8}, DType::f32, 1),
+          random_tensor("model.layers.0.self_attn.q_proj.weight", {8, 8}, DType::bf16, 2),
+          random_tensor("model.layers.0.mlp.up_proj.weight", {12, 8}, DType::f16, 3),
+          random_tensor("model.layers.0.input_layernorm.weight", {8}, DType::f32, 4),
+          random_tensor("model.norm.weight", {3}, DType::bf16, 5),  // odd byte count: padding between tensors
+          random_tensor("scalar", {}, DType::f32, 6),
+          random_tensor("empty", {0, 8}, DType::f16, 7)};
+}
+
+// A safetensors file from a header JSON string and data bytes; length_override replaces the
+// 8-byte length prefix.
+std::string raw_safetensors(const std::string& header, const std::string& data, int64_t length_override = -1) {
+  uint64_t n = length_override >= 0 ? static_cast<uint64_t>(length_override) : header.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + header + data;
+}
+
+class CheckpointDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = (fs::path(::testing::TempDir()) / "strata_ckpt_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
+    root_ = templ;
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // Writes `bytes` as <dir>/model.safetensors and expects open() to throw mentioning the file
+  // and every needle.
+  void expect_open_error(const std::string& bytes, std::initializer_list<std::string> needles) {
+    fs::path dir = root_ / ("bad" + std::to_string(n_bad_++));
+    fs::create_directories(dir);
+    write_file(dir / "model.safetensors", bytes);
+    expect_dir_error(dir, (dir / "model.safetensors").string(), needles);
+  }
+  void expect_dir_error(const fs::path& dir, const std::string& file, std::initializer_list<std::string> needles) {
+    try {
+      HfCheckpoint::open(dir);
+      ADD_FAILURE() << "no error opening " << dir;
+    } catch (const std::runtime_error& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find(file), std::string::npos) << msg;
+      for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+    }
+  }
+  // Entries of `root_` whose names contain `part`.
+  int count_entries_containing(const std::string& part) {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(root_))
+      if (e.path().filename().string().find(part) != std::string::npos) ++n;
+    return n;
+  }
+
+  fs::path root_;
+  int n_bad_ = 0;
+};
+
+}  // namespace
+
+TEST_F(CheckpointDir, SaveOpenReadIntoIsBitExact) {
+  const auto ts = sample_tensors();
+  fs::path dir = root_ / "model";
+  save_hf_model(dir, tiny_config(), to_save(ts));
+  EXPECT_TRUE(fs::exists(dir / "config.json"));
+  EXPECT_TRUE(fs::exists(dir / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "model.safetensors.index.json"));
+  auto ck = HfCheckpoint::open(dir);
+  ASSERT_EQ(ck->tensors().size(), ts.size());
+  for (const HostTensor& t : ts) {
+    const StoredTensor* st = ck->find(t.name);
+    ASSERT_NE(st, nullptr) << t.name;
+    EXPECT_EQ(st->dtype, t.dtype);
+    EXPECT_EQ(st->shape, t.shape);
+    EXPECT_EQ(st->nbytes, t.bytes.size());
+    EXPECT_EQ(st->file, (dir / "model.safetensors").string());
+    std::vector<unsigned char> back(t.bytes.size() + 1, 0xAB);
+    ck->read_into(t.name, t.shape, back.data(), t.dtype);
+    EXPECT_EQ(std::memcmp(back.data(), t.bytes.data(), t.bytes.size()), 0) << t.name;
+    EXPECT_EQ(back.back(), 0xAB) << t.name << ": wrote past the end";
+  }
+  EXPECT_EQ(ck->find("nope"), nullptr);
+  EXPECT_EQ(read_hf_config(dir / "config.json"), tiny_config());
+}
+
+TEST_F(CheckpointDir, FileLayoutIsWhatHfWrites) {
+  const auto ts = sample_tensors();
+  fs::path dir = root_ / "model";
+  save_hf_model(dir, tiny_config(), to_save(ts));
+  std::string bytes = read_file(dir / "model.safetensors");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  EXPECT_EQ((8 + n) % 8, 0u) << "data area must start 8-byte aligned";
+  nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));  // trailing spaces are valid JSON whitespace
+  EXPECT_EQ(h["__metadata__"], nlohmann::json({{"format", "pt"}}));
+  EXPECT_EQ(h.size(), ts.size() + 1);
+  uint64_t total = 0;
+  for (const HostTensor& t : ts) {
+    const auto& e = h.at(t.name);
+    uint64_t b = e["data_offsets"][0], end = e["data_offsets"][1];
+    EXPECT_EQ(end - b, t.bytes.size());
+    EXPECT_EQ(std::memcmp(bytes.data() + 8 + n + b, t.bytes.data(), t.bytes.size()), 0) << t.name;
+    total += t.bytes.size();
+  }
+  EXPECT_EQ(bytes.size(), 8 + n + total) << "tensors must be packed without gaps";
+  EXPECT_EQ(h["model.layers.0.self_attn.q_proj.weight"]["dtype"], "BF16");
+  EXPECT_EQ(h["model.layers.0.mlp.up_proj.weight"]["dtype"], "F16");
+  EXPECT_EQ(h["scalar"]["shape"], nlohmann::json::array());
+}
+
+TEST_F(CheckpointDir, ReadIntoConvertsWithRoundToNearestEven) {
+  HostTensor f = random_tensor("f", {5, 7}, DType::f32, 11);
+  // Exact ties: 1 + 2^-8 is halfway between bf16 1.0 and 1.0078125 (-> 1.0, even); 1 + 3·2^-8 -> 1.015625.
+  float ties[2] = {1.00390625f, 1.01171875f};
+  std::memcpy(f.bytes.data(), ties, sizeof(ties));
+  HostTensor b = random_tensor("b", {33}, DType::bf16, 12);
+  HostTensor h = random_tensor("h", {2, 3, 4}, DType::f16, 13);
+  fs::path dir = root_ / "model";
+  save_hf_model(dir, tiny_config(), to_save({f, b, h}));
+  auto ck = HfCheckpoint::open(dir);
+
+  std::vector<uint16_t> f_as_bf16(35), f_as_f16(35);
+  ck->read_into("f", {5, 7}, f_as_bf16.data(), DType::bf16);
+  ck->read_into("f", {5, 7}, f_as_f16.data(), DType::f16);
+  for (size_t i = 0; i < 35; ++i) {
+    float x = kernels::load_as_f32(f.bytes.data(), DType::f32, i);
+    EXPECT_EQ(f_as_bf16[i], kernels::f32_to_bf16(x)) << i;
+    EXPECT_EQ(f_as_f16[i], kernels::f32_to_f16(x)) << i;
+  }
+  EXPECT_EQ(f_as_bf16[0], 0x3f80);  // 1.0
+  EXPECT_EQ(f_as_bf16[1], 0x3f82);  // 1.015625
+
+  std::vector<float> b_as_f32(33);
+  ck->read_into("b", {33}, b_as_f32.data(), DType::f32);
+  std::vector<uint16_t> b_as_f16(33);
+  ck->read_into("b", {33}, b_as_f16.data(), DType::f16);
+  for (size_t i = 0; i < 33; ++i) {
+    float x = kernels::load_as_f32(b.bytes.data(), DType::bf16, i);
+    EXPECT_EQ(b_as_f32[i], x);
+    EXPECT_EQ(b_as_f16[i], kernels::f32_to_f16(x));
+  }
+  std::vector<float> h_as_f32(24);
+  ck->read_into("h", {2, 3, 4}, h_as_f32.data(), DType::f32);
+  for (size_t i = 0; i < 24; ++i) EXPECT_EQ(h_as_f32[i], kernels::load_as_f32(h.bytes.data(), DType::f16, i));
+}
+
+TEST_F(CheckpointDir, ReadIntoChecksNameAndShape) {
+  fs::path dir = root_ / "model";
+  save_hf_model(dir, tiny_config(), to_save(sample_tensors()));
+  auto ck = HfCheckpoint::open(dir);
+  std::vector<float> buf(256);
+  try {
+    ck->read_into("model.norm.weight", {4}, buf.data(), DType::f32);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("model.norm.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(4)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(3)"), std::string::npos) << msg;
+  }
+  try {
+    ck->read_into("lm_head.weight", {16, 8}, buf.data(), DType::f32);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("lm_head.weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CheckpointDir, SaveLoadSaveIsByteIdentical) {
+  fs::path a = root_ / "a", b = root_ / "b";
+  save_hf_model(a, tiny_config(), to_save(sample_tensors()), 200);  // sharded, to cover the index too
+  auto ck = HfCheckpoint::open(a);
+  std::vector<TensorToSave> again;
+  for (const StoredTensor& t : ck->tensors())
+    again.push_back({t.name, t.shape, t.dtype, [&t](void* dst) { std::memcpy(dst, t.data, t.nbytes); }});
+  // tensors() is in file order, which is the order they were saved in.
+  save_hf_model(b, read_hf_config(a / "config.json"), again, 200);
+  std::vector<std::string> names_a, names_b;
+  for (const auto& e : fs::directory_iterator(a)) names_a.push_back(e.path().filename());
+  for (const auto& e : fs::directory_iterator(b)) names_b.push_back(e.path().filename());
+  std::sort(names_a.begin(), names_a.end());
+  std::sort(names_b.begin(), names_b.end());
+  ASSERT_EQ(names_a, names_b);
+  EXPECT_GT(names_a.size(), 3u);
+  for (const std::string& n : names_a) EXPECT_EQ(read_file(a / n), read_file(b / n)) << n;
+}
+
+TEST_F(CheckpointDir, ShardedSaveWritesIndexAndReadsBack) {
+  const auto ts = sample_tensors();
+  fs::path dir = root_ / "model";
+  save_hf_model(dir, tiny_config(), to_save(ts), 300);
+  EXPECT_FALSE(fs::exists(dir / "model.safetensors"));
+  nlohmann::json index = nlohmann::json::parse(std::ifstream(dir / "model.safetensors.index.json"));
+  uint64_t total = 0;
+  for (const HostTensor& t : ts) total += t.bytes.size();
+  EXPECT_EQ(index["metadata"]["total_size"], total);
+  ASSERT_EQ(index["weight_map"].size(), ts.size());
+  std::set<std::string> files;
+  for (const auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  // 512 | 128 | 192 + 32 + 6 + 4 + 0 bytes, in order, at most 300 per shard unless one tensor is larger.
+  EXPECT_EQ(files, (std::set<std::string>{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                                          "model-00003-of-00003.safetensors"}));
+  for (const std::string& f : files) EXPECT_TRUE(fs::exists(dir / f)) << f;
+  EXPECT_EQ(index["weight_map"]["model.embed_tokens.weight"], "model-00001-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["model.layers.0.self_attn.q_proj.weight"], "model-00002-of-00003.safetensors");
+
+  auto ck = HfCheckpoint::open(dir);
+  ASSERT_EQ(ck->tensors().size(), ts.size());
+  for (const HostTensor& t : ts) {
+    std::vector<unsigned char> back(t.bytes.size());
+    ck->read_into(t.name, t.shape, back.data(), t.dtype);
+    EXPECT_EQ(back, t.bytes) << t.name;
+    EXPECT_EQ(ck->find(t.name)->file, (dir / index["weight_map"][t.name].get<std::string>()).string());
+  }
+}
+
+TEST_F(CheckpointDir, MalformedFilesNameFileAndTensor) {
+  const std::string ok_entry = R"("w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]})";
+  const std::string data16(16, '\x01');
+  // Sanity: the well-formed version opens.
+  {
+    fs::path dir = root_ / "good";
+    fs::create_directories(dir);
+    write_file(dir / "model.safetensors", raw_safetensors("{" + ok_entry + "}", data16));
+    EXPECT_EQ(HfCheckpoint::open(dir)->tensors().size(), 1u);
+  }
+  expect_open_error(std::string("\x10\x00\x00", 3), {"too small"});
+  expect_open_error(raw_safetensors("{" + ok_entry + "}", data16, 4096), {"past the end"});
+  expect_open_error(raw_safetensors("{" + ok_entry + "}", data16, int64_t{1} << 40), {"limit"});
+  expect_open_error(raw_safetensors("{\"w\": [1, 2", data16), {"not valid JSON"});
+  expect_open_error(raw_safetensors("[1, 2]", data16), {"not a JSON object"});
+  expect_open_error(raw_safetensors("{" + ok_entry + "}", data16.substr(0, 10)), {"'w'", "past the end"});
+  expect_open_error(
+      raw_safetensors(R"({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [8, 24]}})", data16),
+      {"'w'", "past the end"});
+  expect_open_error(raw_safetensors(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                        "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+                                    data16),
+                    {"'b'", "overlap", "'a'"});
+  expect_open_error(raw_safetensors(R"({"w": {"dtype": "F32", "shape": [3, 2], "data_offsets": [0, 16]}})", data16),
+                    {"'w'", "24 bytes", "16"});
+  expect_open_error(raw_safetensors(R"({"w": {"dtype": "I64", "shape": [2], "data_offsets": [0, 16]}})", data16),
+                    {"'w'", "I64"});
+  expect_open_error(
+      raw_safetensors(R"({"w": {"dtype": "F8_E4M3", "shape": [16], "data_offsets": [0, 16]}})", data16),
+      {"'w'", "F8_E4M3"});
+  expect_open_error(raw_safetensors(R"({"w": {"dtype": "F32", "shape": [-2, -2], "data_offsets": [0, 16]}})", data16),
+                    {"'w'", "non-negative"});
+  expect_open_error(raw_safetensors(R"({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [16, 0]}})", data16),
+                    {"'w'", "begin after end"});
+  expect_open_error(raw_safetensors(R"({"w": {"dtype": "F32", "shape": [2, 2]}})", data16), {"'w'", "data_offsets"});
+  expect_open_error(raw_safetensors(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                                        "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                                    data16),
+                    {"'w'", "twice"});
+  expect_open_error(
+      raw_safetensors(R"({"__metadata__": {"format": 1}, )" + ok_entry + "}", data16), {"__metadata__"});
+
+  // A real file cut short: the last tensor's range now runs past the end.
+  fs::path good = root_ / "model";
+  save_hf_model(good, tiny_config(), to_save(sample_tensors()));
+  std::string bytes = read_file(good / "model.safetensors");
+  expect_open_error(bytes.substr(0, bytes.size() - 5), {"past the end", "'"});
+}
+
+TEST_F(CheckpointDir, BrokenIndexNamesIndexAndShard) {
+  const auto ts = sample_tensors();
+  fs::path dir = root_ / "model";
+  save_hf_model(dir, tiny_config(), to_save(ts), 300);
+  const fs::path index = dir / "model.safetensors.index.json";
+  const std::string original = read_file(index);
+
+  // A shard the index names is missing.
+  fs::rename(dir / "model-00003-of-00003.safetensors", root_ / "moved");
+  expect_dir_error(dir, index.string(), {"model-00003-of-00003.safetensors", "does not exist"});
+  fs::rename(root_ / "moved", dir / "model-00003-of-00003.safetensors");
+  EXPECT_NO_THROW(HfCheckpoint::open(dir));
+
+  // The index puts a tensor in the wrong shard.
+  nlohmann::json j = nlohmann::json::parse(original);
+  j["weight_map"]["model.norm.weight"] = "model-00001-of-00003.safetensors";
+  write_file(index, j.dump());
+  expect_dir_error(dir, index.string(), {"model.norm.weight"});
+
+  // The index names a tensor no shard holds.
+  j = nlohmann::json::parse(original);
+  j["weight_map"]["lm_head.weight"] = "model-00001-of-00003.safetensors";
+  write_file(index, j.dump());
+  expect_dir_error(dir, index.string(), {"lm_head.weight"});
+
+  // Path escapes and junk.
+  j = nlohmann::json::parse(original);
+  j["weight_map"]["model.norm.weight"] = "../model-00003-of-00003.safetensors";
+  write_file(index, j.dump());
+  expect_dir_error(dir, index.string(), {"model.norm.weight"});
+  write_file(index, "{\"metadata\": {}}");
+  expect_dir_error(dir, index.string(), {"weight_map"});
+  write_file(index, original);
+
+  // The same tensor in two shards.
+  fs::path single = root_ / "single";
+  save_hf_model(single, tiny_config(), to_save({ts[0]}));
+  fs::copy_file(single / "model.safetensors", dir / "model-00002-of-00003.safetensors",
+                fs::copy_options::overwrite_existing);
+  try {
+    HfCheckpoint::open(dir);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("model.embed_tokens.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model-0000"), std::string::npos) << msg;
+  }
+  expect_dir_error(root_ / "nothing_here", (root_ / "nothing_here").string(), {"model.safetensors"});
+}
+
+TEST_F(CheckpointDir, FailedSaveLeavesOldDirectoryIntact) {
+  fs::path dir = root_ / "model";
+  save_hf_model(dir, tiny_config(), to_save(sample_tensors()));
+  std::map<std::string, std::string> before;
+  for (const auto& e : fs::directory_iterator(dir)) before[e.path().filename()] = read_file(e.path());
+
+  const auto host = sample_tensors();  // the fill callbacks point into it
+  auto ts = to_save(host);
+  ts[2].fill = [](void*) { throw std::runtime_error("parameter fetch failed"); };
+  EXPECT_THROW(save_hf_model(dir, tiny_config(), ts), std::runtime_error);
+  std::map<std::string, std::string> after;
+  for (const auto& e : fs::directory_iterator(dir)) after[e.path().filename()] = read_file(e.path());
+  EXPECT_EQ(before, after);
+  EXPECT_EQ(count_entries_containing(".tmp-"), 0);
+  EXPECT_EQ(count_entries_containing(".old-"), 0);
+  EXPECT_NO_THROW(HfCheckpoint::open(dir));
+
+  // Invalid input fails before anything is written.
+  auto dup = to_save(host);
+  dup[1].name = dup[0].name;
+  EXPECT_THROW(save_hf_model(dir, tiny_config(), dup), std::invalid_argument);
+  EXPECT_EQ(count_entries_containing(".tmp-"), 0);
+}
+
+TEST_F(CheckpointDir, SuccessfulSaveReplacesOldDirectory) {
+  fs::path dir = root_ / "model";
+  save_hf_model(dir, tiny_config(), to_save(sample_tensors()), 300);  // sharded
+  write_file(dir / "stray.txt", "old");
+  auto ts = sample_tensors();
+  ts.resize(2);
+  save_hf_model(dir, tiny_config(), to_save(ts));  // single file now
+  EXPECT_FALSE(fs::exists(dir / "stray.txt"));
+  EXPECT_FALSE(fs::exists(dir / "model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(dir / "model-00001-of-00003.safetensors"));
+  EXPECT_EQ(HfCheckpoint::open(dir)->tensors().size(), 2u);
+  EXPECT_EQ(count_entries_containing(".tmp-"), 0);
+  EXPECT_EQ(count_entries_containing(".old-"), 0);
+  // A trailing slash still saves to (and replaces) the same directory.
+  save_hf_model(dir.string() + "/", tiny_config(), to_save(sample_tensors()));
+  EXPECT_EQ(HfCheckpoint::open(dir)->tensors().size(), sample_tensors().size());
+  EXPECT_EQ(count_entries_containing(".tmp-"), 0);
+}
+
+TEST_F(CheckpointDir, UnwritablePathFailsNamingIt) {
+  // A parent that is a regular file cannot hold a directory, even for root.
+  write_file(root_ / "afile", "x");
+  fs::path out = root_ / "afile" / "model";
+  try {
+    save_hf_model(out, tiny_config(), to_save(sample_tensors()));
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(out.string()), std::string::npos) << e.what();
+  }
+  // An existing regular file at out_dir is not replaced.
+  try {
+    save_hf_model(root_ / "afile", tiny_config(), to_save(sample_tensors()));
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("afile"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_file(root_ / "afile"), "x");
+  EXPECT_EQ(count_entries_containing(".tmp-"), 0);
+}
