@@ -114,6 +114,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   if (o.grad_clip < 0) throw std::invalid_argument("--grad-clip must be >= 0 (0 = off)");
   m.dtype = kernels::parse_dtype(o.dtype);
   m.backend = kernels::parse_backend(o.backend);
+  const LrSchedule schedule = parse_lr_schedule(o.lr_schedule);
 
   // Model config: --model DIR, --preset NAME or the embedded default.
   bool load_weights = false;
@@ -178,7 +179,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.adamw = std::make_unique<AdamW>(*m.rt, ranges, m.model->n_flat(), ac);
   m.grad_norm = std::make_unique<GradNorm>(*m.rt);
   m.scaler = LossScaler(m.dtype == DType::f16);
-  m.sched = LrScheduleConfig{parse_lr_schedule(o.lr_schedule), o.lr, o.min_lr, o.warmup, o.steps};
+  m.sched = LrScheduleConfig{schedule, o.lr, o.min_lr, o.warmup, o.steps};
 
   const int64_t n = m.N();
   m.host_tokens.assign(static_cast<size_t>(o.grad_accum * 2 * n), 0);
