@@ -62,7 +62,7 @@ TEST_F(TrainCli, HelpShowsEveryFlagWithDefault) {
                         "--lr ", "--lr-schedule", "--warmup", "--min-lr", "--weight-decay", "--beta1", "--beta2",
                         "--eps", "--grad-clip", "--seed", "--metrics", "--out", "--log-every", "--threads"})
     EXPECT_NE(r.out.find(f), std::string::npos) << f;
-  EXPECT_NE(r.out.find("[cosine]"), std::string::npos) << r.out;  // defaults are shown
+  EXPECT_NE(r.out.find("=cosine"), std::string::npos) << r.out;  // defaults are shown
 }
 
 TEST_F(TrainCli, SeqBeyondMaxPositionsIsOneLineError) {
