@@ -74,9 +74,11 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int
   d.FC = cfg_.family == Family::gpt2 ? d.I : 2 * d.I;
   if (cfg_.family == Family::gpt2 && d.Q != d.C)
     throw std::invalid_argument("gpt2: n_head must divide n_embd (head_dim is not configurable)");
-  // Rows per LM-head chunk: about 16 MiB of fp32 logits, at least 16 rows, at most N.
-  d.chunk_rows = std::clamp<int64_t>((int64_t{16} << 20) / (4 * d.V), 16, 1024);
-  d.chunk_rows = std::min(d.chunk_rows, d.N);
+  // LM-head chunks: at most ~32 MiB of fp32 logits (and never all N rows when N > 64), split
+  // evenly so each chunk's matmuls stay large; dW_head is re-read and re-written per chunk.
+  const int64_t max_rows = std::clamp<int64_t>((int64_t{32} << 20) / (4 * d.V), 16, 1024);
+  const int64_t n_chunks = std::max<int64_t>((d.N + max_rows - 1) / max_rows, d.N > 64 ? 2 : 1);
+  d.chunk_rows = (d.N + n_chunks - 1) / n_chunks;
   build_layout();
   allocate();
 }
