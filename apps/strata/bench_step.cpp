@@ -23,8 +23,8 @@ struct BenchStepOptions {
 };
 
 // Training FLOPs per step: 6 per parameter per token (forward 2, backward 4), plus attention's
-// q·kᵀ and p·v (causal: half of 2·2·T·T·D per head and token row... counted as the full
-// 12·L·T·C per token, as in the PaLM appendix / nanoGPT's estimate, halved for causality).
+// q·kᵀ and p·v: 2·2·T·(Hq·D) per token and layer forward, ×3 with backward (= nanoGPT's
+// 12·L·T·C per token), halved because causal attention only computes the lower triangle.
 double step_flops(const ModelConfig& c, int64_t n_params, int64_t batch, int64_t seq) {
   const double tokens = static_cast<double>(batch * seq);
   const int64_t hd = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.n_heads;

@@ -40,12 +40,15 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Standard normal number `i` of stream `key` (counter-based: any thread count, same values).
-float normal_at(uint64_t key, uint64_t i) {
-  const uint64_t r = splitmix64(key ^ splitmix64(i));
+// Standard normal numbers 2·pair and 2·pair+1 of stream `key` (Box-Muller on a counter-based
+// hash: the same values for any thread count).
+void normal_pair(uint64_t key, uint64_t pair, float* out) {
+  const uint64_t r = splitmix64(key ^ splitmix64(pair));
   const double u1 = (static_cast<double>(r >> 40) + 1.0) / 16777217.0;  // (0, 1]
   const double u2 = static_cast<double>(r & 0xffffffull) / 16777216.0;   // [0, 1)
-  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+  const double rad = std::sqrt(-2.0 * std::log(u1)), ang = 2.0 * M_PI * u2;
+  out[0] = static_cast<float>(rad * std::cos(ang));
+  out[1] = static_cast<float>(rad * std::sin(ang));
 }
 
 }  // namespace
@@ -309,8 +312,13 @@ void Transformer::init_random(uint64_t seed) {
       continue;
     }
     const uint64_t key = splitmix64(seed * 0x100000001b3ull + pi);
-    kernels::cpu::parallel_for(0, p.numel, 1 << 16, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) dst[i] = 0.02f * normal_at(key, static_cast<uint64_t>(i));
+    kernels::cpu::parallel_for(0, (p.numel + 1) / 2, 1 << 15, [&](int64_t lo, int64_t hi) {
+      float z[2];
+      for (int64_t j = lo; j < hi; ++j) {
+        normal_pair(key, static_cast<uint64_t>(j), z);
+        dst[2 * j] = 0.02f * z[0];
+        if (2 * j + 1 < p.numel) dst[2 * j + 1] = 0.02f * z[1];
+      }
     });
   }
 }
