@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -170,6 +171,67 @@ TEST(Trainer, SaveLoadSaveIsBitExact) {
     }
     EXPECT_EQ(read_hf_config(dir / "a" / "config.json").n_layers, c.n_layers);
     fs::remove_all(dir / "a"), fs::remove_all(dir / "b"), fs::remove_all(dir / "init");
+  }
+  fs::remove_all(dir);
+}
+
+// bf16 and fp16 (with loss scaling) follow fp32's loss curve step by step.
+TEST(Trainer, LowPrecisionTracksFp32) {
+  const fs::path dir = make_temp_dir();
+  write_hf_config(tiny_byte_llama(), dir / "config.json");
+  std::vector<std::vector<double>> losses;
+  for (const char* dt : {"fp32", "bf16", "fp16"}) {
+    TrainOptions o;
+    o.model = dir.string();
+    o.dtype = dt;
+    o.batch = 2, o.seq = 32, o.steps = 8, o.warmup = 2, o.lr = 3e-3;
+    Trainer t(o);
+    losses.emplace_back();
+    for (int i = 0; i < o.steps; ++i) {
+      const StepStats st = t.step();
+      EXPECT_FALSE(st.skipped) << dt;
+      losses.back().push_back(st.loss);
+    }
+  }
+  EXPECT_LT(losses[0].back(), losses[0].front() - 0.5);  // it learns
+  for (size_t k = 1; k < 3; ++k)
+    for (size_t i = 0; i < losses[0].size(); ++i)
+      EXPECT_NEAR(losses[k][i], losses[0][i], 0.02 * losses[0][i]) << (k == 1 ? "bf16" : "fp16") << " step " << i;
+  fs::remove_all(dir);
+}
+
+// GPT-2 checkpoints from the Hub name tensors without the "transformer." prefix; both load.
+TEST(Trainer, LoadsGpt2HubNamesWithoutPrefix) {
+  const fs::path dir = make_temp_dir();
+  ModelConfig c = preset_model_config("gpt2-124m");
+  c.hidden_size = 16, c.n_layers = 1, c.n_heads = 2, c.n_kv_heads = 2, c.head_dim = 8, c.intermediate_size = 64;
+  c.vocab_size = 300, c.max_position_embeddings = 32;
+  fs::create_directories(dir / "init");
+  write_hf_config(c, dir / "init" / "config.json");
+  TrainOptions o;
+  o.model = (dir / "init").string();
+  o.batch = 1, o.seq = 8, o.steps = 1;
+  Trainer(o).save((dir / "a").string());  // names with "transformer."
+  auto ck = HfCheckpoint::open(dir / "a");
+  std::vector<TensorToSave> hub;
+  std::vector<std::vector<float>> data;
+  for (const StoredTensor& t : ck->tensors()) {
+    ASSERT_EQ(t.name.rfind("transformer.", 0), 0u) << t.name;
+    data.emplace_back(t.nbytes / 4);
+    std::memcpy(data.back().data(), t.data, t.nbytes);
+    const float* src = data.back().data();
+    const size_t bytes = t.nbytes;
+    hub.push_back({t.name.substr(12), t.shape, kernels::DType::f32, [src, bytes](void* d) { std::memcpy(d, src, bytes); }});
+  }
+  save_hf_model(dir / "hub", c, hub);
+  o.model = (dir / "hub").string();
+  Trainer(o).save((dir / "b").string());
+  auto a = HfCheckpoint::open(dir / "a"), b = HfCheckpoint::open(dir / "b");
+  for (const StoredTensor& t : a->tensors()) {
+    const StoredTensor* u = b->find(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    ASSERT_EQ(t.nbytes, u->nbytes);
+    EXPECT_EQ(std::memcmp(t.data, u->data, t.nbytes), 0) << t.name;
   }
   fs::remove_all(dir);
 }
