@@ -5,7 +5,9 @@
 // per-thread scratch buffer.
 #include <omp.h>
 
-#include <cstring>
+#include <algorithm>
+#include <bit>
+#include <tuple>
 #include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/parallel.h"
 
 namespace strata::kernels::cpu {
@@ -44,19 +47,27 @@ memory::data_type dnnl_type(DType t) {
 
 // A fully resolved problem: leading dims and batch strides are explicit (never 0).
 struct Key {
-  int64_t m, n, k, batch;
-  int64_t lda, ldb, ldc, stride_a, stride_b, stride_c;
-  bool trans_a, trans_b;
-  DType ab, c;
-  float alpha, beta;
-  bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
+  int64_t m = 0, n = 0, k = 0, batch = 0;
+  int64_t lda = 0, ldb = 0, ldc = 0, stride_a = 0, stride_b = 0, stride_c = 0;
+  bool trans_a = false, trans_b = false;
+  DType ab = DType::f32, c = DType::f32;
+  float alpha = 1.f, beta = 0.f;
+  // Field by field (padding bytes are not part of the value); alpha/beta compared as bits.
+  auto tie() const {
+    return std::tie(m, n, k, batch, lda, ldb, ldc, stride_a, stride_b, stride_c, trans_a, trans_b, ab, c);
+  }
+  bool operator==(const Key& o) const {
+    return tie() == o.tie() && std::bit_cast<uint32_t>(alpha) == std::bit_cast<uint32_t>(o.alpha) &&
+           std::bit_cast<uint32_t>(beta) == std::bit_cast<uint32_t>(o.beta);
+  }
 };
 struct KeyHash {
   size_t operator()(const Key& k) const {
-    // FNV-1a over the bytes; Key is zero-initialised before filling, so padding is stable.
-    const auto* p = reinterpret_cast<const unsigned char*>(&k);
     uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof(Key); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    for (int64_t v : {k.m, k.n, k.k, k.batch, k.lda, k.ldb, k.ldc, k.stride_a, k.stride_b, k.stride_c}) mix(uint64_t(v));
+    mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.ab) << 8 | uint64_t(k.c) << 16);
+    mix(uint64_t(std::bit_cast<uint32_t>(k.alpha)) << 32 | std::bit_cast<uint32_t>(k.beta));
     return static_cast<size_t>(h);
   }
 };
@@ -68,7 +79,6 @@ struct Entry {
 
 Key resolve(const MatmulArgs& a) {
   Key k;
-  std::memset(&k, 0, sizeof(k));
   k.m = a.m, k.n = a.n, k.k = a.k, k.batch = a.batch;
   k.trans_a = a.trans_a, k.trans_b = a.trans_b;
   const int64_t a_rows = a.trans_a ? a.k : a.m, a_cols = a.trans_a ? a.m : a.k;
@@ -134,6 +144,10 @@ class Cache {
     std::lock_guard lock(mu_);
     auto [it, inserted] = map_.emplace(k, std::move(e));
     return *it->second;
+  }
+  size_t size() {
+    std::lock_guard lock(mu_);
+    return map_.size();
   }
 
  private:
@@ -224,6 +238,8 @@ void matmul_f16(const MatmulArgs& a, const Key& key) {
 }
 
 }  // namespace
+
+size_t matmul_primitives_built() { return cache().size(); }
 
 void matmul(const MatmulArgs& a) {
   const Key key = resolve(a);

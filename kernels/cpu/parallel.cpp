@@ -1,9 +1,15 @@
-// The compute arena shared by every CPU op.
+// The compute pool shared by every CPU op: the caller's OpenMP team (see parallel.h for why
+// not oneTBB), sized by set_num_threads; plus a oneTBB arena of the same size for task code.
 #include "kernels/cpu/parallel.h"
 
 #include <omp.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
+#include <atomic>
+#include <exception>
 #include <memory>
 #include <mutex>
 
@@ -49,6 +55,48 @@ void set_num_threads(int n) {
   std::lock_guard lock(s.mu);
   s.set(n);
 }
+
+namespace {
+// STRATA_CPU_POOL=tbb selects the oneTBB pool at start-up (for comparisons); default OpenMP.
+Pool initial_pool() {
+  const char* e = std::getenv("STRATA_CPU_POOL");
+  return e && std::string_view(e) == "tbb" ? Pool::tbb : Pool::openmp;
+}
+std::atomic<Pool> g_pool{initial_pool()};
+}  // namespace
+
+void set_pool(Pool p) { g_pool.store(p); }
+Pool pool() { return g_pool.load(std::memory_order_relaxed); }
+
+namespace detail {
+
+void run_parallel(int64_t begin, int64_t end, int64_t grain, ChunkFn fn, void* ctx) {
+  if (pool() == Pool::tbb) {
+    arena().execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(begin, end, grain),
+                        [&](const tbb::blocked_range<int64_t>& r) { fn(ctx, r.begin(), r.end()); },
+                        tbb::static_partitioner());
+    });
+    return;
+  }
+  const int64_t n = end - begin;
+  const int chunks = static_cast<int>(std::min<int64_t>(num_threads(), std::max<int64_t>(1, n / grain)));
+  std::exception_ptr error;
+  std::once_flag error_once;
+#pragma omp parallel num_threads(chunks)
+  {
+    // Exceptions must not leave an OpenMP region: keep the first, rethrow after it.
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    try {
+      fn(ctx, begin + n * t / nt, begin + n * (t + 1) / nt);
+    } catch (...) {
+      std::call_once(error_once, [&] { error = std::current_exception(); });
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace detail
 
 tbb::task_arena& arena() {
   State& s = state();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/runtime.h"
 
 using namespace strata::kernels;
@@ -156,8 +157,9 @@ TEST(Matmul, Fp16InputsFp32AndFp16Output) {
     }
 }
 
-// Repeating a problem (served from the primitive cache) gives bit-identical results.
-TEST(Matmul, RepeatedCallsAreDeterministic) {
+// Repeating a problem is served from the primitive cache (built once, whatever the buffers)
+// and gives bit-identical results; a new alpha or beta is a new primitive.
+TEST(Matmul, RepeatedCallsReuseOnePrimitiveAndAreDeterministic) {
   std::mt19937 rng(7);
   Buf A(DType::f32, 65 * 31, rng), B(DType::f32, 31 * 47, rng);
   std::vector<float> c1(65 * 47), c2(65 * 47);
@@ -165,9 +167,15 @@ TEST(Matmul, RepeatedCallsAreDeterministic) {
   args.a = A.data(), args.b = B.data(), args.m = 65, args.n = 47, args.k = 31;
   args.c = c1.data();
   cpu::matmul(args);
+  const size_t built = cpu::matmul_primitives_built();
   args.c = c2.data();
   for (int i = 0; i < 3; ++i) cpu::matmul(args);
+  EXPECT_EQ(cpu::matmul_primitives_built(), built);
   EXPECT_EQ(c1, c2);
+  args.beta = 1.f;
+  cpu::matmul(args);
+  cpu::matmul(args);
+  EXPECT_EQ(cpu::matmul_primitives_built(), built + 1);
 }
 
 // Linear layer C = A·B with L = Σ W∘C: dA = dC·Bᵀ and dB = Aᵀ·dC (dC = W) computed by matmul
