@@ -110,7 +110,7 @@ void norm_backward(const NormBackwardArgs& a) {
   constexpr int64_t kMaxBlocks = 64;
   const int64_t rows_per_block = (rows + std::min(rows, kMaxBlocks) - 1) / std::min(rows, kMaxBlocks);
   const int64_t n_blocks = (rows + rows_per_block - 1) / rows_per_block;
-  float* part_dw = thread_scratch(static_cast<size_t>(n_blocks * cols * (with_db ? 2 : 1)));  // (n_blocks, cols)
+  float* part_dw = thread_scratch<struct NormPartials>(static_cast<size_t>(n_blocks * cols * (with_db ? 2 : 1)));  // (n_blocks, cols)
   float* part_db = with_db ? part_dw + n_blocks * cols : nullptr;                             // (n_blocks, cols)
 
   parallel_for(0, n_blocks, 1, [&](int64_t lo, int64_t hi) {

@@ -143,6 +143,39 @@ TEST(CrossEntropyOps, LargeLogitsAreStable) {
   expect_close(std::vector<double>(dlogits.begin(), dlogits.end()), ref.dlogits, 1e-7, 2e-5, "dlogits at 1e4");
 }
 
+TEST(CrossEntropyOps, MaxRisingAcrossChunksAndHugeVocab) {
+  // Row 0: each 2048-logit chunk sits 12 above the previous one, so the running max (and the
+  // saved per-chunk shifts) change at every chunk; row 1 is ignored. A 530,000-way vocab takes
+  // the larger-chunk path (more than 256 chunks of 2048).
+  struct Case {
+    int64_t vocab;
+    DType t;
+  };
+  for (const Case cs : {Case{9000, DType::f32}, Case{9000, DType::bf16}, Case{530000, DType::bf16}}) {
+    {
+      const int64_t vocab = cs.vocab, rows = 2;
+      const DType t = cs.t;
+      auto lv0 = random_vec(rows * vocab, 11, -2, 2);
+      for (int64_t c = 0; c < vocab; ++c) lv0[c] += 12.0 * static_cast<double>(c / 2048 % 8);
+      const std::vector<int32_t> targets = {static_cast<int32_t>(vocab / 3), -1};
+      TypedBuf logits(t, lv0);
+      const auto lv = logits.values();
+      const CeRef ref = ce_ref(lv, rows, vocab, vocab, targets, 1.0);
+      std::vector<float> losses(rows), losses_fwd(rows);
+      TypedBuf dlogits(t, rows * vocab);
+      cpu::cross_entropy({.dtype = t, .rows = rows, .vocab = vocab, .logits = logits.data(), .targets = targets.data(),
+                          .losses = losses_fwd.data()});
+      cpu::cross_entropy({.dtype = t, .rows = rows, .vocab = vocab, .logits = logits.data(), .targets = targets.data(),
+                          .losses = losses.data(), .dlogits = dlogits.data()});
+      const std::string what = "vocab " + std::to_string(vocab) + " " + std::string(dtype_name(t));
+      expect_close(std::vector<double>(losses.begin(), losses.end()), ref.losses, 1e-5, 1e-5, what + " losses");
+      expect_close(std::vector<double>(losses_fwd.begin(), losses_fwd.end()), ref.losses, 1e-5, 1e-5,
+                   what + " forward-only losses");
+      expect_close(dlogits.values(), ref.dlogits, 1e-9, t == DType::f32 ? 2e-5 : 1e-2, what + " dlogits");
+    }
+  }
+}
+
 TEST(CrossEntropyOps, GradScaleIsLinear) {
   const int64_t rows = 2, vocab = 33;
   const std::vector<int32_t> targets = {4, 30};

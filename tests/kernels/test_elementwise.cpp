@@ -3,9 +3,12 @@
 // plus one op through the Ops interface on a CPU stream.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <random>
 #include <stdexcept>
 
+#include "kernels/cpu/act_types.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/runtime.h"
 #include "layer_test_util.h"
@@ -181,6 +184,52 @@ TEST(ElementwiseOps, RunsThroughOpsOnAStreamAndValidates) {
                                           .up = b.data(), .out = out.data()}),
                std::invalid_argument);
   stream->synchronize();
+}
+
+}  // namespace
+
+namespace {
+
+TEST(FastExp, RelativeErrorAndEdgeCases) {
+  double worst = 0;
+  for (double xd = -87.3; xd <= 88.7; xd += 0.00731) {
+    const float x = static_cast<float>(xd);
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(cpu::fast_exp(x) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(cpu::fast_exp(0.f), 1.f);
+  EXPECT_EQ(cpu::fast_exp(-87.5f), 0.f);  // flushed instead of a denormal
+  EXPECT_EQ(cpu::fast_exp(-1e30f), 0.f);
+  EXPECT_EQ(cpu::fast_exp(-INFINITY), 0.f);
+  EXPECT_TRUE(std::isinf(cpu::fast_exp(88.8f)));
+  EXPECT_TRUE(std::isinf(cpu::fast_exp(1e30f)));
+  EXPECT_TRUE(std::isinf(cpu::fast_exp(INFINITY)));
+  EXPECT_TRUE(std::isnan(cpu::fast_exp(NAN)));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(BranchlessF16, MatchesDtypeConversionsBitForBit) {
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const uint16_t h = static_cast<uint16_t>(i);
+    ASSERT_EQ(std::bit_cast<uint32_t>(cpu::f16_to_f32_branchless(h)), std::bit_cast<uint32_t>(f16_to_f32(h))) << i;
+    // Every fp32 pattern within ±64 ulps of each fp16 value, and of the midpoint to the next.
+    const uint32_t u = std::bit_cast<uint32_t>(f16_to_f32(h));
+    for (uint32_t base : {u, u + 0x1000u}) {
+      for (int d = -64; d <= 64; ++d) {
+        const float f = std::bit_cast<float>(base + static_cast<uint32_t>(d));
+        ASSERT_EQ(cpu::f32_to_f16_branchless(f), f32_to_f16(f)) << std::hex << base + d;
+      }
+    }
+  }
+  std::mt19937 rng(3);
+  for (int k = 0; k < 1000000; ++k) {
+    const float f = std::bit_cast<float>(static_cast<uint32_t>(rng()));
+    ASSERT_EQ(cpu::f32_to_f16_branchless(f), f32_to_f16(f)) << std::hex << std::bit_cast<uint32_t>(f);
+  }
 }
 
 }  // namespace
