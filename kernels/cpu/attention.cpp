@@ -1,8 +1,6 @@
 // Causal scaled-dot-product attention with grouped-query heads on the CPU: a flash-style forward
 // (64×64 blocks, online softmax, never seq × seq) and a FlashAttention-2 backward that recomputes
 // the probabilities from the saved log-sum-exp. Tiles are converted to fp32 in per-thread scratch.
-#include <immintrin.h>
-
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -17,6 +15,13 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#define STRATA_X86 1
+#include <immintrin.h>
+#else
+#define STRATA_X86 0  // only the portable path exists
+#endif
+
 namespace strata::kernels::cpu {
 namespace {
 
@@ -25,13 +30,18 @@ constexpr int64_t kBlock = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 std::atomic<AttentionIsa> g_isa{AttentionIsa::best};
+std::atomic<AttentionSchedule> g_schedule{AttentionSchedule::automatic};
 
 bool cpu_has(AttentionIsa isa) {
+#if STRATA_X86
   static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
                              __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                            __builtin_cpu_supports("f16c");
+#else
+  constexpr bool avx512 = false, avx2 = false;
+#endif
   switch (isa) {
     case AttentionIsa::avx512: return avx512;
     case AttentionIsa::avx2: return avx2;
@@ -118,13 +128,18 @@ void load_rows(const void* src, DType t, int64_t off, int64_t stride, int64_t n,
   }
 }
 
-// dst (d, kBlock) = transpose of src rows (n, d), columns n..kBlock zero.
-void load_transposed(const void* src, DType t, int64_t off, int64_t stride, int64_t n, int64_t d, float* dst) {
+// dst (d, kBlock) = transpose of src (n, d) packed, columns n..kBlock zero. In 16 × 16 tiles so
+// both sides stay in L1.
+void transpose_rows(const float* src, int64_t n, int64_t d, float* dst) {
   if (n < kBlock)
     for (int64_t c = 0; c < d; ++c) std::fill(dst + c * kBlock + n, dst + (c + 1) * kBlock, 0.f);
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t base = off + r * stride;
-    for (int64_t c = 0; c < d; ++c) dst[c * kBlock + r] = load_as_f32(src, t, static_cast<size_t>(base + c));
+  for (int64_t r0 = 0; r0 < n; r0 += 16) {
+    const int64_t r1 = std::min(n, r0 + 16);
+    for (int64_t c0 = 0; c0 < d; c0 += 16) {
+      const int64_t c1 = std::min(d, c0 + 16);
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t r = r0; r < r1; ++r) dst[c * kBlock + r] = src[r * d + c];
+    }
   }
 }
 
@@ -155,24 +170,25 @@ void store_rows(void* dst, DType t, int64_t off, int64_t stride, int64_t n, int6
 
 // ---- the math both paths share (inlined into each path so it is compiled for its ISA) ----------
 
-// e^x to ~2 ulp, 0 below e^-87 (and for -inf); x <= 0 in every use here. Branch-free so that a
-// loop over it vectorises: 2^(x·log2 e) = 2^n · 2^f, n = round(x·log2 e), |f| <= 1/2.
+// e^x with relative error < 3e-7, exactly 0 below e^-87.3 (and for -inf). Branch-free so that a
+// loop over it vectorises: e^x = 2^n · e^r, n = round(x / ln 2), r = x - n·ln 2 split in two
+// parts (Cody-Waite), |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial.
 [[gnu::always_inline]] inline float fast_exp(float x) {
-  float t = x * 1.44269504f;
-  const bool underflow = t < -126.f;
-  t = t < -126.f ? -126.f : t;
-  t = t > 126.f ? 126.f : t;
-  const float n = (t + 12582912.f) - 12582912.f;  // round to nearest (|t| < 2^22)
-  const float f = t - n;
-  float p = 1.5403530e-4f;
-  p = p * f + 1.3333558e-3f;
-  p = p * f + 9.6181291e-3f;
-  p = p * f + 5.5504109e-2f;
-  p = p * f + 2.4022651e-1f;
-  p = p * f + 6.9314718e-1f;
-  p = p * f + 1.f;
+  const bool underflow = x < -87.3f;
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.f ? 88.f : x;
+  const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round to nearest (|.| < 2^22)
+  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
   const float pow2n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return underflow ? 0.f : p * pow2n;
+  const float e = p * pow2n;  // computed unconditionally: the select below stays branch-free
+  return underflow ? 0.f : e;
 }
 
 // Max and sum of a kBlock row in 16 independent lanes (vectorises without reassociation).
@@ -212,37 +228,57 @@ void store_rows(void* dst, DType t, int64_t off, int64_t stride, int64_t n, int6
 }
 
 // Portable GEMM: C (m, n) (+)= A (m, k) · B (k, n), row strides lda, ldb, ldc. Panels of R rows ×
-// 16 columns of C stay in registers across the k loop (the compiler vectorises the 16 lanes at
-// whatever width the enclosing function's ISA has); leftover columns take a plain axpy loop.
-template <int R>
+// 16 columns of C stay in registers across the k loop as GCC vector-extension values of the
+// ISA's native width V (4 lanes baseline, 8 with AVX2); leftover columns take an axpy loop.
+// Loads and stores go through memcpy, so rows need only float alignment.
+typedef float F32x4 __attribute__((vector_size(16)));
+typedef float F32x8 __attribute__((vector_size(32)));
+template <int Lanes> struct VecOf;
+template <> struct VecOf<4> { using type = F32x4; };
+template <> struct VecOf<8> { using type = F32x8; };
+
+template <int Lanes, int R>
 [[gnu::always_inline]] inline void mm_panel_portable(float* c, int64_t ldc, const float* a, int64_t lda,
                                                      const float* b, int64_t ldb, int64_t k, bool accumulate) {
-  float acc[R][16];
-#pragma GCC unroll 8
+  using V = typename VecOf<Lanes>::type;
+  constexpr int kVecs = 16 / Lanes;
+  V acc[R][kVecs];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-    for (int l = 0; l < 16; ++l) acc[r][l] = accumulate ? c[r * ldc + l] : 0.f;
+#pragma GCC unroll 16
+    for (int v = 0; v < kVecs; ++v) {
+      if (accumulate)
+        std::memcpy(&acc[r][v], c + r * ldc + v * Lanes, sizeof(V));
+      else
+        acc[r][v] = V{};
+    }
   for (int64_t p = 0; p < k; ++p) {
-    const float* bp = b + p * ldb;
-#pragma GCC unroll 8
+    V bv[kVecs];
+#pragma GCC unroll 16
+    for (int v = 0; v < kVecs; ++v) std::memcpy(&bv[v], b + p * ldb + v * Lanes, sizeof(V));
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float ap = a[r * lda + p];
-      for (int l = 0; l < 16; ++l) acc[r][l] += ap * bp[l];
+#pragma GCC unroll 16
+      for (int v = 0; v < kVecs; ++v) acc[r][v] += ap * bv[v];
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-    for (int l = 0; l < 16; ++l) c[r * ldc + l] = acc[r][l];
+#pragma GCC unroll 16
+    for (int v = 0; v < kVecs; ++v) std::memcpy(c + r * ldc + v * Lanes, &acc[r][v], sizeof(V));
 }
 
-template <int R>
+template <int Lanes, int R>
 struct PortableKernels {
   [[gnu::always_inline]] static inline void matmul(float* c, int64_t ldc, const float* a, int64_t lda, const float* b,
                                                    int64_t ldb, int64_t m, int64_t k, int64_t n, bool accumulate) {
     const int64_t n16 = n & ~int64_t{15};
     for (int64_t j0 = 0; j0 < n16; j0 += 16) {
       int64_t i = 0;
-      for (; i + R <= m; i += R) mm_panel_portable<R>(c + i * ldc + j0, ldc, a + i * lda, lda, b + j0, ldb, k, accumulate);
-      for (; i < m; ++i) mm_panel_portable<1>(c + i * ldc + j0, ldc, a + i * lda, lda, b + j0, ldb, k, accumulate);
+      for (; i + R <= m; i += R)
+        mm_panel_portable<Lanes, R>(c + i * ldc + j0, ldc, a + i * lda, lda, b + j0, ldb, k, accumulate);
+      for (; i < m; ++i) mm_panel_portable<Lanes, 1>(c + i * ldc + j0, ldc, a + i * lda, lda, b + j0, ldb, k, accumulate);
     }
     if (n16 == n) return;
     for (int64_t i = 0; i < m; ++i) {
@@ -257,6 +293,7 @@ struct PortableKernels {
   }
 };
 
+#if STRATA_X86
 #define STRATA_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
 #define STRATA_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -305,6 +342,12 @@ struct Avx512Kernels {
     }
   }
 };
+#endif  // STRATA_X86
+
+// Block order within one head: 0, n-1, 1, n-2, ... Causal blocks cost ∝ their index (or its
+// complement), and parallel_for hands each thread a contiguous run of items, so pairing cheap
+// with dear blocks keeps threads even when there are few heads.
+inline int64_t zigzag(int64_t i, int64_t n) { return i % 2 == 0 ? i / 2 : n - 1 - i / 2; }
 
 // ---- forward ----------------------------------------------------------------------------------
 
@@ -314,11 +357,12 @@ template <class K>
                                                 int64_t qb) {
   const int64_t d = g.head_dim, kvh = h / g.group;
   const int64_t q0 = qb * kBlock, nq = std::min(kBlock, g.seq - q0);
-  Carver carve(thread_scratch(4 * Carver::padded(kBlock * d) + Carver::padded(kBlock * kBlock) +
+  Carver carve(thread_scratch(5 * Carver::padded(kBlock * d) + Carver::padded(kBlock * kBlock) +
                               2 * Carver::padded(kBlock)));
   float* q = carve.take(kBlock * d);         // (nq, d), pre-scaled
   float* o = carve.take(kBlock * d);         // (nq, d) unnormalised accumulator
   float* v = carve.take(kBlock * d);         // (nk, d)
+  float* kr = carve.take(kBlock * d);        // (nk, d) keys
   float* kt = carve.take(d * kBlock);        // (d, kBlock) keys transposed, zero-padded
   float* s = carve.take(kBlock * kBlock);    // (nq, kBlock) scores, then probabilities
   float* row_max = carve.take(kBlock);       // (nq) running max of scaled scores
@@ -331,7 +375,8 @@ template <class K>
 
   for (int64_t kb = 0; kb <= qb; ++kb) {
     const int64_t k0 = kb * kBlock, nk = std::min(kBlock, g.seq - k0);
-    load_transposed(args.k, g.dtype, g.k_at(b, k0, kvh), g.k_stride, nk, d, kt);
+    load_rows(args.k, g.dtype, g.k_at(b, k0, kvh), g.k_stride, nk, d, kr, d, 1.f);
+    transpose_rows(kr, nk, d, kt);
     load_rows(args.v, g.dtype, g.v_at(b, k0, kvh), g.v_stride, nk, d, v, d, 1.f);
     K::matmul(s, kBlock, q, d, kt, kBlock, nq, d, kBlock, false);  // S = (scale·Q)·Kᵀ
     for (int64_t i = 0; i < nq; ++i) {
@@ -359,119 +404,198 @@ template <class K>
   store_rows(args.out, g.dtype, g.o_at(b, q0, h), g.o_stride, nq, d, o, 1.f);
 }
 
-// Items [lo, hi) of (batch, head, query block), query block fastest.
+// Items [lo, hi) of (batch, head, query block), query block fastest (zigzag).
 template <class K>
 [[gnu::always_inline]] inline void forward_items(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
   for (int64_t item = lo; item < hi; ++item) {
-    const int64_t qb = item % g.n_blocks, bh = item / g.n_blocks;
+    const int64_t qb = zigzag(item % g.n_blocks, g.n_blocks), bh = item / g.n_blocks;
     forward_item<K>(args, g, bh / g.n_heads, bh % g.n_heads, qb);
   }
 }
 void forward_items_portable(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
-  forward_items<PortableKernels<2>>(args, g, lo, hi);
+  forward_items<PortableKernels<4, 2>>(args, g, lo, hi);
 }
+#if STRATA_X86
 STRATA_AVX2 void forward_items_avx2(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
-  forward_items<PortableKernels<4>>(args, g, lo, hi);
+  forward_items<PortableKernels<8, 4>>(args, g, lo, hi);
 }
 STRATA_AVX512 void forward_items_avx512(const AttentionArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
   forward_items<Avx512Kernels>(args, g, lo, hi);
 }
+#endif
 
 // ---- backward ---------------------------------------------------------------------------------
+// Two schedules, both deterministic (each output element has one owner and a fixed summation
+// order) and chosen by shape and thread count only:
+//  - per (batch, kv head): one task owns dK, dV of the kv head and dQ of its query heads, and
+//    computes each block pair once (5 block matmuls). Used when there are enough such tasks.
+//  - split: pass 1 per (batch, kv head, key block) owns dK, dV of the key block; pass 2 per
+//    (batch, head, query block) owns dQ of the query block. Recomputes S and dP in both passes
+//    (7 matmuls instead of 5) but has seq/64 times more parallelism (one long-context GQA layer).
 
-// One (batch, kv head): owns dK, dV of that kv head and dQ of its `group` query heads, so no two
-// tasks write the same element and the summation order is fixed (deterministic).
+// delta (B, Hq, T) = rowsum(dO ∘ O), per (batch, head, query block).
+void compute_delta(const AttentionBackwardArgs& args, const Geometry& g, float* delta, int64_t lo, int64_t hi) {
+  const int64_t d = g.head_dim;
+  Carver carve(thread_scratch(2 * Carver::padded(kBlock * d)));
+  float* ot = carve.take(kBlock * d);   // (n, d)
+  float* dt = carve.take(kBlock * d);  // (n, d)
+  for (int64_t item = lo; item < hi; ++item) {
+    const int64_t qb = item % g.n_blocks, bh = item / g.n_blocks, b = bh / g.n_heads, h = bh % g.n_heads;
+    const int64_t t0 = qb * kBlock, n = std::min(kBlock, g.seq - t0);
+    load_rows(args.out, g.dtype, g.o_at(b, t0, h), g.o_stride, n, d, ot, d, 1.f);
+    load_rows(args.dout, g.dtype, g.o_at(b, t0, h), g.o_stride, n, d, dt, d, 1.f);
+    for (int64_t i = 0; i < n; ++i) delta[g.lse_at(b, h, t0 + i)] = dot(ot + i * d, dt + i * d, d);
+  }
+}
+
+// For one block pair: p (nq, kBlock) = P = exp(S - lse) (0 where masked), ds (nq, kBlock) =
+// dS = P ∘ (dP - delta). qi = scale·Q rows, doi = dO rows, kt/vt = Kᵀ/Vᵀ zero-padded.
 template <class K>
-[[gnu::always_inline]] inline void backward_item(const AttentionBackwardArgs& args, const Geometry& g, int64_t b,
-                                                 int64_t kvh) {
-  const int64_t d = g.head_dim, T = g.seq, G = g.group, h0 = kvh * G;
-  const int64_t tile = kBlock * d, sq = kBlock * kBlock;
-  Carver carve(thread_scratch(3 * Carver::padded(G * T * d) + Carver::padded(G * T) + 6 * Carver::padded(tile) +
-                              4 * Carver::padded(sq)));
-  float* qs = carve.take(G * T * d);   // (G, T, d) scale·Q of the group's query heads
-  float* dout = carve.take(G * T * d);  // (G, T, d)
-  float* dq = carve.take(G * T * d);   // (G, T, d) Σ dS·K (times scale when stored)
-  float* delta = carve.take(G * T);    // (G, T) rowsum(dO ∘ O)
-  float* kr = carve.take(tile);        // (nk, d) keys
-  float* kt = carve.take(d * kBlock);  // (d, kBlock) keys transposed, zero-padded
-  float* vt = carve.take(d * kBlock);  // (d, kBlock) values transposed, zero-padded
-  float* dk = carve.take(tile);        // (nk, d) accumulators for this key block
-  float* dv = carve.take(tile);        // (nk, d)
-  float* ot = carve.take(tile);        // (nq, d) output tile, for delta
-  float* p = carve.take(sq);           // (nq, kBlock) probabilities
-  float* ds = carve.take(sq);          // (nq, kBlock) dP, then dS
-  float* pt = carve.take(sq);          // (kBlock, nq) Pᵀ
-  float* dst = carve.take(sq);         // (kBlock, nq) dSᵀ
-
-  for (int64_t gi = 0; gi < G; ++gi) {
-    const int64_t h = h0 + gi;
-    load_rows(args.q, g.dtype, g.q_at(b, 0, h), g.q_stride, T, d, qs + gi * T * d, d, g.scale);
-    load_rows(args.dout, g.dtype, g.o_at(b, 0, h), g.o_stride, T, d, dout + gi * T * d, d, 1.f);
-    for (int64_t t0 = 0; t0 < T; t0 += kBlock) {
-      const int64_t n = std::min(kBlock, T - t0);
-      load_rows(args.out, g.dtype, g.o_at(b, t0, h), g.o_stride, n, d, ot, d, 1.f);
-      for (int64_t i = 0; i < n; ++i) delta[gi * T + t0 + i] = dot(ot + i * d, dout + (gi * T + t0 + i) * d, d);
+[[gnu::always_inline]] inline void block_scores(const float* qi, const float* doi, const float* kt, const float* vt,
+                                                const float* lse, const float* delta, int64_t nq, int64_t nk,
+                                                bool diagonal, int64_t d, float* p, float* ds) {
+  K::matmul(p, kBlock, qi, d, kt, kBlock, nq, d, kBlock, false);   // S = (scale·Q)·Kᵀ
+  K::matmul(ds, kBlock, doi, d, vt, kBlock, nq, d, kBlock, false);  // dP = dO·Vᵀ
+  for (int64_t i = 0; i < nq; ++i) {
+    float* pr = p + i * kBlock;
+    float* dr = ds + i * kBlock;
+    const int64_t valid = diagonal ? std::min(nk, i + 1) : nk;  // keys j <= query i
+    for (int64_t j = valid; j < kBlock; ++j) pr[j] = kNegInf;
+    const float l = lse[i], di = delta[i];
+    for (int64_t j = 0; j < kBlock; ++j) {
+      pr[j] = fast_exp(pr[j] - l);
+      dr[j] = pr[j] * (dr[j] - di);
     }
   }
-  std::fill(dq, dq + G * T * d, 0.f);
+}
 
-  for (int64_t kb = 0; kb < g.n_blocks; ++kb) {
+// K rows (nk, d) into kr, and Kᵀ, Vᵀ (d, kBlock) of key block k0 (tmp: (nk, d) scratch).
+[[gnu::always_inline]] inline void load_key_block(const AttentionBackwardArgs& args, const Geometry& g, int64_t b,
+                                                  int64_t kvh, int64_t k0, int64_t nk, float* kr, float* kt,
+                                                  float* vt, float* tmp) {
+  const int64_t d = g.head_dim;
+  load_rows(args.k, g.dtype, g.k_at(b, k0, kvh), g.k_stride, nk, d, kr, d, 1.f);
+  transpose_rows(kr, nk, d, kt);
+  load_rows(args.v, g.dtype, g.v_at(b, k0, kvh), g.v_stride, nk, d, tmp, d, 1.f);
+  transpose_rows(tmp, nk, d, vt);
+}
+
+// Per-(batch, kv head) schedule. With dq_too false it is pass 1 of the split schedule for key
+// blocks [kb_lo, kb_hi) only.
+template <class K>
+[[gnu::always_inline]] inline void backward_kv(const AttentionBackwardArgs& args, const Geometry& g,
+                                               const float* delta, int64_t b, int64_t kvh, int64_t kb_lo,
+                                               int64_t kb_hi, bool dq_too) {
+  const int64_t d = g.head_dim, T = g.seq, G = g.group, h0 = kvh * G;
+  const int64_t q_lo = kb_lo * kBlock, rows = T - q_lo;  // query rows that see these keys
+  const int64_t tile = kBlock * d, sq = kBlock * kBlock;
+  Carver carve(thread_scratch((dq_too ? Carver::padded(G * rows * d) : 0) + 8 * Carver::padded(tile) +
+                              4 * Carver::padded(sq)));
+  float* dq = dq_too ? carve.take(G * rows * d) : nullptr;  // (G, rows, d) Σ dS·K
+  float* qi = carve.take(tile);                             // (nq, d) scale·Q
+  float* doi = carve.take(tile);                            // (nq, d)
+  float* kr = carve.take(tile);                             // (nk, d) keys
+  float* kt = carve.take(tile);                             // (d, kBlock)
+  float* vt = carve.take(tile);                             // (d, kBlock)
+  float* tmp = carve.take(tile);                            // (nk, d)
+  float* dk = carve.take(tile);                             // (nk, d)
+  float* dv = carve.take(tile);                             // (nk, d)
+  float* p = carve.take(sq);                                // (nq, kBlock)
+  float* ds = carve.take(sq);                               // (nq, kBlock)
+  float* pt = carve.take(sq);                               // (kBlock, nq) Pᵀ
+  float* dst = carve.take(sq);                              // (kBlock, nq) dSᵀ
+  if (dq_too) std::fill(dq, dq + G * rows * d, 0.f);
+
+  for (int64_t kb = kb_lo; kb < kb_hi; ++kb) {
     const int64_t k0 = kb * kBlock, nk = std::min(kBlock, T - k0);
-    load_rows(args.k, g.dtype, g.k_at(b, k0, kvh), g.k_stride, nk, d, kr, d, 1.f);
-    load_transposed(args.k, g.dtype, g.k_at(b, k0, kvh), g.k_stride, nk, d, kt);
-    load_transposed(args.v, g.dtype, g.v_at(b, k0, kvh), g.v_stride, nk, d, vt);
+    load_key_block(args, g, b, kvh, k0, nk, kr, kt, vt, tmp);
     std::fill(dk, dk + nk * d, 0.f);
     std::fill(dv, dv + nk * d, 0.f);
     for (int64_t gi = 0; gi < G; ++gi) {
       const int64_t h = h0 + gi;
       for (int64_t qb = kb; qb < g.n_blocks; ++qb) {
         const int64_t q0 = qb * kBlock, nq = std::min(kBlock, T - q0);
-        const float* qi = qs + (gi * T + q0) * d;
-        const float* doi = dout + (gi * T + q0) * d;
-        const float* lse = args.lse + g.lse_at(b, h, q0);
-        const float* di = delta + gi * T + q0;
-        K::matmul(p, kBlock, qi, d, kt, kBlock, nq, d, kBlock, false);   // S = (scale·Q)·Kᵀ
-        K::matmul(ds, kBlock, doi, d, vt, kBlock, nq, d, kBlock, false);  // dP = dO·Vᵀ
-        for (int64_t i = 0; i < nq; ++i) {
-          float* pr = p + i * kBlock;
-          float* dr = ds + i * kBlock;
-          const int64_t valid = qb == kb ? std::min(nk, i + 1) : nk;
-          for (int64_t j = valid; j < kBlock; ++j) pr[j] = kNegInf;
-          const float l = lse[i], di_i = di[i];
-          for (int64_t j = 0; j < kBlock; ++j) {
-            pr[j] = fast_exp(pr[j] - l);      // P = exp(S - lse), 0 where masked
-            dr[j] = pr[j] * (dr[j] - di_i);  // dS = P ∘ (dP - D)
-          }
-        }
+        // Converting the two tiles again for every key block costs ~1/300 of the block's math.
+        load_rows(args.q, g.dtype, g.q_at(b, q0, h), g.q_stride, nq, d, qi, d, g.scale);
+        load_rows(args.dout, g.dtype, g.o_at(b, q0, h), g.o_stride, nq, d, doi, d, 1.f);
+        block_scores<K>(qi, doi, kt, vt, args.lse + g.lse_at(b, h, q0), delta + g.lse_at(b, h, q0), nq, nk, qb == kb,
+                        d, p, ds);
         transpose_block(p, nq, pt);
         transpose_block(ds, nq, dst);
-        K::matmul(dv, d, pt, kBlock, doi, d, nk, nq, d, true);                  // dV += Pᵀ·dO
-        K::matmul(dk, d, dst, kBlock, qi, d, nk, nq, d, true);                  // dK += dSᵀ·(scale·Q)
-        K::matmul(dq + (gi * T + q0) * d, d, ds, kBlock, kr, d, nq, nk, d, true);  // dQ += dS·K
+        K::matmul(dv, d, pt, kBlock, doi, d, nk, nq, d, true);  // dV += Pᵀ·dO
+        K::matmul(dk, d, dst, kBlock, qi, d, nk, nq, d, true);  // dK += dSᵀ·(scale·Q)
+        if (dq_too) K::matmul(dq + (gi * rows + q0 - q_lo) * d, d, ds, kBlock, kr, d, nq, nk, d, true);  // dQ += dS·K
       }
     }
     store_rows(args.dk, g.dtype, g.k_at(b, k0, kvh), g.k_stride, nk, d, dk, 1.f);
     store_rows(args.dv, g.dtype, g.v_at(b, k0, kvh), g.v_stride, nk, d, dv, 1.f);
   }
-  for (int64_t gi = 0; gi < G; ++gi)
-    store_rows(args.dq, g.dtype, g.q_at(b, 0, h0 + gi), g.q_stride, T, d, dq + gi * T * d, g.scale);
+  if (dq_too)
+    for (int64_t gi = 0; gi < G; ++gi)
+      store_rows(args.dq, g.dtype, g.q_at(b, q_lo, h0 + gi), g.q_stride, rows, d, dq + gi * rows * d, g.scale);
 }
 
+// Pass 2 of the split schedule: dQ of one (batch, head, query block) over key blocks 0..qb.
 template <class K>
-[[gnu::always_inline]] inline void backward_items(const AttentionBackwardArgs& args, const Geometry& g, int64_t lo,
-                                                  int64_t hi) {
-  for (int64_t item = lo; item < hi; ++item) backward_item<K>(args, g, item / g.n_kv_heads, item % g.n_kv_heads);
+[[gnu::always_inline]] inline void backward_q(const AttentionBackwardArgs& args, const Geometry& g,
+                                              const float* delta, int64_t b, int64_t h, int64_t qb) {
+  const int64_t d = g.head_dim, kvh = h / g.group, tile = kBlock * d, sq = kBlock * kBlock;
+  const int64_t q0 = qb * kBlock, nq = std::min(kBlock, g.seq - q0);
+  Carver carve(thread_scratch(7 * Carver::padded(tile) + 2 * Carver::padded(sq)));
+  float* qi = carve.take(tile);   // (nq, d) scale·Q
+  float* doi = carve.take(tile);  // (nq, d)
+  float* dq = carve.take(tile);   // (nq, d)
+  float* kr = carve.take(tile);   // (nk, d)
+  float* kt = carve.take(tile);   // (d, kBlock)
+  float* vt = carve.take(tile);   // (d, kBlock)
+  float* tmp = carve.take(tile);  // (nk, d)
+  float* p = carve.take(sq);      // (nq, kBlock)
+  float* ds = carve.take(sq);     // (nq, kBlock)
+  load_rows(args.q, g.dtype, g.q_at(b, q0, h), g.q_stride, nq, d, qi, d, g.scale);
+  load_rows(args.dout, g.dtype, g.o_at(b, q0, h), g.o_stride, nq, d, doi, d, 1.f);
+  for (int64_t kb = 0; kb <= qb; ++kb) {
+    const int64_t k0 = kb * kBlock, nk = std::min(kBlock, g.seq - k0);
+    load_key_block(args, g, b, kvh, k0, nk, kr, kt, vt, tmp);
+    block_scores<K>(qi, doi, kt, vt, args.lse + g.lse_at(b, h, q0), delta + g.lse_at(b, h, q0), nq, nk, qb == kb, d,
+                    p, ds);
+    K::matmul(dq, d, ds, kBlock, kr, d, nq, nk, d, kb > 0);  // dQ += dS·K
+  }
+  store_rows(args.dq, g.dtype, g.q_at(b, q0, h), g.q_stride, nq, d, dq, g.scale);
 }
-void backward_items_portable(const AttentionBackwardArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
-  backward_items<PortableKernels<2>>(args, g, lo, hi);
+
+enum class BackwardPass { fused, split_kv, split_q };
+
+// Items [lo, hi) of one pass: fused (batch, kv head); split_kv (batch, kv head, key block);
+// split_q (batch, head, query block); blocks in zigzag order.
+template <class K>
+[[gnu::always_inline]] inline void backward_items(const AttentionBackwardArgs& args, const Geometry& g,
+                                                  const float* delta, BackwardPass pass, int64_t lo, int64_t hi) {
+  for (int64_t item = lo; item < hi; ++item) {
+    if (pass == BackwardPass::fused) {
+      backward_kv<K>(args, g, delta, item / g.n_kv_heads, item % g.n_kv_heads, 0, g.n_blocks, true);
+    } else if (pass == BackwardPass::split_kv) {
+      const int64_t kb = zigzag(item % g.n_blocks, g.n_blocks), bk = item / g.n_blocks;
+      backward_kv<K>(args, g, delta, bk / g.n_kv_heads, bk % g.n_kv_heads, kb, kb + 1, false);
+    } else {
+      const int64_t qb = zigzag(item % g.n_blocks, g.n_blocks), bh = item / g.n_blocks;
+      backward_q<K>(args, g, delta, bh / g.n_heads, bh % g.n_heads, qb);
+    }
+  }
 }
-STRATA_AVX2 void backward_items_avx2(const AttentionBackwardArgs& args, const Geometry& g, int64_t lo, int64_t hi) {
-  backward_items<PortableKernels<4>>(args, g, lo, hi);
+void backward_items_portable(const AttentionBackwardArgs& args, const Geometry& g, const float* delta,
+                             BackwardPass pass, int64_t lo, int64_t hi) {
+  backward_items<PortableKernels<4, 2>>(args, g, delta, pass, lo, hi);
 }
-STRATA_AVX512 void backward_items_avx512(const AttentionBackwardArgs& args, const Geometry& g, int64_t lo,
-                                         int64_t hi) {
-  backward_items<Avx512Kernels>(args, g, lo, hi);
+#if STRATA_X86
+STRATA_AVX2 void backward_items_avx2(const AttentionBackwardArgs& args, const Geometry& g, const float* delta,
+                                     BackwardPass pass, int64_t lo, int64_t hi) {
+  backward_items<PortableKernels<8, 4>>(args, g, delta, pass, lo, hi);
 }
+STRATA_AVX512 void backward_items_avx512(const AttentionBackwardArgs& args, const Geometry& g, const float* delta,
+                                         BackwardPass pass, int64_t lo, int64_t hi) {
+  backward_items<Avx512Kernels>(args, g, delta, pass, lo, hi);
+}
+#endif
 
 }  // namespace
 
@@ -487,6 +611,7 @@ AttentionIsa attention_isa() {
   return AttentionIsa::portable;
 }
 bool attention_isa_available(AttentionIsa isa) { return cpu_has(isa); }
+void set_attention_backward_schedule(AttentionSchedule s) { g_schedule.store(s); }
 
 void attention(const AttentionArgs& a) {
   validate(a);
@@ -496,8 +621,10 @@ void attention(const AttentionArgs& a) {
   // spans many heads, so the causal imbalance between early and late query blocks evens out.
   parallel_for(0, g.batch * g.n_heads * g.n_blocks, 1, [&](int64_t lo, int64_t hi) {
     switch (isa) {
+#if STRATA_X86
       case AttentionIsa::avx512: forward_items_avx512(a, g, lo, hi); break;
       case AttentionIsa::avx2: forward_items_avx2(a, g, lo, hi); break;
+#endif
       default: forward_items_portable(a, g, lo, hi); break;
     }
   });
@@ -507,13 +634,38 @@ void attention_backward(const AttentionBackwardArgs& a) {
   validate(a);
   const Geometry g(a);
   const AttentionIsa isa = attention_isa();
-  parallel_for(0, g.batch * g.n_kv_heads, 1, [&](int64_t lo, int64_t hi) {
-    switch (isa) {
-      case AttentionIsa::avx512: backward_items_avx512(a, g, lo, hi); break;
-      case AttentionIsa::avx2: backward_items_avx2(a, g, lo, hi); break;
-      default: backward_items_portable(a, g, lo, hi); break;
-    }
-  });
+  // delta (B, Hq, T), on the calling thread's own buffer (TBB workers use thread_scratch).
+  thread_local std::vector<float> delta_buf;
+  const auto n_rows = static_cast<size_t>(g.batch * g.n_heads * g.seq);
+  if (delta_buf.size() < n_rows) delta_buf.resize(n_rows);
+  float* delta = delta_buf.data();
+  parallel_for(0, g.batch * g.n_heads * g.n_blocks, 1,
+               [&](int64_t lo, int64_t hi) { compute_delta(a, g, delta, lo, hi); });
+
+  auto run = [&](BackwardPass pass, int64_t n_items) {
+    parallel_for(0, n_items, 1, [&](int64_t lo, int64_t hi) {
+      switch (isa) {
+#if STRATA_X86
+        case AttentionIsa::avx512: backward_items_avx512(a, g, delta, pass, lo, hi); break;
+        case AttentionIsa::avx2: backward_items_avx2(a, g, delta, pass, lo, hi); break;
+#endif
+        default: backward_items_portable(a, g, delta, pass, lo, hi); break;
+      }
+    });
+  };
+  const int64_t kv_tasks = g.batch * g.n_kv_heads;
+  const AttentionSchedule schedule = g_schedule.load();
+  // Fused needs a (group, seq, head_dim) fp32 dQ accumulator per task: cap it at 32 MiB.
+  const bool fits = g.group * g.seq * g.head_dim <= (int64_t{8} << 20);
+  const bool fused = schedule == AttentionSchedule::automatic
+                         ? fits && (g.n_blocks == 1 || kv_tasks >= 2 * static_cast<int64_t>(num_threads()))
+                         : schedule == AttentionSchedule::fused;
+  if (fused) {
+    run(BackwardPass::fused, kv_tasks);
+  } else {
+    run(BackwardPass::split_kv, kv_tasks * g.n_blocks);
+    run(BackwardPass::split_q, g.batch * g.n_heads * g.n_blocks);
+  }
 }
 
 }  // namespace strata::kernels::cpu

@@ -15,4 +15,11 @@ void set_attention_isa(AttentionIsa isa);
 // The path calls take now (never `best`).
 AttentionIsa attention_isa();
 
+// Backward schedule: fused (one task per (batch, kv head), 5 block matmuls per block pair) or
+// split (dK/dV per key block, then dQ per query block: 7 matmuls, seq/64 times more tasks).
+// automatic picks split when batch·n_kv_heads < 2·num_threads() or the fused schedule's dQ
+// accumulator (n_heads/n_kv_heads · seq · head_dim fp32) would pass 32 MiB. Both are deterministic.
+enum class AttentionSchedule { automatic, fused, split };
+void set_attention_backward_schedule(AttentionSchedule s);
+
 }  // namespace strata::kernels::cpu

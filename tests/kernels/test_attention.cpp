@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 #include "kernels/runtime.h"
 
@@ -22,9 +23,11 @@ namespace {
 
 struct Shape {
   int64_t batch, seq, n_heads, n_kv_heads, head_dim;
-  bool fused;        // q, k, v inside one (B, T, (Hq + 2·Hkv)·D) buffer
-  int64_t pad = 0;   // extra elements per token when not fused (strided, not packed)
+  bool fused;          // q, k, v inside one (B, T, (Hq + 2·Hkv)·D) buffer
+  int64_t pad = 0;     // extra elements per token when not fused (strided, not packed)
+  float scale = 0.f;   // 0 = 1/sqrt(D), as in the op
 };
+double scale_of(const Shape& s) { return s.scale > 0.f ? s.scale : 1.0 / std::sqrt(static_cast<double>(s.head_dim)); }
 
 // One problem: q, k, v stored in `dtype` (separate or fused), plus float64 copies of exactly the
 // stored values, which is what the reference sees.
@@ -73,6 +76,7 @@ struct Problem {
     a.batch = s.batch, a.seq = s.seq, a.n_heads = s.n_heads, a.n_kv_heads = s.n_kv_heads, a.head_dim = s.head_dim;
     a.q = at(q_off), a.k = at(k_off), a.v = at(v_off);
     a.q_stride = q_stride, a.k_stride = k_stride, a.v_stride = v_stride;
+    a.scale = s.scale;
     a.out = out, a.lse = lse;
     return a;
   }
@@ -82,7 +86,7 @@ struct Problem {
 void reference_forward(const Shape& s, const std::vector<double>& q, const std::vector<double>& k,
                        const std::vector<double>& v, std::vector<double>& out, std::vector<double>& lse) {
   const int64_t B = s.batch, T = s.seq, H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim, G = H / Hkv;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const double scale = scale_of(s);
   out.assign(static_cast<size_t>(B * T * H * D), 0.0);
   lse.assign(static_cast<size_t>(B * H * T), 0.0);
   std::vector<double> p(static_cast<size_t>(T));
@@ -114,7 +118,7 @@ void reference_backward(const Shape& s, const std::vector<double>& q, const std:
                         const std::vector<double>& v, const std::vector<double>& dout, std::vector<double>& dq,
                         std::vector<double>& dk, std::vector<double>& dv) {
   const int64_t B = s.batch, T = s.seq, H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim, G = H / Hkv;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const double scale = scale_of(s);
   dq.assign(q.size(), 0.0), dk.assign(k.size(), 0.0), dv.assign(v.size(), 0.0);
   std::vector<double> p(static_cast<size_t>(T)), dp(static_cast<size_t>(T));
   for (int64_t b = 0; b < B; ++b)
@@ -180,6 +184,7 @@ BackwardResult run_backward(const Problem& pr, const std::vector<double>& w) {
   const AttentionArgs f = pr.forward_args(out.data(), lse.data());
   a.dtype = t, a.batch = f.batch, a.seq = f.seq, a.n_heads = f.n_heads, a.n_kv_heads = f.n_kv_heads, a.head_dim = f.head_dim;
   a.q = f.q, a.k = f.k, a.v = f.v, a.q_stride = f.q_stride, a.k_stride = f.k_stride, a.v_stride = f.v_stride;
+  a.scale = f.scale;
   a.out = out.data(), a.dout = dout.data(), a.lse = lse.data();
   a.dq = grads.data() + pr.q_off * esz, a.dk = grads.data() + pr.k_off * esz, a.dv = grads.data() + pr.v_off * esz;
   cpu::attention_backward(a);
@@ -235,6 +240,7 @@ TEST_P(Attention, ForwardMatchesFloat64Reference) {
   const Shape shapes[] = {
       {1, 1, 1, 1, 8, false},    {2, 5, 4, 2, 8, false, 3}, {1, 67, 6, 1, 16, true},
       {2, 130, 4, 4, 64, false}, {1, 200, 4, 2, 64, true},  {1, 129, 2, 1, 128, false, 16},
+      {1, 70, 3, 3, 40, true},   {1, 65, 4, 1, 24, false, 1, 0.3f},
   };
   uint32_t seed = 1;
   for (const Shape& s : shapes) check_forward(s, DType::f32, seed++, 2e-6, 2e-5);
@@ -260,7 +266,7 @@ TEST_P(Attention, ForwardLargeScoresStayFinite) {
 }
 
 TEST_P(Attention, BackwardMatchesFiniteDifferences) {
-  const Shape shapes[] = {{1, 5, 4, 2, 8, false}, {2, 3, 2, 2, 8, true}, {1, 7, 3, 1, 16, false, 2}};
+  const Shape shapes[] = {{1, 5, 4, 2, 8, false}, {2, 3, 2, 2, 8, true}, {1, 7, 3, 1, 16, false, 2, 0.7f}};
   uint32_t seed = 100;
   for (const Shape& s : shapes) {
     SCOPED_TRACE(::testing::Message() << "T=" << s.seq << " Hq=" << s.n_heads << " Hkv=" << s.n_kv_heads);
@@ -297,7 +303,10 @@ TEST_P(Attention, BackwardMatchesFiniteDifferences) {
 }
 
 TEST_P(Attention, BackwardMatchesAnalyticFloat64) {
-  const Shape shapes[] = {{2, 130, 4, 2, 64, true}, {1, 200, 6, 1, 16, false, 5}, {1, 67, 2, 2, 128, false}};
+  const Shape shapes[] = {{2, 130, 4, 2, 64, true},
+                          {1, 200, 6, 1, 16, false, 5},
+                          {1, 67, 2, 2, 128, false},
+                          {1, 90, 2, 1, 40, true, 0, 0.2f}};
   uint32_t seed = 200;
   for (const Shape& s : shapes) {
     SCOPED_TRACE(::testing::Message() << "T=" << s.seq << " Hq=" << s.n_heads << " Hkv=" << s.n_kv_heads
@@ -313,6 +322,47 @@ TEST_P(Attention, BackwardMatchesAnalyticFloat64) {
   }
 }
 
+TEST_P(Attention, BackwardSchedulesAgree) {
+  // Fused (per kv head) and split (per key block, then per query block) schedules: both against
+  // float64, and each deterministic.
+  const Shape s{2, 150, 6, 2, 32, true};
+  Problem pr(s, DType::f32, 250);
+  const std::vector<double> w = random_vector(pr.out_elems(), 251, DType::f32);
+  std::vector<double> dq, dk, dv;
+  reference_backward(s, pr.q, pr.k, pr.v, w, dq, dk, dv);
+  for (auto schedule : {cpu::AttentionSchedule::fused, cpu::AttentionSchedule::split}) {
+    SCOPED_TRACE(schedule == cpu::AttentionSchedule::fused ? "fused" : "split");
+    cpu::set_attention_backward_schedule(schedule);
+    const BackwardResult got = run_backward(pr, w), again = run_backward(pr, w);
+    EXPECT_LT(normalised_error(got.dq, dq), 5e-6);
+    EXPECT_LT(normalised_error(got.dk, dk), 5e-6);
+    EXPECT_LT(normalised_error(got.dv, dv), 5e-6);
+    EXPECT_EQ(got.dq, again.dq);
+    EXPECT_EQ(got.dk, again.dk);
+    EXPECT_EQ(got.dv, again.dv);
+  }
+  cpu::set_attention_backward_schedule(cpu::AttentionSchedule::automatic);
+}
+
+TEST_P(Attention, ResultsDoNotDependOnThreadCount) {
+  // Each output element has one owner and a fixed summation order, whatever the partitioning.
+  const Shape s{2, 200, 4, 2, 32, true};
+  Problem pr(s, DType::f32, 260);
+  const std::vector<double> w = random_vector(pr.out_elems(), 261, DType::f32);
+  for (auto schedule : {cpu::AttentionSchedule::fused, cpu::AttentionSchedule::split}) {
+    cpu::set_attention_backward_schedule(schedule);
+    cpu::set_num_threads(1);
+    const BackwardResult one = run_backward(pr, w);
+    cpu::set_num_threads(3);
+    const BackwardResult three = run_backward(pr, w);
+    cpu::set_num_threads(0);
+    EXPECT_EQ(one.dq, three.dq);
+    EXPECT_EQ(one.dk, three.dk);
+    EXPECT_EQ(one.dv, three.dv);
+  }
+  cpu::set_attention_backward_schedule(cpu::AttentionSchedule::automatic);
+}
+
 TEST_P(Attention, BackwardBf16) {
   const Shape s{2, 100, 4, 2, 64, true};
   Problem pr(s, DType::bf16, 300);
@@ -323,15 +373,6 @@ TEST_P(Attention, BackwardBf16) {
   EXPECT_LT(normalised_error(got.dq, dq), 1e-2);
   EXPECT_LT(normalised_error(got.dk, dk), 1e-2);
   EXPECT_LT(normalised_error(got.dv, dv), 1e-2);
-}
-
-TEST_P(Attention, BackwardIsDeterministic) {
-  Problem pr({2, 150, 6, 2, 32, true}, DType::f32, 400);
-  const std::vector<double> w = random_vector(pr.out_elems(), 401, DType::f32);
-  const BackwardResult a = run_backward(pr, w), b = run_backward(pr, w);
-  EXPECT_EQ(a.dq, b.dq);
-  EXPECT_EQ(a.dk, b.dk);
-  EXPECT_EQ(a.dv, b.dv);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, Attention,
@@ -359,6 +400,27 @@ TEST(AttentionOps, RunsOnCpuStreamAndValidates) {
   std::vector<double> ref_out, ref_lse;
   reference_forward(s, pr.q, pr.k, pr.v, ref_out, ref_lse);
   EXPECT_LT(normalised_error(std::vector<double>(out.begin(), out.end()), ref_out), 2e-6);
+
+  AttentionBackwardArgs bwd;
+  bwd.batch = s.batch, bwd.seq = s.seq, bwd.n_heads = s.n_heads, bwd.n_kv_heads = s.n_kv_heads, bwd.head_dim = s.head_dim;
+  const AttentionArgs f = pr.forward_args(out.data(), lse.data());
+  bwd.q = f.q, bwd.k = f.k, bwd.v = f.v, bwd.q_stride = f.q_stride, bwd.k_stride = f.k_stride, bwd.v_stride = f.v_stride;
+  const std::vector<double> w = random_vector(pr.out_elems(), 501, DType::f32);
+  std::vector<float> dout(w.begin(), w.end()), grads(pr.qkv.size() / 4), grads_direct(grads.size());
+  bwd.out = out.data(), bwd.dout = dout.data(), bwd.lse = lse.data();
+  auto set_grads = [&](std::vector<float>& gbuf) {
+    bwd.dq = gbuf.data() + pr.q_off, bwd.dk = gbuf.data() + pr.k_off, bwd.dv = gbuf.data() + pr.v_off;
+  };
+  set_grads(grads);
+  rt->ops().attention_backward(*stream, bwd);
+  stream->synchronize();
+  set_grads(grads_direct);
+  cpu::attention_backward(bwd);
+  EXPECT_EQ(grads, grads_direct);
+  std::vector<double> dq, dk, dv;
+  reference_backward(s, pr.q, pr.k, pr.v, w, dq, dk, dv);
+  EXPECT_LT(normalised_error(read_strided(grads.data(), DType::f32, pr.q_off, pr.q_stride, s.batch * s.seq,
+                                          s.n_heads * s.head_dim), dq), 5e-6);
 
   AttentionArgs bad = pr.forward_args(out.data(), lse.data());
   bad.n_heads = 6, bad.n_kv_heads = 4;
