@@ -3,15 +3,19 @@
 #include "src/checkpoint/file_util.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 namespace strata {
+
+namespace fs = std::filesystem;
 
 std::string errno_text(int err) {
   char buf[256];
@@ -96,6 +100,57 @@ void write_file_synced(const std::filesystem::path& path, std::string_view conte
   write_all(fd.get(), contents.data(), contents.size(), path, 0);
   fsync_fd(fd.get(), path);
   fd.close_checked(path);
+}
+
+std::filesystem::path make_temp_dir(const std::filesystem::path& base, const char* suffix) {
+  std::string templ = base.string() + suffix + "XXXXXX";
+  if (!::mkdtemp(templ.data()))
+    throw std::runtime_error(base.string() + ": cannot create temporary directory " + templ + ": " + errno_text());
+  return templ;
+}
+
+namespace {
+void fsync_parent(const fs::path& p) { fsync_dir(p.has_parent_path() ? p.parent_path() : fs::path(".")); }
+}  // namespace
+
+void replace_directory(const std::filesystem::path& tmp, const std::filesystem::path& out, bool use_exchange) {
+  std::error_code ec;
+  const bool exists = fs::exists(fs::symlink_status(out, ec));
+  if (!exists) {
+    if (::rename(tmp.c_str(), out.c_str()) != 0)
+      throw std::runtime_error(out.string() + ": cannot rename " + tmp.string() + " into place: " + errno_text());
+    fsync_parent(out);
+    return;
+  }
+  if (!fs::is_directory(fs::symlink_status(out, ec)))
+    throw std::runtime_error(out.string() + ": exists and is not a directory; refusing to replace it");
+  // Atomic swap first: afterwards `tmp` holds the old directory.
+  if (use_exchange) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) == 0) {
+      fsync_parent(out);
+      fs::remove_all(tmp, ec);
+      return;
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+      throw std::runtime_error(out.string() + ": cannot exchange with " + tmp.string() + ": " + errno_text());
+  }
+  // Filesystem without RENAME_EXCHANGE: move the old directory aside, move the new one in.
+  const fs::path aside = make_temp_dir(out, ".old-");  // reserves a name; rename replaces the empty dir
+  if (::rename(out.c_str(), aside.c_str()) != 0) {
+    std::string why = errno_text();
+    fs::remove(aside, ec);
+    throw std::runtime_error(out.string() + ": cannot move the old directory aside: " + why);
+  }
+  if (::rename(tmp.c_str(), out.c_str()) != 0) {
+    std::string why = errno_text();
+    if (::rename(aside.c_str(), out.c_str()) != 0)
+      throw std::runtime_error(out.string() + ": cannot rename " + tmp.string() + " into place (" + why +
+                               ") and cannot restore the old directory from " + aside.string() + ": " +
+                               errno_text());
+    throw std::runtime_error(out.string() + ": cannot rename " + tmp.string() + " into place: " + why);
+  }
+  fsync_parent(out);
+  fs::remove_all(aside, ec);
 }
 
 }  // namespace strata

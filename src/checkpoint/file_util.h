@@ -63,4 +63,12 @@ void fsync_dir(const std::filesystem::path& dir);
 // Writes a whole file, fsyncs and closes it, all checked.
 void write_file_synced(const std::filesystem::path& path, std::string_view contents);
 
+// mkdtemp next to `base`: "<base><suffix>XXXXXX"; throws naming `base`.
+std::filesystem::path make_temp_dir(const std::filesystem::path& base, const char* suffix);
+// Puts the complete directory `tmp` at `out`, replacing the directory there, if any: an atomic
+// RENAME_EXCHANGE where the filesystem has it (use_exchange), else old aside -> new in -> old
+// removed. On failure `out` is left as it was (or restored) and `tmp` is still there for the
+// caller to remove. Refuses to replace a non-directory. Fsyncs the parent.
+void replace_directory(const std::filesystem::path& tmp, const std::filesystem::path& out, bool use_exchange = true);
+
 }  // namespace strata

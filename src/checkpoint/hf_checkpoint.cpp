@@ -30,6 +30,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 // Converts n elements; the mapped source may be unaligned, so loads go through memcpy.
 void convert(const void* src, kernels::DType st, void* dst, kernels::DType dt, size_t n) {
+  if (n == 0) return;
   if (st == dt) {
     std::memcpy(dst, src, n * kernels::dtype_size(st));
     return;
@@ -113,11 +114,14 @@ class MappedCheckpoint final : public HfCheckpoint {
         throw std::runtime_error(file + ": shard " + path.string() + " (holding tensor '" + names.front() +
                                  "') does not exist");
       add_file(path);
+    }
+    for (const auto& [shard, names] : by_file) {
+      const std::string path = (dir_ / shard).string();
       for (const std::string& name : names) {
         const StoredTensor* t = find(name);
-        if (!t || t->file != path.string())
-          throw std::runtime_error(file + ": tensor '" + name + "' should be in " + path.string() + " but " +
-                                   (t ? "is in " + t->file : std::string("is not in it")));
+        if (!t || t->file != path)
+          throw std::runtime_error(file + ": tensor '" + name + "' should be in " + path + " but " +
+                                   (t ? "is in " + t->file : std::string("no shard holds it")));
       }
     }
   }

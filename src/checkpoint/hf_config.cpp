@@ -225,8 +225,10 @@ void write_hf_config(const ModelConfig& cfg, const std::filesystem::path& config
     j["n_inner"] = cfg.intermediate_size == 4 * cfg.hidden_size ? json(nullptr) : json(cfg.intermediate_size);
     j["layer_norm_epsilon"] = cfg.norm_eps;
     j["activation_function"] = cfg.activation;
-    j["bos_token_id"] = 50256;
-    j["eos_token_id"] = 50256;
+    if (cfg.vocab_size == 50257) {  // GPT-2's tokenizer: <|endoftext|> is both
+      j["bos_token_id"] = 50256;
+      j["eos_token_id"] = 50256;
+    }
   } else {
     j["hidden_size"] = cfg.hidden_size;
     j["num_hidden_layers"] = cfg.n_layers;

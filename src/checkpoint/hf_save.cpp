@@ -2,14 +2,11 @@
 // temporary directory, which then replaces `out_dir` (atomic exchange where the filesystem
 // supports it). Tensors are produced one at a time by callbacks, so memory stays bounded.
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <set>
 #include <stdexcept>
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -35,14 +32,6 @@ uint64_t tensor_bytes(const TensorToSave& t) {
     n *= static_cast<uint64_t>(d);
   }
   return n * kernels::dtype_size(t.dtype);
-}
-
-// mkdtemp next to `base`: "<base><suffix>XXXXXX".
-fs::path make_temp_dir(const fs::path& base, const char* suffix) {
-  std::string templ = base.string() + suffix + "XXXXXX";
-  if (!::mkdtemp(templ.data()))
-    throw std::runtime_error(base.string() + ": cannot create temporary directory " + templ + ": " + errno_text());
-  return templ;
 }
 
 // Removes the directory tree on scope exit unless released.
@@ -86,55 +75,13 @@ void write_shard(const fs::path& path, const std::vector<TensorToSave>& tensors,
     const uint64_t n = entries[k].end - entries[k].begin;
     // Zeroed, so a callback that writes fewer bytes than promised still saves deterministically.
     buffer.assign(n, std::byte{0});
-    if (!t.fill) throw std::invalid_argument("save_hf_model: tensor '" + t.name + "' has no fill callback");
+    if (n == 0) continue;  // nothing to fill (and buffer.data() may be null)
     t.fill(buffer.data());
     write_all(fd.get(), buffer.data(), n, path, file_offset);
     file_offset += n;
   }
   fsync_fd(fd.get(), path);
   fd.close_checked(path);
-}
-
-void fsync_parent(const fs::path& p) { fsync_dir(p.has_parent_path() ? p.parent_path() : fs::path(".")); }
-
-// Puts the complete `tmp` directory at `out`, replacing whatever directory is there. On failure
-// `out` is left as it was.
-void install_dir(const fs::path& tmp, const fs::path& out) {
-  std::error_code ec;
-  const bool exists = fs::exists(fs::symlink_status(out, ec));
-  if (!exists) {
-    if (::rename(tmp.c_str(), out.c_str()) != 0)
-      throw std::runtime_error(out.string() + ": cannot rename " + tmp.string() + " into place: " + errno_text());
-    fsync_parent(out);
-    return;
-  }
-  if (!fs::is_directory(fs::symlink_status(out, ec)))
-    throw std::runtime_error(out.string() + ": exists and is not a directory; refusing to replace it");
-  // Atomic swap first: afterwards `tmp` holds the old directory.
-  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) == 0) {
-    fsync_parent(out);
-    fs::remove_all(tmp, ec);
-    return;
-  }
-  if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
-    throw std::runtime_error(out.string() + ": cannot exchange with " + tmp.string() + ": " + errno_text());
-  // Filesystem without RENAME_EXCHANGE: move the old directory aside, move the new one in.
-  const fs::path aside = make_temp_dir(out, ".old-");  // reserves a name; rename replaces the empty dir
-  if (::rename(out.c_str(), aside.c_str()) != 0) {
-    std::string why = errno_text();
-    fs::remove(aside, ec);
-    throw std::runtime_error(out.string() + ": cannot move the old directory aside: " + why);
-  }
-  if (::rename(tmp.c_str(), out.c_str()) != 0) {
-    std::string why = errno_text();
-    if (::rename(aside.c_str(), out.c_str()) != 0)
-      throw std::runtime_error(out.string() + ": cannot rename " + tmp.string() + " into place (" + why +
-                               ") and cannot restore the old directory from " + aside.string() + ": " +
-                               errno_text());
-    throw std::runtime_error(out.string() + ": cannot rename " + tmp.string() + " into place: " + why);
-  }
-  fsync_parent(out);
-  fs::remove_all(aside, ec);
 }
 
 }  // namespace
@@ -152,6 +99,7 @@ void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& c
       throw std::invalid_argument("save_hf_model: invalid tensor name '" + t.name + "'");
     if (!names.insert(t.name).second)
       throw std::invalid_argument("save_hf_model: tensor '" + t.name + "' given twice");
+    if (!t.fill) throw std::invalid_argument("save_hf_model: tensor '" + t.name + "' has no fill callback");
     total += tensor_bytes(t);
   }
 
@@ -201,7 +149,7 @@ void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& c
   }
   write_hf_config(cfg, tmp.path() / "config.json");
   fsync_dir(tmp.path());
-  install_dir(tmp.path(), out_dir);
+  replace_directory(tmp.path(), out_dir);
   tmp.release();
 }
 

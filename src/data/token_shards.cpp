@@ -3,6 +3,7 @@
 #include "src/data/token_shards.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 #include <stdexcept>
 
@@ -54,6 +55,7 @@ class MappedShard final : public TokenShard {
 
   int64_t n_tokens() const override { return n_tokens_; }
   uint32_t token(int64_t i) const override {
+    assert(i >= 0 && i < n_tokens_);
     if (token_bytes_ == 2) {
       uint16_t t;
       std::memcpy(&t, tokens_ + 2 * i, 2);

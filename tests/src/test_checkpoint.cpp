@@ -6,12 +6,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "src/checkpoint/file_util.h"
 #include "src/checkpoint/hf.h"
 
 using namespace strata;
@@ -51,7 +54,9 @@ HostTensor random_tensor(const std::string& name, std::vector<int64_t> shape, DT
 std::vector<TensorToSave> to_save(const std::vector<HostTensor>& ts) {
   std::vector<TensorToSave> out;
   for (const HostTensor& t : ts)
-    out.push_back({t.name, t.shape, t.dtype, [&t](void* dst) { std::memcpy(dst, t.bytes.data(), t.bytes.size()); }});
+    out.push_back({t.name, t.shape, t.dtype, [&t](void* dst) {
+      if (!t.bytes.empty()) std::memcpy(dst, t.bytes.data(), t.bytes.size());
+    }});
   return out;
 }
 
@@ -242,7 +247,9 @@ TEST_F(CheckpointDir, SaveLoadSaveIsByteIdentical) {
   auto ck = HfCheckpoint::open(a);
   std::vector<TensorToSave> again;
   for (const StoredTensor& t : ck->tensors())
-    again.push_back({t.name, t.shape, t.dtype, [&t](void* dst) { std::memcpy(dst, t.data, t.nbytes); }});
+    again.push_back({t.name, t.shape, t.dtype, [&t](void* dst) {
+      if (t.nbytes) std::memcpy(dst, t.data, t.nbytes);
+    }});
   // tensors() is in file order, which is the order they were saved in.
   save_hf_model(b, read_hf_config(a / "config.json"), again, 200);
   std::vector<std::string> names_a, names_b;
@@ -350,13 +357,13 @@ TEST_F(CheckpointDir, BrokenIndexNamesIndexAndShard) {
   nlohmann::json j = nlohmann::json::parse(original);
   j["weight_map"]["model.norm.weight"] = "model-00001-of-00003.safetensors";
   write_file(index, j.dump());
-  expect_dir_error(dir, index.string(), {"model.norm.weight"});
+  expect_dir_error(dir, index.string(), {"model.norm.weight", "is in", "model-00003-of-00003"});
 
   // The index names a tensor no shard holds.
   j = nlohmann::json::parse(original);
   j["weight_map"]["lm_head.weight"] = "model-00001-of-00003.safetensors";
   write_file(index, j.dump());
-  expect_dir_error(dir, index.string(), {"lm_head.weight"});
+  expect_dir_error(dir, index.string(), {"lm_head.weight", "no shard holds it"});
 
   // Path escapes and junk.
   j = nlohmann::json::parse(original);
@@ -445,4 +452,81 @@ TEST_F(CheckpointDir, UnwritablePathFailsNamingIt) {
   }
   EXPECT_EQ(read_file(root_ / "afile"), "x");
   EXPECT_EQ(count_entries_containing(".tmp-"), 0);
+}
+
+TEST_F(CheckpointDir, ReplaceDirectoryWithoutExchange) {
+  // The path taken on filesystems without RENAME_EXCHANGE: old aside, new in, old removed.
+  for (bool use_exchange : {true, false}) {
+    fs::path out = root_ / "out", tmp = root_ / "out.tmp-x";
+    fs::create_directories(out);
+    write_file(out / "old.txt", "old");
+    fs::create_directories(tmp);
+    write_file(tmp / "new.txt", "new");
+    replace_directory(tmp, out, use_exchange);
+    EXPECT_EQ(read_file(out / "new.txt"), "new");
+    EXPECT_FALSE(fs::exists(out / "old.txt"));
+    EXPECT_FALSE(fs::exists(tmp));
+    EXPECT_EQ(count_entries_containing(".old-"), 0);
+    // A missing tmp fails and leaves `out` as it was.
+    EXPECT_THROW(replace_directory(root_ / "no_such_tmp", out, use_exchange), std::runtime_error);
+    EXPECT_EQ(read_file(out / "new.txt"), "new");
+    EXPECT_EQ(count_entries_containing(".old-"), 0);
+    fs::remove_all(out);
+  }
+}
+
+TEST(CheckpointFiles, DiskFullNamesPathAndOffset) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
+  try {
+    write_file_synced("/dev/full", std::string(100, 'x'));
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("/dev/full"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("offset 0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("No space left"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(CheckpointDir, MutatedFilesFailCleanly) {
+  // Random byte flips and truncations of a valid file: open either succeeds (and every tensor
+  // then reads within bounds) or throws std::runtime_error; nothing else (run under ASan too).
+  fs::path good = root_ / "good";
+  save_hf_model(good, tiny_config(), to_save(sample_tensors()));
+  const std::string original = read_file(good / "model.safetensors");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(original[i]);
+  fs::path dir = root_ / "mutated";
+  fs::create_directories(dir);
+  fs::copy_file(good / "config.json", dir / "config.json");
+  std::mt19937 rng(1234);
+  int opened = 0, rejected = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string bytes = original;
+    if (trial % 5 == 4) {
+      bytes.resize(rng() % bytes.size());
+    } else {
+      int flips = 1 + static_cast<int>(rng() % 3);
+      for (int f = 0; f < flips; ++f) {
+        // Mostly inside the length prefix and header, where the parser is exposed.
+        size_t at = rng() % (trial % 3 == 0 ? 8 : 8 + header_len);
+        bytes[at] = static_cast<char>(rng() % 256);
+      }
+    }
+    fs::remove(dir / "model.safetensors");  // not truncate: ext4 flushes truncated-and-rewritten files on close
+    write_file(dir / "model.safetensors", bytes);
+    try {
+      auto ck = HfCheckpoint::open(dir);
+      ++opened;
+      for (const StoredTensor& t : ck->tensors()) {
+        std::vector<float> out(t.nbytes / kernels::dtype_size(t.dtype) + 1);
+        ck->read_into(t.name, t.shape, out.data(), DType::f32);
+      }
+    } catch (const std::runtime_error& e) {
+      ++rejected;
+      EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_GT(rejected, 100);
+  EXPECT_GT(opened, 0);  // flips inside tensor names or padding still parse
 }
