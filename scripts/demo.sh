@@ -11,6 +11,6 @@ strata_install_deps
 strata_build "$BUILD_DIR" -DSTRATA_BUILD_TESTS=OFF -DSTRATA_BUILD_BENCH=OFF
 OUT_DIR="${OUT_DIR:-$BUILD_DIR/demo}"
 mkdir -p "$OUT_DIR"
-"$BUILD_DIR/bin/strata" train --batch 4 --seq 128 --steps 60 --lr 2e-3 --warmup 5 --min-lr 2e-4 \
-  --log-every 5 --metrics "$OUT_DIR/metrics.jsonl" --out "$OUT_DIR/model" "$@"
+# The defaults of `strata train` are this demo: B=4 x T=128, 80 steps, lr 2e-3 cosine to 2e-4.
+"$BUILD_DIR/bin/strata" train --log-every 5 --metrics "$OUT_DIR/metrics.jsonl" --out "$OUT_DIR/model" "$@"
 echo "metrics: $OUT_DIR/metrics.jsonl   model (HF layout): $OUT_DIR/model"

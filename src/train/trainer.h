@@ -13,6 +13,7 @@
 namespace strata {
 
 // Every knob of a training run; each is a `strata train` flag of the same name.
+// The defaults are the demo: the embedded model on the embedded corpus for about a minute.
 struct TrainOptions {
   std::string model;           // HF model directory ("" = the embedded default config)
   std::string preset;          // named config instead of --model (benches): gpt2-124m, default
@@ -20,14 +21,14 @@ struct TrainOptions {
   bool synthetic_data = false; // benches: fixed random tokens instead of data
   std::string backend = "cpu";
   std::string dtype = "fp32";  // working weights/activations: fp32 | bf16 | fp16
-  int64_t batch = 8;           // B: sequences per micro-batch
+  int64_t batch = 4;           // B: sequences per micro-batch
   int64_t seq = 128;           // T: tokens per sequence
   int64_t grad_accum = 1;      // micro-batches per optimizer step
-  int64_t steps = 60;          // optimizer steps
-  double lr = 1e-3;            // peak learning rate
+  int64_t steps = 80;          // optimizer steps
+  double lr = 2e-3;            // peak learning rate
   std::string lr_schedule = "cosine";  // constant | cosine
-  int64_t warmup = 10;         // linear warmup steps
-  double min_lr = 1e-4;        // cosine floor
+  int64_t warmup = 5;          // linear warmup steps
+  double min_lr = 2e-4;        // cosine floor
   double weight_decay = 0.1;   // AdamW, 2-D tensors only
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 1.0;      // global L2 norm; 0 = off
