@@ -236,10 +236,11 @@ StepStats Trainer::step() {
   const bool apply = m.scaler.update(std::isfinite(norm));
   st.skipped = !apply;
   if (apply) {
+    // AdamW sees grads · clip / loss_scale: clipped, unscaled.
     const float clip = clip_coefficient(norm, o.grad_clip);
     m.adamw->step(s, m.model->master(), m.model->grads(),
                   m.dtype == DType::f32 ? nullptr : m.model->weights(), m.dtype, static_cast<float>(st.lr),
-                  clip / st.loss_scale > 0 ? static_cast<float>(clip / st.loss_scale) : 0.f);
+                  clip / static_cast<float>(st.loss_scale));
   }
   s.synchronize();
   double sum = 0;
