@@ -10,6 +10,7 @@ using Run = std::function<int()>;
 
 // `strata bench <what>`: one registration per benchmark family.
 void register_bench_ops(CLI::App& bench, Run& run);
+void register_bench_io(CLI::App& bench, Run& run);
 void register_bench_step(CLI::App& bench, Run& run);
 
 // `strata train`.

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Measure kernels, I/O, offload and training steps (JSON lines)");
   bench->require_subcommand(1);
   strata::app::register_bench_ops(*bench, run);
+  strata::app::register_bench_io(*bench, run);
   strata::app::register_bench_step(*bench, run);
   strata::app::register_train(app, run);
 

@@ -1,6 +1,7 @@
 // CPU fused softmax + cross-entropy over a chunk of rows: losses and dlogits in one call, in
 // place when dlogits aliases logits. Built for large vocabularies (GPT-2's 50,257): each row is
-// streamed from memory once for its statistics and once more, from cache, to write dlogits.
+// read from memory once (statistics and one exp per logit); a second sweep, from cache, writes
+// dlogits.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -76,7 +77,8 @@ struct CeScratch;  // thread_scratch tag: one fp32 row per worker for bf16/fp16 
 //     into the row buffer), with the chunk's m remembered.
 //  2. if dlogits is wanted: one sweep over those exps (≤ 200 KiB for 50,257: still in L2)
 //     writing grad_scale · (e^(x - m_chunk) · e^(m_chunk - max) / sum - onehot(target)).
-// So one exp per logit and no re-read of the logits, and nothing is allocated per call.
+// So one exp per logit and no re-read of the logits; the bf16/fp16 row buffer is per worker
+// thread and grows once, not per call.
 template <class E>
 STRATA_INLINE void ce_row(const typename E::T* x, int64_t vocab, int32_t target, float grad_scale,
                           float* loss, typename E::T* dx) {

@@ -7,12 +7,12 @@
 
 #include <algorithm>
 #include <bit>
-#include <tuple>
 #include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 

@@ -7,22 +7,25 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/simd.h"
 
 #define STRATA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
 
 namespace strata::kernels::cpu {
 namespace {
 
-bool have_avx512() {
+bool cpu_has_avx512() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   return ok;
 }
+std::atomic<bool> g_avx512_enabled{true};
 
 constexpr int64_t kGrain = int64_t{1} << 15;  // elements; a chunk is at least 128 KiB of fp32
 
@@ -237,9 +240,12 @@ void cast_avx512(const CastArgs& a, int64_t lo, int64_t hi) {
 
 }  // namespace
 
+bool use_avx512() { return cpu_has_avx512() && g_avx512_enabled.load(std::memory_order_relaxed); }
+void set_avx512_enabled(bool enabled) { g_avx512_enabled.store(enabled); }
+
 void adamw(const AdamWArgs& a) {
   const AdamConsts c = adam_consts(a);
-  const bool vec = have_avx512();
+  const bool vec = use_avx512();
   for_chunks(a.n, [&](int64_t lo, int64_t hi) {
     if (vec) adamw_avx512(a, c, lo, hi);
     else adamw_portable(a, c, lo, hi);
@@ -251,7 +257,7 @@ void sum_squares(const SumSquaresArgs& a) {
   const int64_t block = std::max<int64_t>(4096, ((a.n + kMaxBlocks - 1) / kMaxBlocks + 15) / 16 * 16);
   const int64_t n_blocks = (a.n + block - 1) / block;
   double partial[kMaxBlocks];
-  const bool vec = have_avx512();
+  const bool vec = use_avx512();
   parallel_for(0, n_blocks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {
       const int64_t i0 = b * block, i1 = std::min(a.n, i0 + block);
@@ -264,7 +270,7 @@ void sum_squares(const SumSquaresArgs& a) {
 }
 
 void scale(const ScaleArgs& a) {
-  const bool vec = have_avx512();
+  const bool vec = use_avx512();
   for_chunks(a.n, [&](int64_t lo, int64_t hi) {
     if (vec) scale_avx512(a.x, a.dtype, a.s, lo, hi);
     else scale_portable(a.x, a.dtype, a.s, lo, hi);
@@ -279,7 +285,7 @@ void cast(const CastArgs& a) {
     });
     return;
   }
-  const bool vec = have_avx512();
+  const bool vec = use_avx512();
   for_chunks(a.n, [&](int64_t lo, int64_t hi) {
     if (vec) cast_avx512(a, lo, hi);
     else cast_portable(a, lo, hi);

@@ -68,6 +68,14 @@ std::atomic<Pool> g_pool{initial_pool()};
 void set_pool(Pool p) { g_pool.store(p); }
 Pool pool() { return g_pool.load(std::memory_order_relaxed); }
 
+int thread_index() {
+  if (pool() == Pool::tbb) {
+    const int i = tbb::this_task_arena::current_thread_index();
+    return i == tbb::task_arena::not_initialized ? 0 : i;
+  }
+  return omp_get_thread_num();
+}
+
 namespace detail {
 
 void run_parallel(int64_t begin, int64_t end, int64_t grain, ChunkFn fn, void* ctx) {

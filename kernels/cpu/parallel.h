@@ -1,9 +1,10 @@
 // CPU compute threading. Every CPU op — our loops and oneDNN's primitives — runs on ONE pool:
 // the calling thread's OpenMP team of num_threads() threads. oneDNN (Debian's build) only has
 // the OpenMP runtime, and after each primitive libgomp's workers spin-wait (GOMP_SPINCOUNT,
-// ~6 ms of CPU on this machine) for the next parallel region; with a second pool (oneTBB) the
-// loop that follows a matmul shared its cores with those spinning threads and ran up to ~1.5x
-// slower (bench/RESULTS.md). On the same team the spinning threads simply pick up the next loop.
+// ~5 ms of CPU on this machine) for the next parallel region; with a second pool (oneTBB) the
+// loop that follows a matmul shared its cores with those spinning threads (matmul + AdamW back
+// to back ran 20-60 % slower than alone; bench/RESULTS.md). On the same team the spinning
+// threads simply pick up the next loop.
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -28,6 +29,10 @@ tbb::task_arena& arena();
 enum class Pool : uint8_t { openmp, tbb };
 void set_pool(Pool p);
 Pool pool();
+
+// Index of the calling thread inside a running parallel_for body, in [0, num_threads()), on
+// either pool (use it for per-thread scratch); 0 outside one.
+int thread_index();
 
 namespace detail {
 using ChunkFn = void (*)(void* ctx, int64_t lo, int64_t hi);

@@ -157,6 +157,13 @@ TEST(Matmul, Fp16InputsFp32AndFp16Output) {
     }
 }
 
+// fp16 inputs are widened in k-tiles of at most 4M floats of A and B: a long k takes several
+// tiles, the later ones accumulating (beta = 1) onto the first.
+TEST(Matmul, Fp16LongKSpansSeveralTiles) {
+  check({.m = 1, .n = 2, .k = (int64_t{1} << 21) + 5, .tb = true, .beta = 0.5f, .ab = DType::f16}, 500);
+  check({.m = 2, .n = 1, .k = (int64_t{1} << 21) + 5, .ta = true, .ab = DType::f16, .c = DType::f16}, 501);
+}
+
 // Repeating a problem is served from the primitive cache (built once, whatever the buffers)
 // and gives bit-identical results; a new alpha or beta is a new primitive.
 TEST(Matmul, RepeatedCallsReuseOnePrimitiveAndAreDeterministic) {

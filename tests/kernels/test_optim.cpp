@@ -12,11 +12,23 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/runtime.h"
 
 using namespace strata::kernels;
 
 namespace {
+
+// Runs body once on the AVX-512 path (when the CPU has it) and once on the portable path.
+template <class F>
+void on_both_paths(F&& body) {
+  for (bool simd : {true, false}) {
+    SCOPED_TRACE(simd ? "avx512 path" : "portable path");
+    cpu::set_avx512_enabled(simd);
+    body();
+  }
+  cpu::set_avx512_enabled(true);
+}
 
 // torch.optim.AdamW (single-tensor path) in float64.
 struct RefAdam {
@@ -88,16 +100,20 @@ void run_adamw(int64_t n, DType grad_dtype, bool with_copy, DType copy_dtype, ui
 }  // namespace
 
 TEST(AdamW, MatchesTorchFormulaFp32GradsOddSizes) {
-  uint32_t seed = 1;
-  for (int64_t n : {1, 15, 16, 17, 1013, 100003}) run_adamw(n, DType::f32, false, DType::bf16, seed++);
+  on_both_paths([&] {
+    uint32_t seed = 1;
+    for (int64_t n : {1, 15, 16, 17, 1013, 100003}) run_adamw(n, DType::f32, false, DType::bf16, seed++);
+  });
 }
 
 TEST(AdamW, LowPrecisionGradsAndParamCopies) {
-  uint32_t seed = 50;
-  for (DType g : {DType::bf16, DType::f16})
-    for (int64_t n : {7, 1013, 70001}) run_adamw(n, g, true, DType::bf16, seed++);
-  run_adamw(1013, DType::f32, true, DType::f16, seed++);
-  run_adamw(33, DType::bf16, true, DType::f32, seed++);
+  on_both_paths([&] {
+    uint32_t seed = 50;
+    for (DType g : {DType::bf16, DType::f16})
+      for (int64_t n : {7, 1013, 70001}) run_adamw(n, g, true, DType::bf16, seed++);
+    run_adamw(1013, DType::f32, true, DType::f16, seed++);
+    run_adamw(33, DType::bf16, true, DType::f32, seed++);
+  });
 }
 
 TEST(AdamW, ThroughOpsOnAStream) {
@@ -117,21 +133,23 @@ TEST(AdamW, ThroughOpsOnAStream) {
 }
 
 TEST(SumSquares, MatchesFp64AndAccumulates) {
-  std::mt19937 rng(3);
-  std::normal_distribution<float> d(0.f, 3.f);
-  for (DType t : {DType::f32, DType::bf16, DType::f16})
-    for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{4099}, (int64_t{1} << 20) + 3}) {
-      std::vector<uint8_t> x(n * dtype_size(t));
-      double ref = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        store_from_f32(x.data(), t, i, d(rng));
-        const double v = load_as_f32(x.data(), t, i);
-        ref += v * v;
+  on_both_paths([&] {
+    std::mt19937 rng(3);
+    std::normal_distribution<float> d(0.f, 3.f);
+    for (DType t : {DType::f32, DType::bf16, DType::f16})
+      for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{4099}, (int64_t{1} << 20) + 3}) {
+        std::vector<uint8_t> x(n * dtype_size(t));
+        double ref = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          store_from_f32(x.data(), t, i, d(rng));
+          const double v = load_as_f32(x.data(), t, i);
+          ref += v * v;
+        }
+        double out = 1.5;  // accumulates onto what is there
+        cpu::sum_squares({t, n, x.data(), &out});
+        EXPECT_NEAR(out, 1.5 + ref, 1e-12 * ref) << dtype_name(t) << " n=" << n;
       }
-      double out = 1.5;  // accumulates onto what is there
-      cpu::sum_squares({t, n, x.data(), &out});
-      EXPECT_NEAR(out, 1.5 + ref, 1e-12 * ref) << dtype_name(t) << " n=" << n;
-    }
+  });
 }
 
 TEST(SumSquares, LargeSumIsAccurateAndThreadCountIndependent) {
@@ -151,21 +169,23 @@ TEST(SumSquares, LargeSumIsAccurateAndThreadCountIndependent) {
 }
 
 TEST(Scale, AllDtypes) {
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> d(-4.f, 4.f);
-  for (DType t : {DType::f32, DType::bf16, DType::f16})
-    for (int64_t n : {1, 31, 70001}) {
-      std::vector<uint8_t> x(n * dtype_size(t)), want(n * dtype_size(t));
-      for (int64_t i = 0; i < n; ++i) {
-        store_from_f32(x.data(), t, i, d(rng));
-        store_from_f32(want.data(), t, i, load_as_f32(x.data(), t, i) * 0.3f);
+  on_both_paths([&] {
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> d(-4.f, 4.f);
+    for (DType t : {DType::f32, DType::bf16, DType::f16})
+      for (int64_t n : {1, 31, 70001}) {
+        std::vector<uint8_t> x(n * dtype_size(t)), want(n * dtype_size(t));
+        for (int64_t i = 0; i < n; ++i) {
+          store_from_f32(x.data(), t, i, d(rng));
+          store_from_f32(want.data(), t, i, load_as_f32(x.data(), t, i) * 0.3f);
+        }
+        cpu::scale({t, n, x.data(), 0.3f});
+        EXPECT_EQ(x, want) << dtype_name(t) << " n=" << n;
       }
-      cpu::scale({t, n, x.data(), 0.3f});
-      EXPECT_EQ(x, want) << dtype_name(t) << " n=" << n;
-    }
-  float one = 2.f;
-  cpu::scale({DType::f32, 1, &one, -0.5f});
-  EXPECT_EQ(one, -1.f);
+    float one = 2.f;
+    cpu::scale({DType::f32, 1, &one, -0.5f});
+    EXPECT_EQ(one, -1.f);
+  });
 }
 
 namespace {
@@ -194,38 +214,42 @@ std::vector<float> edge_values() {
 }  // namespace
 
 TEST(Cast, AllPairsMatchScalarConversions) {
-  const std::vector<float> vals = edge_values();
-  const int64_t n = static_cast<int64_t>(vals.size());
-  for (DType s : {DType::f32, DType::bf16, DType::f16})
-    for (DType t : {DType::f32, DType::bf16, DType::f16}) {
-      std::vector<uint8_t> src(n * dtype_size(s)), dst((n + 1) * dtype_size(t), 0xab), want(dst);
-      for (int64_t i = 0; i < n; ++i) store_from_f32(src.data(), s, i, vals[i]);
-      for (int64_t i = 0; i < n; ++i) store_from_f32(want.data(), t, i, load_as_f32(src.data(), s, i));
-      cpu::cast({n, src.data(), s, dst.data(), t});
-      EXPECT_EQ(dst, want) << dtype_name(s) << " -> " << dtype_name(t);  // incl. the untouched guard element
-    }
+  on_both_paths([&] {
+    const std::vector<float> vals = edge_values();
+    const int64_t n = static_cast<int64_t>(vals.size());
+    for (DType s : {DType::f32, DType::bf16, DType::f16})
+      for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+        std::vector<uint8_t> src(n * dtype_size(s)), dst((n + 1) * dtype_size(t), 0xab), want(dst);
+        for (int64_t i = 0; i < n; ++i) store_from_f32(src.data(), s, i, vals[i]);
+        for (int64_t i = 0; i < n; ++i) store_from_f32(want.data(), t, i, load_as_f32(src.data(), s, i));
+        cpu::cast({n, src.data(), s, dst.data(), t});
+        EXPECT_EQ(dst, want) << dtype_name(s) << " -> " << dtype_name(t);  // incl. the untouched guard element
+      }
+  });
 }
 
 TEST(Cast, RoundingTiesAndSpecialValuesKnownAnswers) {
-  const std::vector<float> in = {std::bit_cast<float>(0x3f808000u), std::bit_cast<float>(0x3f818000u),
-                                 std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
-                                 65520.f, 1.f + 1.f / 2048, 1.f + 3.f / 2048, -0.f};
-  std::vector<uint16_t> bf(in.size()), hf(in.size());
-  cpu::cast({int64_t(in.size()), in.data(), DType::f32, bf.data(), DType::bf16});
-  cpu::cast({int64_t(in.size()), in.data(), DType::f32, hf.data(), DType::f16});
-  EXPECT_EQ(bf[0], 0x3f80);  // tie, down to even
-  EXPECT_EQ(bf[1], 0x3f82);  // tie, up to even
-  EXPECT_EQ(bf[2], 0x7f80);
-  EXPECT_EQ(bf[3] & 0x7fc0, 0x7fc0);  // still a quiet NaN
-  EXPECT_EQ(hf[4], 0x7c00);  // 65520 overflows to Inf
-  EXPECT_EQ(hf[5], 0x3c00);  // 1 + 2^-11: tie, down to even
-  EXPECT_EQ(hf[6], 0x3c02);  // 1 + 3·2^-11: tie, up to even
-  EXPECT_EQ(hf[7], 0x8000);
-  EXPECT_EQ(bf[7], 0x8000);
-  std::vector<float> back(in.size());
-  cpu::cast({int64_t(in.size()), hf.data(), DType::f16, back.data(), DType::f32});
-  EXPECT_TRUE(std::isinf(back[4]));
-  EXPECT_EQ(back[6], 1.f + 2.f / 1024);
+  on_both_paths([&] {
+    const std::vector<float> in = {std::bit_cast<float>(0x3f808000u), std::bit_cast<float>(0x3f818000u),
+                                   std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                                   65520.f, 1.f + 1.f / 2048, 1.f + 3.f / 2048, -0.f};
+    std::vector<uint16_t> bf(in.size()), hf(in.size());
+    cpu::cast({int64_t(in.size()), in.data(), DType::f32, bf.data(), DType::bf16});
+    cpu::cast({int64_t(in.size()), in.data(), DType::f32, hf.data(), DType::f16});
+    EXPECT_EQ(bf[0], 0x3f80);  // tie, down to even
+    EXPECT_EQ(bf[1], 0x3f82);  // tie, up to even
+    EXPECT_EQ(bf[2], 0x7f80);
+    EXPECT_EQ(bf[3] & 0x7fc0, 0x7fc0);  // still a quiet NaN
+    EXPECT_EQ(hf[4], 0x7c00);  // 65520 overflows to Inf
+    EXPECT_EQ(hf[5], 0x3c00);  // 1 + 2^-11: tie, down to even
+    EXPECT_EQ(hf[6], 0x3c02);  // 1 + 3·2^-11: tie, up to even
+    EXPECT_EQ(hf[7], 0x8000);
+    EXPECT_EQ(bf[7], 0x8000);
+    std::vector<float> back(in.size());
+    cpu::cast({int64_t(in.size()), hf.data(), DType::f16, back.data(), DType::f32});
+    EXPECT_TRUE(std::isinf(back[4]));
+    EXPECT_EQ(back[6], 1.f + 2.f / 1024);
+  });
 }
 
 TEST(Cast, LargeBuffersAndSameDtypeCopy) {

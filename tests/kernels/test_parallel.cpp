@@ -64,5 +64,18 @@ TEST_P(ParallelFor, NestedCallsRun) {
   EXPECT_EQ(sum.load(), 800);
 }
 
+TEST_P(ParallelFor, ThreadIndexIsInRange) {
+  std::vector<std::atomic<int>> seen(num_threads());
+  std::atomic<int> bad{0};
+  parallel_for(0, 1 << 16, 256, [&](int64_t, int64_t) {
+    const int t = thread_index();
+    if (t < 0 || t >= num_threads()) bad++;
+    else seen[t]++;
+  });
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GT(seen[0].load(), 0);
+  EXPECT_EQ(thread_index(), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Pools, ParallelFor, ::testing::Values(Pool::openmp, Pool::tbb),
                          [](const auto& info) { return info.param == Pool::openmp ? "openmp" : "tbb"; });

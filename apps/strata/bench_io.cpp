@@ -1,0 +1,219 @@
+// `strata bench io`: drive the NVMe engine the way fio does (fixed block size, queue depth,
+// sequential or random, O_DIRECT) through SwapSpace, and print one JSON line that
+// bench/io/compare_fio.sh sets beside fio's numbers.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <functional>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "apps/strata/commands.h"
+#include "io/aligned_buffer.h"
+#include "io/engine.h"
+#include "io/swap_space.h"
+
+namespace strata::app {
+namespace {
+
+struct BenchIoArgs {
+  std::vector<std::string> paths;
+  std::string file;
+  std::string size = "4G";
+  std::string block = "1M";
+  unsigned qd = 32;
+  std::string mode = "read";
+  std::string engine = "uring";
+  std::string reap = "caller";
+  bool checksums = false;
+  bool allow_buffered = false;
+};
+
+// "4G" -> 4 GiB, "1M" -> 1 MiB, "4096" -> 4096 (fio's convention: powers of 1024).
+uint64_t parse_bytes(const std::string& s) {
+  size_t pos = 0;
+  uint64_t v = std::stoull(s, &pos);
+  std::string suf = s.substr(pos);
+  if (!suf.empty() && (suf.back() == 'B' || suf.back() == 'b')) suf.pop_back();
+  if (!suf.empty() && (suf.back() == 'i')) suf.pop_back();
+  if (suf.empty()) return v;
+  switch (suf[0]) {
+    case 'k': case 'K': return v << 10;
+    case 'm': case 'M': return v << 20;
+    case 'g': case 'G': return v << 30;
+    case 't': case 'T': return v << 40;
+  }
+  throw std::invalid_argument("cannot parse size '" + s + "' (use e.g. 4096, 1M, 4G)");
+}
+
+double cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+struct PassResult {
+  double seconds = 0, cpu_s = 0;
+  std::vector<double> lat_us;
+};
+
+// One pass over the extent: `qd` block-sized requests in flight, each slot re-issued as soon as
+// it completes (slots are waited round-robin: for one device completions come nearly in order).
+// `submit(op, offset, buf)` issues one block: through SwapSpace, or on a given file.
+using Submit = std::function<io::IoHandle(io::IoOp, uint64_t, char*)>;
+
+PassResult run_pass(const Submit& submit, io::IoOp op, const std::vector<uint64_t>& order, uint64_t block, unsigned qd,
+                    char* pool) {
+  PassResult r;
+  r.lat_us.reserve(order.size());
+  std::vector<io::IoHandle> slot(qd);
+  size_t next = 0;
+  auto issue = [&](unsigned s) {
+    uint64_t off = order[next++] * block;
+    char* buf = pool + uint64_t{s} * block;
+    slot[s] = submit(op, off, buf);
+  };
+  double cpu0 = cpu_seconds();
+  auto t0 = std::chrono::steady_clock::now();
+  for (unsigned s = 0; s < qd && next < order.size(); ++s) issue(s);
+  for (size_t done = 0; done < order.size();) {
+    for (unsigned s = 0; s < qd; ++s) {
+      if (!slot[s].valid()) continue;
+      slot[s].wait();
+      r.lat_us.push_back(slot[s].latency_us());
+      slot[s] = io::IoHandle();
+      ++done;
+      if (next < order.size()) issue(s);
+    }
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.cpu_s = cpu_seconds() - cpu0;
+  return r;
+}
+
+int bench_io(const BenchIoArgs& a) {
+  const uint64_t size = parse_bytes(a.size), block = parse_bytes(a.block);
+  if (block == 0 || block % io::kDirectAlign || size < block)
+    throw std::invalid_argument("--block must be a multiple of 4 KiB and no larger than --size");
+  if (a.qd == 0) throw std::invalid_argument("--qd must be positive");
+  const bool random = a.mode == "randread" || a.mode == "randwrite";
+  const io::IoOp op = (a.mode == "read" || a.mode == "randread") ? io::IoOp::read : io::IoOp::write;
+  if (!random && a.mode != "read" && a.mode != "write")
+    throw std::invalid_argument("--mode must be read, write, randread or randwrite");
+
+  io::EngineOptions eo;
+  eo.kind = io::parse_engine_kind(a.engine);
+  eo.queue_depth = a.qd;
+  eo.block_bytes = std::min<uint64_t>(block, 1 << 30);
+  eo.n_threads = a.qd;  // the threads engine's depth is its thread count
+  eo.reaper_thread = a.reap == "thread";
+  auto engine = io::make_engine(eo);
+  const uint64_t n_blocks = size / block;
+  io::AlignedBuffer pool(uint64_t{a.qd} * block);  // (qd, block) staging buffers, registered once
+  for (uint64_t i = 0; i < pool.size() / 8; ++i) pool.as<uint64_t>()[i] = i * 0x9E3779B97F4A7C15ull;
+  bool registered = engine->register_buffer(pool.data(), pool.size());
+  std::vector<uint64_t> order(n_blocks);
+  std::iota(order.begin(), order.end(), 0);
+  auto shuffle = [&] {
+    if (random) std::shuffle(order.begin(), order.end(), std::mt19937_64(42));
+  };
+  PassResult r;
+  bool buffered = false;
+  if (!a.file.empty()) {
+    // An existing file (e.g. the one fio laid out), so both tools read the same blocks.
+    int flags = O_RDWR | O_DIRECT | O_CLOEXEC | (op == io::IoOp::write ? O_CREAT : 0);
+    int fd = ::open(a.file.c_str(), flags, 0600);
+    if (fd < 0) throw io::IoError("open", a.file, 0, 0, errno, "--file must exist (reads) on a filesystem with O_DIRECT");
+    struct stat st{};
+    if (::fstat(fd, &st) != 0 || (op == io::IoOp::read && static_cast<uint64_t>(st.st_size) < n_blocks * block)) {
+      ::close(fd);
+      throw io::IoError("open", a.file, 0, n_blocks * block, 0, "--file is smaller than --size");
+    }
+    io::FileId f = engine->add_file(fd, a.file);
+    shuffle();
+    r = run_pass([&](io::IoOp o, uint64_t off, char* buf) {
+      return o == io::IoOp::read ? engine->read(f, off, block, buf) : engine->write(f, off, block, buf);
+    }, op, order, block, a.qd, pool.as<char>());
+    engine->remove_file(f);
+    ::close(fd);
+  } else {
+    if (a.paths.empty()) throw std::invalid_argument("bench io needs --path DIR (or --file FILE)");
+    io::SwapOptions so;
+    so.paths = a.paths;
+    so.stripe_bytes = block;
+    so.checksums = a.checksums;
+    so.allow_buffered = a.allow_buffered;
+    io::SwapSpace swap(so, *engine);
+    io::Extent ext = swap.allocate(n_blocks * block);
+    Submit through_swap = [&](io::IoOp o, uint64_t off, char* buf) {
+      return o == io::IoOp::read ? swap.read(ext, off, block, buf) : swap.write(ext, off, block, buf);
+    };
+    if (op == io::IoOp::read) {  // fallocated space reads as zeros without touching the disk: fill it first
+      run_pass(through_swap, io::IoOp::write, order, block, a.qd, pool.as<char>());
+    }
+    shuffle();
+    r = run_pass(through_swap, op, order, block, a.qd, pool.as<char>());
+    buffered = swap.stats().buffered;
+    swap.free(ext);
+  }
+
+  std::vector<double> lat = r.lat_us;
+  std::sort(lat.begin(), lat.end());
+  auto pct = [&](double p) { return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, static_cast<size_t>(p * lat.size()))]; };
+  const double bytes = static_cast<double>(n_blocks * block);
+  nlohmann::json j;
+  j["bench"] = "io";
+  j["engine"] = io::to_string(engine->kind());
+  j["reap"] = a.reap;
+  j["mode"] = a.mode;
+  j["paths"] = a.paths.size();
+  j["size_bytes"] = n_blocks * block;
+  j["block_bytes"] = block;
+  j["qd"] = a.qd;
+  j["registered_buffers"] = registered;
+  j["checksums"] = a.checksums;
+  j["buffered"] = buffered;
+  j["target"] = a.file.empty() ? "swap" : "file";
+  j["seconds"] = r.seconds;
+  j["mb_per_s"] = bytes / 1e6 / r.seconds;
+  j["iops"] = n_blocks / r.seconds;
+  j["p50_us"] = pct(0.50);
+  j["p99_us"] = pct(0.99);
+  j["cpu_s_per_gb"] = r.cpu_s / (bytes / 1e9);
+  io::EngineStats st = engine->stats();
+  j["short_requeues"] = st.short_requeues;
+  j["retries"] = st.retries;
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_io(CLI::App& bench, Run& run) {
+  auto args = std::make_shared<BenchIoArgs>();
+  CLI::App* cmd = bench.add_subcommand("io", "Sequential/random O_DIRECT I/O through the NVMe engine (compare with fio)");
+  cmd->add_option("--path", args->paths, "Directory for the swap file; repeat once per SSD to stripe");
+  cmd->add_option("--file", args->file, "Instead of --path: an existing file to read (or a file to write), e.g. fio's");
+  cmd->add_option("--size", args->size, "Bytes to move, e.g. 4G")->capture_default_str();
+  cmd->add_option("--block", args->block, "Request size, e.g. 1M (also the stripe unit)")->capture_default_str();
+  cmd->add_option("--qd", args->qd, "Requests in flight")->capture_default_str();
+  cmd->add_option("--mode", args->mode, "read | write | randread | randwrite")->capture_default_str();
+  cmd->add_option("--engine", args->engine, "uring | threads | auto")->capture_default_str();
+  cmd->add_option("--reap", args->reap, "Who reaps completions: caller (this thread) | thread (a reaper thread)")
+      ->capture_default_str();
+  cmd->add_flag("--checksums", args->checksums, "crc32c per extent write (whole-extent I/O only; off here)");
+  cmd->add_flag("--allow-buffered-io", args->allow_buffered, "Fall back to buffered I/O where O_DIRECT is rejected");
+  cmd->callback([&run, args] { run = [args] { return bench_io(*args); }; });
+}
+
+}  // namespace strata::app

@@ -1,0 +1,348 @@
+// SwapSpace: per-path swap files grown with fallocate (so a full disk fails at allocate()),
+// a first-fit free list per file, RAID-0 striping of large extents across paths, and crc32c
+// per extent write verified on read.
+#include "io/swap_space.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cassert>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "io/crc32c.h"
+
+namespace strata::io {
+
+namespace {
+std::atomic<uint64_t> g_buffered_fallbacks{0};
+}
+
+struct SwapSpace::Impl {
+  struct Dir {
+    std::string root;  // the user's --nvme-path
+    std::string dir;   // our private directory under it
+    std::string file;  // the swap file
+    int fd = -1;
+    FileId id = -1;
+    bool direct = true;
+    uint64_t end = 0;                     // bytes preallocated (file size)
+    std::map<uint64_t, uint64_t> free;    // offset -> bytes, coalesced
+  };
+  // A contiguous piece of an extent: ext_off..ext_off+bytes of the extent lives at file_off of dirs[dir].
+  struct Run {
+    uint32_t dir;
+    uint64_t file_off;
+    uint64_t ext_off;
+    uint64_t bytes;
+  };
+  struct Region {
+    uint32_t dir;
+    uint64_t off;
+    uint64_t bytes;
+  };
+  struct Info {
+    uint64_t bytes = 0;
+    std::vector<Region> regions;
+    std::vector<Run> runs;
+    bool has_crc = false;
+    uint32_t crc = 0;
+  };
+
+  SwapOptions opts;
+  std::vector<Dir> dirs;
+  mutable std::mutex mu;  // guards everything below and each Dir's end/free
+  std::unordered_map<uint64_t, Info> extents;
+  uint64_t next_id = 1;
+  uint32_t next_dir = 0;
+  uint64_t bytes_allocated = 0;
+  std::atomic<uint64_t> checksum_failures{0};
+
+  void open_dir(Dir& d);
+  uint64_t alloc_region(Dir& d, uint64_t bytes);  // throws IoError on ENOSPC etc.
+  void free_region(Dir& d, uint64_t off, uint64_t bytes);
+  void close_all();
+};
+
+namespace {
+
+IoError path_error(const std::string& path, int err, const std::string& hint) {
+  return IoError("swap space at", path, 0, 0, err, hint);
+}
+
+// Writes and reads back one aligned block: some filesystems accept O_DIRECT at open and
+// reject it at the first I/O.
+bool direct_io_works(int fd) {
+  void* p = nullptr;
+  if (posix_memalign(&p, kDirectAlign, kDirectAlign) != 0) return false;
+  std::memset(p, 0x5a, kDirectAlign);
+  bool ok = ::pwrite(fd, p, kDirectAlign, 0) == static_cast<ssize_t>(kDirectAlign) &&
+            ::pread(fd, p, kDirectAlign, 0) == static_cast<ssize_t>(kDirectAlign);
+  std::free(p);
+  if (::ftruncate(fd, 0) != 0) ok = false;
+  return ok;
+}
+
+}  // namespace
+
+void SwapSpace::Impl::open_dir(Dir& d) {
+  struct stat st{};
+  if (::stat(d.root.c_str(), &st) != 0) throw path_error(d.root, errno, "the --nvme-path directory does not exist");
+  if (!S_ISDIR(st.st_mode)) throw path_error(d.root, ENOTDIR, "--nvme-path must be a directory");
+  if (::access(d.root.c_str(), W_OK | X_OK) != 0) throw path_error(d.root, errno, "the --nvme-path directory is not writable");
+  std::string tmpl = d.root + "/strata-swap-XXXXXX";
+  if (!::mkdtemp(tmpl.data())) throw path_error(d.root, errno, "cannot create a private swap directory (is it writable?)");
+  d.dir = tmpl;
+  d.file = d.dir + "/swap";
+  const int base = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+  d.direct = true;
+  d.fd = opts.test_reject_direct ? (errno = EINVAL, -1) : ::open(d.file.c_str(), base | O_DIRECT, 0600);
+  if (d.fd < 0 && errno != EINVAL) {
+    int err = errno;
+    ::rmdir(d.dir.c_str());
+    throw path_error(d.file, err, "cannot create the swap file");
+  }
+  if (d.fd >= 0 && !direct_io_works(d.fd)) {
+    ::close(d.fd);
+    ::unlink(d.file.c_str());
+    d.fd = -1;
+  }
+  if (d.fd < 0) {  // the filesystem rejects O_DIRECT
+    if (!opts.allow_buffered) {
+      ::rmdir(d.dir.c_str());
+      throw path_error(d.root, EINVAL,
+                       "this filesystem rejects O_DIRECT; use a path on a real disk, or allow buffered I/O "
+                       "(--allow-buffered-io: slower, goes through the page cache)");
+    }
+    std::fprintf(stderr, "strata: warning: %s rejects O_DIRECT; using buffered I/O there (allowed by the user)\n",
+                 d.root.c_str());
+    g_buffered_fallbacks.fetch_add(1);
+    d.direct = false;
+  }
+  if (d.fd < 0) {
+    d.fd = ::open(d.file.c_str(), base, 0600);
+    if (d.fd < 0) {
+      int err = errno;
+      ::rmdir(d.dir.c_str());
+      throw path_error(d.file, err, "cannot create the swap file");
+    }
+  }
+  if (::fchmod(d.fd, 0600) != 0) throw path_error(d.file, errno, "cannot set mode 0600");
+}
+
+uint64_t SwapSpace::Impl::alloc_region(Dir& d, uint64_t bytes) {
+  for (auto it = d.free.begin(); it != d.free.end(); ++it) {  // first fit
+    if (it->second < bytes) continue;
+    uint64_t off = it->first, len = it->second;
+    d.free.erase(it);
+    if (len > bytes) d.free.emplace(off + bytes, len - bytes);
+    return off;
+  }
+  // Grow the file; a free block touching the end is reused, so only the shortfall is new.
+  uint64_t off = d.end;
+  bool reuse_tail = false;
+  if (!d.free.empty()) {
+    auto last = std::prev(d.free.end());
+    if (last->first + last->second == d.end) {
+      off = last->first;
+      reuse_tail = true;
+    }
+  }
+  uint64_t grow = off + bytes - d.end;
+  if (::fallocate(d.fd, 0, static_cast<off_t>(d.end), static_cast<off_t>(grow)) != 0) {
+    int err = errno;
+    if (::ftruncate(d.fd, static_cast<off_t>(d.end)) != 0) { /* size unchanged on failure; best effort */ }
+    std::string hint = err == ENOSPC ? "no space left to preallocate swap; free space or add another --nvme-path"
+                       : err == EFBIG ? "file size limit (ulimit -f) reached while preallocating swap"
+                       : err == EOPNOTSUPP ? "this filesystem cannot preallocate (fallocate); use ext4/xfs"
+                                           : "cannot preallocate swap";
+    throw IoError("allocate swap in", d.file, d.end, grow, err, hint);
+  }
+  d.end += grow;
+  if (reuse_tail) d.free.erase(off);  // the trailing free block is now part of this region
+  return off;
+}
+
+void SwapSpace::Impl::free_region(Dir& d, uint64_t off, uint64_t bytes) {
+  auto next = d.free.lower_bound(off);
+  if (next != d.free.end() && off + bytes == next->first) {
+    bytes += next->second;
+    next = d.free.erase(next);
+  }
+  if (next != d.free.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      prev->second += bytes;
+      return;
+    }
+  }
+  d.free.emplace(off, bytes);
+}
+
+void SwapSpace::Impl::close_all() {
+  for (Dir& d : dirs) {
+    if (d.fd >= 0) ::close(d.fd);
+    if (!d.file.empty()) ::unlink(d.file.c_str());
+    if (!d.dir.empty()) ::rmdir(d.dir.c_str());
+    d.fd = -1;
+  }
+}
+
+SwapSpace::SwapSpace(const SwapOptions& opts, IoEngine& engine) : impl_(std::make_unique<Impl>()), engine_(engine) {
+  if (opts.paths.empty()) throw std::invalid_argument("SwapSpace: at least one --nvme-path is required");
+  if (opts.stripe_bytes == 0 || opts.stripe_bytes % kDirectAlign)
+    throw std::invalid_argument("SwapSpace: stripe must be a positive multiple of 4096 bytes, got " +
+                                std::to_string(opts.stripe_bytes));
+  impl_->opts = opts;
+  impl_->dirs.resize(opts.paths.size());
+  try {
+    for (size_t i = 0; i < opts.paths.size(); ++i) {
+      impl_->dirs[i].root = opts.paths[i];
+      impl_->open_dir(impl_->dirs[i]);
+      impl_->dirs[i].id = engine_.add_file(impl_->dirs[i].fd, impl_->dirs[i].file);
+    }
+  } catch (...) {
+    for (Impl::Dir& d : impl_->dirs)
+      if (d.id >= 0) engine_.remove_file(d.id);
+    impl_->close_all();
+    throw;
+  }
+}
+
+SwapSpace::~SwapSpace() {
+  for (Impl::Dir& d : impl_->dirs)
+    if (d.id >= 0) engine_.remove_file(d.id);
+  impl_->close_all();
+}
+
+Extent SwapSpace::allocate(uint64_t bytes) {
+  if (bytes == 0) throw std::invalid_argument("SwapSpace::allocate: zero bytes");
+  bytes = round_up(bytes);
+  Impl& m = *impl_;
+  std::lock_guard lk(m.mu);
+  const uint32_t n = static_cast<uint32_t>(m.dirs.size());
+  const uint64_t stripe = m.opts.stripe_bytes;
+  Impl::Info info;
+  info.bytes = bytes;
+  const uint32_t first = m.next_dir++ % n;
+  // Stripe k (bytes k*stripe ..) goes to path (first + k) % n; small extents live on one path.
+  const uint64_t n_stripes = (bytes + stripe - 1) / stripe;
+  const uint32_t n_used = static_cast<uint32_t>(std::min<uint64_t>(n, n_stripes));
+  std::vector<uint64_t> region_bytes(n_used, 0);
+  for (uint64_t k = 0; k < n_stripes; ++k) region_bytes[k % n_used] += std::min(stripe, bytes - k * stripe);
+  try {
+    for (uint32_t j = 0; j < n_used; ++j) {
+      uint32_t d = (first + j) % n;
+      uint64_t off = m.alloc_region(m.dirs[d], region_bytes[j]);
+      info.regions.push_back({d, off, region_bytes[j]});
+    }
+  } catch (...) {
+    for (const Impl::Region& r : info.regions) m.free_region(m.dirs[r.dir], r.off, r.bytes);
+    throw;
+  }
+  if (n_used == 1) {
+    info.runs.push_back({info.regions[0].dir, info.regions[0].off, 0, bytes});
+  } else {
+    for (uint64_t k = 0; k < n_stripes; ++k) {
+      const Impl::Region& r = info.regions[k % n_used];
+      info.runs.push_back({r.dir, r.off + (k / n_used) * stripe, k * stripe, std::min(stripe, bytes - k * stripe)});
+    }
+  }
+  Extent e{m.next_id++, bytes};
+  m.bytes_allocated += bytes;
+  m.extents.emplace(e.id, std::move(info));
+  return e;
+}
+
+void SwapSpace::free(Extent& e) {
+  if (!e) return;
+  Impl& m = *impl_;
+  std::lock_guard lk(m.mu);
+  auto it = m.extents.find(e.id);
+  assert(it != m.extents.end() && "SwapSpace::free of an unknown extent");
+  if (it == m.extents.end()) return;
+  for (const Impl::Region& r : it->second.regions) m.free_region(m.dirs[r.dir], r.off, r.bytes);
+  m.bytes_allocated -= it->second.bytes;
+  m.extents.erase(it);
+  e = Extent{};
+}
+
+IoHandle SwapSpace::write(const Extent& e, const void* buf) { return write(e, 0, e.bytes, buf); }
+IoHandle SwapSpace::read(const Extent& e, void* buf) { return read(e, 0, e.bytes, buf); }
+IoHandle SwapSpace::write(const Extent& e, uint64_t offset, uint64_t length, const void* buf) {
+  return extent_io(IoOp::write, e, offset, length, const_cast<void*>(buf));
+}
+IoHandle SwapSpace::read(const Extent& e, uint64_t offset, uint64_t length, void* buf) {
+  return extent_io(IoOp::read, e, offset, length, buf);
+}
+
+IoHandle SwapSpace::extent_io(IoOp op, const Extent& e, uint64_t offset, uint64_t length, void* buf) {
+  Impl& m = *impl_;
+  if (!is_aligned(offset) || !is_aligned(length) || !is_aligned(buf))
+    throw AlignmentError("extent " + std::to_string(e.id) + ": buffer, offset and length must be 4 KiB aligned (offset " +
+                         std::to_string(offset) + ", length " + std::to_string(length) + ")");
+  const bool whole = offset == 0 && length == e.bytes;
+  std::vector<IoSpan> spans;
+  RequestOptions ro;
+  std::string where;
+  {
+    std::lock_guard lk(m.mu);
+    auto it = m.extents.find(e.id);
+    if (it == m.extents.end()) throw std::invalid_argument("SwapSpace: unknown or freed extent " + std::to_string(e.id));
+    Impl::Info& info = it->second;
+    if (offset + length > info.bytes)
+      throw std::out_of_range("extent " + std::to_string(e.id) + " holds " + std::to_string(info.bytes) +
+                              " bytes; I/O asks for " + std::to_string(length) + " at " + std::to_string(offset));
+    for (const Impl::Run& r : info.runs) {
+      uint64_t lo = std::max(offset, r.ext_off), hi = std::min(offset + length, r.ext_off + r.bytes);
+      if (lo >= hi) continue;
+      spans.push_back({m.dirs[r.dir].id, r.file_off + (lo - r.ext_off), hi - lo, static_cast<char*>(buf) + (lo - offset)});
+    }
+    where = "path " + m.dirs[info.runs[0].dir].root + (info.regions.size() > 1 ? " (striped)" : "");
+    if (m.opts.checksums && op == IoOp::write) {
+      info.has_crc = whole;
+      if (whole) info.crc = crc32c(buf, length);
+    }
+    if (m.opts.checksums && op == IoOp::read && whole && info.has_crc) {
+      uint32_t expected = info.crc;
+      uint64_t id = e.id;
+      ro.verify = [&m, buf, length, expected, id, where] {
+        uint32_t actual = crc32c(buf, length);
+        if (actual != expected) {
+          m.checksum_failures.fetch_add(1);
+          throw ChecksumError(id, length, expected, actual, where);
+        }
+      };
+    }
+  }
+  ro.label = "extent " + std::to_string(e.id) + " (" + std::to_string(length) + " bytes at extent offset " +
+             std::to_string(offset) + ", " + where + ")";
+  return engine_.submit(op, spans, std::move(ro));
+}
+
+SwapStats SwapSpace::stats() const {
+  std::lock_guard lk(impl_->mu);
+  SwapStats s;
+  s.bytes_allocated = impl_->bytes_allocated;
+  for (const Impl::Dir& d : impl_->dirs) {
+    s.bytes_reserved += d.end;
+    s.buffered |= !d.direct;
+  }
+  s.extents = impl_->extents.size();
+  s.checksum_failures = impl_->checksum_failures.load();
+  return s;
+}
+
+std::vector<std::string> SwapSpace::files() const {
+  std::vector<std::string> f;
+  for (const Impl::Dir& d : impl_->dirs) f.push_back(d.file);
+  return f;
+}
+
+}  // namespace strata::io

@@ -1,0 +1,286 @@
+// SwapSpace on every engine configuration: striped round trips over two paths, free-list reuse,
+// preallocation failure (RLIMIT_FSIZE) leaving existing extents intact, EIO naming the extent,
+// checksum mismatch detected, path errors, buffered fallback, and cleanup of the swap files.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "io/aligned_buffer.h"
+#include "io/swap_space.h"
+#include "tests/io/io_test_util.h"
+
+using namespace strata::io;
+using namespace strata::io::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+class SwapTest : public ::testing::TestWithParam<Config> {
+ protected:
+  void SetUp() override { STRATA_SKIP_WITHOUT_URING(GetParam()); }
+  std::unique_ptr<IoEngine> engine(CompletionHook hook = {}) {
+    EngineOptions o = options_for(GetParam());
+    o.completion_hook = std::move(hook);
+    return make_engine(o);
+  }
+  SwapOptions two_paths(uint64_t stripe = 64 << 10) {
+    fs::create_directories(a_.path() + "/ssd0");
+    fs::create_directories(b_.path() + "/ssd1");
+    SwapOptions s;
+    s.paths = {a_.path() + "/ssd0", b_.path() + "/ssd1"};
+    s.stripe_bytes = stripe;
+    return s;
+  }
+  ScratchDir a_, b_;
+};
+
+TEST_P(SwapTest, StripedRoundTripsOfRandomSizes) {
+  auto e = engine();
+  SwapOptions so = two_paths();
+  so.checksums = true;
+  SwapSpace swap(so, *e);
+  std::mt19937_64 rng(21);
+  struct Live {
+    Extent ext;
+    uint64_t seed;
+  };
+  std::vector<Live> live;
+  AlignedBuffer buf(2 << 20), back(2 << 20);
+  for (int t = 0; t < 40; ++t) {
+    uint64_t bytes = 1 + rng() % (2 << 20);  // rounded up to 4 KiB by allocate
+    Extent x = swap.allocate(bytes);
+    ASSERT_EQ(x.bytes, round_up(bytes));
+    uint64_t seed = rng();
+    fill_random(buf.data(), x.bytes, seed);
+    swap.write(x, buf.data()).wait();
+    live.push_back({x, seed});
+    if (rng() % 3 == 0) {  // free a random live extent so later allocations reuse holes
+      size_t k = rng() % live.size();
+      swap.free(live[k].ext);
+      EXPECT_FALSE(live[k].ext);
+      live.erase(live.begin() + static_cast<long>(k));
+    }
+  }
+  for (Live& l : live) {  // every surviving extent reads back exactly
+    fill_random(buf.data(), l.ext.bytes, l.seed);
+    std::memset(back.data(), 0, l.ext.bytes);
+    swap.read(l.ext, back.data()).wait();
+    ASSERT_EQ(std::memcmp(buf.data(), back.data(), l.ext.bytes), 0) << "extent " << l.ext.id;
+  }
+  // Both paths hold data (striping), and reserved space never exceeds what was ever live.
+  for (const std::string& f : swap.files()) EXPECT_GT(fs::file_size(f), 0u) << f;
+  SwapStats s = swap.stats();
+  EXPECT_EQ(s.extents, live.size());
+  EXPECT_GE(s.bytes_reserved, s.bytes_allocated);
+  EXPECT_EQ(s.checksum_failures, 0u);
+}
+
+TEST_P(SwapTest, LargeExtentIsStripedRoundRobin) {
+  auto e = engine();
+  SwapSpace swap(two_paths(64 << 10), *e);
+  Extent x = swap.allocate(1 << 20);  // 16 stripes: 8 per path
+  std::vector<std::string> files = swap.files();
+  EXPECT_EQ(fs::file_size(files[0]), 512u << 10);
+  EXPECT_EQ(fs::file_size(files[1]), 512u << 10);
+  AlignedBuffer buf(1 << 20);
+  for (int k = 0; k < 16; ++k) std::memset(buf.as<char>() + k * (64 << 10), 'a' + k, 64 << 10);
+  swap.write(x, buf.data()).wait();
+  // Stripe k is at (k / 2) * stripe in path (k % 2) (x is the first extent: it starts on path 0).
+  for (int k = 0; k < 16; ++k) {
+    int fd = ::open(files[k % 2].c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    char c = 0;
+    ASSERT_EQ(::pread(fd, &c, 1, (k / 2) * (64 << 10) + 100), 1);
+    EXPECT_EQ(c, 'a' + k) << "stripe " << k;
+    ::close(fd);
+  }
+  // Sub-range I/O crossing stripe boundaries.
+  AlignedBuffer part(256 << 10);
+  swap.read(x, 48 << 10, 256 << 10, part.data()).wait();
+  EXPECT_EQ(std::memcmp(part.data(), buf.as<char>() + (48 << 10), 256 << 10), 0);
+}
+
+TEST_P(SwapTest, FileSizeLimitFailsAtAllocationAndKeepsExtents) {
+  auto e = engine();
+  SwapOptions so;
+  so.paths = {a_.path()};
+  so.checksums = true;
+  SwapSpace swap(so, *e);
+  Extent keep = swap.allocate(4 << 20);
+  AlignedBuffer buf(4 << 20), back(4 << 20);
+  fill_random(buf.data(), 4 << 20, 77);
+  swap.write(keep, buf.data()).wait();
+
+  struct rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // fallocate past the limit: EFBIG, not a signal death
+  struct rlimit lim = old;
+  lim.rlim_cur = 6 << 20;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
+  bool threw = false;
+  try {
+    swap.allocate(16 << 20);
+  } catch (const IoError& err) {
+    threw = true;
+    EXPECT_EQ(err.errno_value(), EFBIG) << err.what();
+    EXPECT_EQ(err.path(), swap.files()[0]);
+    EXPECT_EQ(err.offset(), 4u << 20);
+    EXPECT_EQ(err.length(), 16u << 20);
+  }
+  Extent small = swap.allocate(1 << 20);  // what still fits is still granted
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_TRUE(threw);
+  EXPECT_EQ(fs::file_size(swap.files()[0]), 5u << 20);
+  swap.read(keep, back.data()).wait();  // verified by checksum as well as here
+  EXPECT_EQ(std::memcmp(buf.data(), back.data(), 4 << 20), 0);
+  EXPECT_EQ(swap.stats().extents, 2u);
+  swap.free(small);
+}
+
+TEST_P(SwapTest, EioNamesTheExtent) {
+  std::atomic<bool> inject{false};
+  auto e = engine([&](IoOp op, uint64_t, uint64_t, int64_t res) -> int64_t {
+    return inject.load() && op == IoOp::read ? -EIO : res;
+  });
+  SwapSpace swap(two_paths(), *e);
+  Extent x = swap.allocate(512 << 10);
+  AlignedBuffer buf(512 << 10);
+  swap.write(x, buf.data()).wait();
+  inject = true;
+  try {
+    swap.read(x, buf.data()).wait();
+    FAIL() << "EIO not reported";
+  } catch (const IoError& err) {
+    EXPECT_EQ(err.errno_value(), EIO);
+    std::string m = err.what();
+    EXPECT_NE(m.find("extent " + std::to_string(x.id)), std::string::npos) << m;
+    EXPECT_NE(m.find("Input/output error"), std::string::npos) << m;
+  }
+}
+
+TEST_P(SwapTest, ChecksumMismatchIsDetected) {
+  auto e = engine();
+  SwapOptions so;
+  so.paths = {a_.path()};
+  so.checksums = true;
+  SwapSpace swap(so, *e);
+  Extent x = swap.allocate(256 << 10);  // first extent: file offset 0
+  AlignedBuffer buf(256 << 10);
+  fill_random(buf.data(), 256 << 10, 5);
+  swap.write(x, buf.data()).wait();
+  {  // flip one byte on disk behind the engine's back
+    int fd = ::open(swap.files()[0].c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    char c = 0;
+    ASSERT_EQ(::pread(fd, &c, 1, 100000), 1);
+    c ^= 0x40;
+    ASSERT_EQ(::pwrite(fd, &c, 1, 100000), 1);
+    ASSERT_EQ(::fsync(fd), 0);
+    ::close(fd);
+  }
+  IoHandle h = swap.read(x, buf.data());
+  try {
+    h.wait();
+    FAIL() << "corruption not detected";
+  } catch (const ChecksumError& err) {
+    EXPECT_EQ(err.extent_id(), x.id);
+    EXPECT_NE(err.expected(), err.actual());
+  }
+  EXPECT_THROW(h.wait(), ChecksumError);
+  EXPECT_EQ(swap.stats().checksum_failures, 1u);
+  swap.write(x, buf.data()).wait();  // rewriting records the new checksum
+  swap.read(x, buf.data()).wait();
+}
+
+TEST_P(SwapTest, BadPathsGiveClearErrors) {
+  auto e = engine();
+  SwapOptions so;
+  so.paths = {a_.path() + "/does-not-exist"};
+  try {
+    SwapSpace swap(so, *e);
+    FAIL();
+  } catch (const IoError& err) {
+    EXPECT_EQ(err.errno_value(), ENOENT);
+    EXPECT_NE(std::string(err.what()).find("does-not-exist"), std::string::npos);
+  }
+  std::string file = a_.path() + "/plain-file";
+  ::close(::open(file.c_str(), O_CREAT | O_WRONLY, 0600));
+  so.paths = {a_.path(), file};  // the second path fails: the first one's files are cleaned up
+  EXPECT_THROW(SwapSpace(so, *e), IoError);
+  EXPECT_TRUE(fs::is_empty(a_.path() + "/") || fs::exists(file));
+  size_t entries = 0;
+  for (auto& d : fs::directory_iterator(a_.path())) entries += d.path() != file;
+  EXPECT_EQ(entries, 0u);
+  so.paths = {a_.path()};
+  so.stripe_bytes = 1000;
+  EXPECT_THROW(SwapSpace(so, *e), std::invalid_argument);
+}
+
+TEST_P(SwapTest, FilesArePrivateAndRemoved) {
+  auto e = engine();
+  std::vector<std::string> files;
+  {
+    SwapSpace swap(two_paths(), *e);
+    files = swap.files();
+    for (const std::string& f : files) {
+      struct stat st{};
+      ASSERT_EQ(::stat(f.c_str(), &st), 0);
+      EXPECT_EQ(st.st_mode & 0777, 0600u) << f;
+      ASSERT_EQ(::stat(fs::path(f).parent_path().c_str(), &st), 0);
+      EXPECT_EQ(st.st_mode & 0777, 0700u);
+    }
+    Extent x = swap.allocate(1 << 20);
+    (void)x;
+  }
+  for (const std::string& f : files) {
+    EXPECT_FALSE(fs::exists(f));
+    EXPECT_FALSE(fs::exists(fs::path(f).parent_path()));
+  }
+}
+
+TEST_P(SwapTest, NoDirectIoIsAnErrorUnlessBufferedIsAllowed) {
+  auto e = engine();
+  SwapOptions so;
+  so.paths = {a_.path()};
+  so.test_reject_direct = true;
+  try {
+    SwapSpace swap(so, *e);
+    FAIL() << "O_DIRECT rejection not reported";
+  } catch (const IoError& err) {
+    EXPECT_EQ(err.errno_value(), EINVAL);
+    EXPECT_NE(std::string(err.what()).find("O_DIRECT"), std::string::npos) << err.what();
+  }
+  EXPECT_TRUE(fs::is_empty(a_.path()));  // nothing left behind
+  so.allow_buffered = true;
+  SwapSpace swap(so, *e);
+  EXPECT_TRUE(swap.stats().buffered);
+  Extent x = swap.allocate(128 << 10);
+  AlignedBuffer a(128 << 10), b(128 << 10);
+  fill_random(a.data(), 128 << 10, 6);
+  swap.write(x, a.data()).wait();
+  swap.read(x, b.data()).wait();
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), 128 << 10), 0);
+}
+
+TEST_P(SwapTest, MisalignedExtentIoIsRejected) {
+  auto e = engine();
+  SwapSpace swap(two_paths(), *e);
+  Extent x = swap.allocate(64 << 10);
+  AlignedBuffer a(64 << 10);
+  EXPECT_THROW(swap.read(x, 100, 4096, a.data()), AlignmentError);
+  EXPECT_THROW(swap.write(x, a.as<char>() + 8), AlignmentError);
+  EXPECT_THROW(swap.read(x, 0, 128 << 10, a.data()), std::out_of_range);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, SwapTest,
+                         ::testing::Values(Config::uring_reaper, Config::uring_caller, Config::threads), config_name);
+
+}  // namespace
