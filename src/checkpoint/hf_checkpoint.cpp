@@ -3,7 +3,6 @@
 // into whatever dtype the caller's buffer holds.
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
@@ -57,10 +56,11 @@ class MappedCheckpoint final : public HfCheckpoint {
     const fs::path index = dir / "model.safetensors.index.json";
     const fs::path single = dir / "model.safetensors";
     std::error_code ec;
-    if (fs::exists(index, ec)) {
-      open_sharded(index);
-    } else if (fs::exists(single, ec)) {
+    // transformers' precedence: a single model.safetensors wins over an index.
+    if (fs::exists(single, ec)) {
       add_file(single);
+    } else if (fs::exists(index, ec)) {
+      open_sharded(index);
     } else {
       throw std::runtime_error(dir.string() + ": no model.safetensors or model.safetensors.index.json" +
                                (fs::is_directory(dir, ec) ? "" : " (not a directory)"));
@@ -87,11 +87,11 @@ class MappedCheckpoint final : public HfCheckpoint {
  private:
   void open_sharded(const fs::path& index) {
     const std::string file = index.string();
-    std::ifstream in(index, std::ios::binary);
-    if (!in) throw std::runtime_error(file + ": cannot open: " + errno_text());
+    const std::string text = read_text_file(index);
+    if (safetensors::json_nesting_depth(text) > 64) throw std::runtime_error(file + ": JSON nests too deeply");
     json j;
     try {
-      j = json::parse(in);
+      j = json::parse(text);
     } catch (const json::exception& e) {
       throw std::runtime_error(file + ": not valid JSON: " + e.what());
     }
@@ -99,7 +99,8 @@ class MappedCheckpoint final : public HfCheckpoint {
       throw std::runtime_error(file + ": missing 'weight_map' object");
     std::map<std::string, std::vector<std::string>> by_file;  // shard -> tensors the index puts there
     for (const auto& [name, v] : j.at("weight_map").items()) {
-      if (!v.is_string()) throw std::runtime_error(file + ": weight_map entry for tensor '" + name + "' is not a string");
+      if (!v.is_string())
+        throw std::runtime_error(file + ": weight_map entry for tensor '" + name + "' is not a string");
       std::string shard = v.get<std::string>();
       if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
         throw std::runtime_error(file + ": weight_map entry for tensor '" + name + "' names '" + shard +

@@ -2,7 +2,6 @@
 // Field names and defaults are those of HF transformers' LlamaConfig / MistralConfig /
 // Qwen2Config / GPT2Config, so a directory strata writes loads with AutoModelForCausalLM.
 #include <cmath>
-#include <fstream>
 #include <stdexcept>
 #include <string>
 
@@ -10,6 +9,7 @@
 
 #include "src/checkpoint/hf.h"
 #include "src/checkpoint/file_util.h"
+#include "src/checkpoint/safetensors.h"
 
 namespace strata {
 
@@ -177,11 +177,11 @@ const char* architecture(const std::string& model_type) {
 
 ModelConfig read_hf_config(const std::filesystem::path& config_json) {
   const std::string file = config_json.string();
-  std::ifstream in(config_json, std::ios::binary);
-  if (!in) throw std::runtime_error(file + ": cannot open: " + errno_text());
+  const std::string text = read_text_file(config_json);
+  if (safetensors::json_nesting_depth(text) > 64) throw std::runtime_error(file + ": JSON nests too deeply");
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     throw std::runtime_error(file + ": not valid JSON: " + e.what());
   }
@@ -260,7 +260,7 @@ void write_hf_config(const ModelConfig& cfg, const std::filesystem::path& config
       j["sliding_window"] = nullptr;
     }
   }
-  write_file_synced(config_json, j.dump(2) + "\n");
+  write_file(config_json, j.dump(2) + "\n");  // save_hf_model fsyncs it with the rest
 }
 
 }  // namespace strata

@@ -76,7 +76,11 @@ void write_shard(const fs::path& path, const std::vector<TensorToSave>& tensors,
     // Zeroed, so a callback that writes fewer bytes than promised still saves deterministically.
     buffer.assign(n, std::byte{0});
     if (n == 0) continue;  // nothing to fill (and buffer.data() may be null)
-    t.fill(buffer.data());
+    try {
+      t.fill(buffer.data());
+    } catch (const std::exception& e) {
+      throw std::runtime_error(path.string() + ": producing tensor '" + t.name + "' failed: " + e.what());
+    }
     write_all(fd.get(), buffer.data(), n, path, file_offset);
     file_offset += n;
   }
@@ -148,6 +152,7 @@ void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& c
     write_file_synced(tmp.path() / "model.safetensors.index.json", index.dump(2) + "\n");
   }
   write_hf_config(cfg, tmp.path() / "config.json");
+  fsync_file(tmp.path() / "config.json");
   fsync_dir(tmp.path());
   replace_directory(tmp.path(), out_dir);
   tmp.release();

@@ -23,6 +23,12 @@ using nlohmann::json;
   throw std::runtime_error(file + ": tensor '" + name + "': " + why);
 }
 
+// A JSON value for an error message, cut to a readable length.
+std::string brief(const json& v) {
+  std::string s = v.dump();
+  return s.size() > 80 ? s.substr(0, 77) + "..." : s;
+}
+
 bool parse_dtype_tag(const std::string& tag, kernels::DType* out) {
   if (tag == "F32") *out = kernels::DType::f32;
   else if (tag == "BF16") *out = kernels::DType::bf16;
@@ -35,11 +41,11 @@ bool parse_dtype_tag(const std::string& tag, kernels::DType* out) {
 uint64_t non_negative_int(const json& v, const std::string& file, const std::string& name, const char* what) {
   if (v.is_number_unsigned()) return v.get<uint64_t>();
   if (v.is_number_integer() && v.get<int64_t>() >= 0) return static_cast<uint64_t>(v.get<int64_t>());
-  fail_tensor(file, name, std::string(what) + " must be non-negative integers, got " + v.dump());
+  fail_tensor(file, name, std::string(what) + " must be non-negative integers, got " + brief(v));
 }
 
 Entry parse_entry(const std::string& name, const json& v, uint64_t data_size, const std::string& file) {
-  if (!v.is_object()) fail_tensor(file, name, "expected an object {dtype, shape, data_offsets}, got " + v.dump());
+  if (!v.is_object()) fail_tensor(file, name, "expected an object {dtype, shape, data_offsets}, got " + brief(v));
   Entry e;
   e.name = name;
   if (!v.contains("dtype") || !v.at("dtype").is_string()) fail_tensor(file, name, "missing or non-string 'dtype'");
@@ -58,7 +64,7 @@ Entry parse_entry(const std::string& name, const json& v, uint64_t data_size, co
   }
   uint64_t nbytes = 0;
   if (overflow || __builtin_mul_overflow(numel, kernels::dtype_size(e.dtype), &nbytes))
-    fail_tensor(file, name, "shape " + v.at("shape").dump() + " overflows 64-bit size");
+    fail_tensor(file, name, "shape " + brief(v.at("shape")) + " overflows 64-bit size");
 
   if (!v.contains("data_offsets") || !v.at("data_offsets").is_array() || v.at("data_offsets").size() != 2)
     fail_tensor(file, name, "'data_offsets' must be [begin, end]");
@@ -72,12 +78,33 @@ Entry parse_entry(const std::string& name, const json& v, uint64_t data_size, co
                                 "] run past the end of the data area (" + std::to_string(data_size) +
                                 " bytes); file truncated?");
   if (e.end - e.begin != nbytes)
-    fail_tensor(file, name, "shape " + v.at("shape").dump() + " × " + tag + " is " + std::to_string(nbytes) +
+    fail_tensor(file, name, "shape " + brief(v.at("shape")) + " × " + tag + " is " + std::to_string(nbytes) +
                                 " bytes but data_offsets span " + std::to_string(e.end - e.begin));
   return e;
 }
 
 }  // namespace
+
+int json_nesting_depth(std::string_view text) {
+  const char* p = text.data();
+  const uint64_t n = text.size();
+  int depth = 0, max_depth = 0;
+  bool in_string = false;
+  for (uint64_t i = 0; i < n; ++i) {
+    const char c = p[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max_depth = std::max(max_depth, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
 
 std::string_view dtype_tag(kernels::DType t) {
   switch (t) {
@@ -102,6 +129,8 @@ Parsed parse(const void* bytes, uint64_t size, const std::string& file) {
                    " bytes); file truncated?");
   const char* text = reinterpret_cast<const char*>(p + 8);
   if (n == 0 || text[0] != '{') fail(file, "header is not a JSON object");
+  if (json_nesting_depth(std::string_view(text, n)) > 8)
+    fail(file, "header JSON nests deeper than 8 levels (corrupt file?)");
 
   // Duplicate top-level keys would silently collapse in the JSON object: catch them while parsing.
   std::string duplicate;

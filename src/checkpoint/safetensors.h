@@ -30,6 +30,10 @@ struct Parsed {
 // in errors. Every inconsistency throws std::runtime_error naming the file and the tensor.
 Parsed parse(const void* bytes, uint64_t size, const std::string& file);
 
+// Deepest nesting of [ and { outside strings. Checked before parsing untrusted JSON so a hostile
+// file cannot exhaust the stack in recursive JSON code (a safetensors header needs depth 3).
+int json_nesting_depth(std::string_view text);
+
 // "F32", "BF16", "F16".
 std::string_view dtype_tag(kernels::DType t);
 

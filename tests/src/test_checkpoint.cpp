@@ -3,6 +3,7 @@
 // (each error names the file and tensor), and crash-safe replacement of an existing directory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -27,7 +28,7 @@ std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
-void write_file(const fs::path& p, const std::string& bytes) {
+void write_bytes(const fs::path& p, const std::string& bytes) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
@@ -106,7 +107,7 @@ class CheckpointDir : public ::testing::Test {
   void expect_open_error(const std::string& bytes, std::initializer_list<std::string> needles) {
     fs::path dir = root_ / ("bad" + std::to_string(n_bad_++));
     fs::create_directories(dir);
-    write_file(dir / "model.safetensors", bytes);
+    write_bytes(dir / "model.safetensors", bytes);
     expect_dir_error(dir, (dir / "model.safetensors").string(), needles);
   }
   void expect_dir_error(const fs::path& dir, const std::string& file, std::initializer_list<std::string> needles) {
@@ -151,7 +152,7 @@ TEST_F(CheckpointDir, SaveOpenReadIntoIsBitExact) {
     EXPECT_EQ(st->file, (dir / "model.safetensors").string());
     std::vector<unsigned char> back(t.bytes.size() + 1, 0xAB);
     ck->read_into(t.name, t.shape, back.data(), t.dtype);
-    EXPECT_EQ(std::memcmp(back.data(), t.bytes.data(), t.bytes.size()), 0) << t.name;
+    EXPECT_TRUE(std::equal(t.bytes.begin(), t.bytes.end(), back.begin())) << t.name;
     EXPECT_EQ(back.back(), 0xAB) << t.name << ": wrote past the end";
   }
   EXPECT_EQ(ck->find("nope"), nullptr);
@@ -174,7 +175,7 @@ TEST_F(CheckpointDir, FileLayoutIsWhatHfWrites) {
     const auto& e = h.at(t.name);
     uint64_t b = e["data_offsets"][0], end = e["data_offsets"][1];
     EXPECT_EQ(end - b, t.bytes.size());
-    EXPECT_EQ(std::memcmp(bytes.data() + 8 + n + b, t.bytes.data(), t.bytes.size()), 0) << t.name;
+    EXPECT_EQ(bytes.substr(8 + n + b, t.bytes.size()), std::string(t.bytes.begin(), t.bytes.end())) << t.name;
     total += t.bytes.size();
   }
   EXPECT_EQ(bytes.size(), 8 + n + total) << "tensors must be packed without gaps";
@@ -298,7 +299,7 @@ TEST_F(CheckpointDir, MalformedFilesNameFileAndTensor) {
   {
     fs::path dir = root_ / "good";
     fs::create_directories(dir);
-    write_file(dir / "model.safetensors", raw_safetensors("{" + ok_entry + "}", data16));
+    write_bytes(dir / "model.safetensors", raw_safetensors("{" + ok_entry + "}", data16));
     EXPECT_EQ(HfCheckpoint::open(dir)->tensors().size(), 1u);
   }
   expect_open_error(std::string("\x10\x00\x00", 3), {"too small"});
@@ -333,6 +334,10 @@ TEST_F(CheckpointDir, MalformedFilesNameFileAndTensor) {
   expect_open_error(
       raw_safetensors(R"({"__metadata__": {"format": 1}, )" + ok_entry + "}", data16), {"__metadata__"});
 
+  // Deep nesting must not overflow the stack.
+  const std::string deep = "{\"w\": " + std::string(200000, '[') + std::string(200000, ']') + "}";
+  expect_open_error(raw_safetensors(deep, data16), {"nests deeper"});
+
   // A real file cut short: the last tensor's range now runs past the end.
   fs::path good = root_ / "model";
   save_hf_model(good, tiny_config(), to_save(sample_tensors()));
@@ -356,23 +361,23 @@ TEST_F(CheckpointDir, BrokenIndexNamesIndexAndShard) {
   // The index puts a tensor in the wrong shard.
   nlohmann::json j = nlohmann::json::parse(original);
   j["weight_map"]["model.norm.weight"] = "model-00001-of-00003.safetensors";
-  write_file(index, j.dump());
+  write_bytes(index, j.dump());
   expect_dir_error(dir, index.string(), {"model.norm.weight", "is in", "model-00003-of-00003"});
 
   // The index names a tensor no shard holds.
   j = nlohmann::json::parse(original);
   j["weight_map"]["lm_head.weight"] = "model-00001-of-00003.safetensors";
-  write_file(index, j.dump());
+  write_bytes(index, j.dump());
   expect_dir_error(dir, index.string(), {"lm_head.weight", "no shard holds it"});
 
   // Path escapes and junk.
   j = nlohmann::json::parse(original);
   j["weight_map"]["model.norm.weight"] = "../model-00003-of-00003.safetensors";
-  write_file(index, j.dump());
+  write_bytes(index, j.dump());
   expect_dir_error(dir, index.string(), {"model.norm.weight"});
-  write_file(index, "{\"metadata\": {}}");
+  write_bytes(index, "{\"metadata\": {}}");
   expect_dir_error(dir, index.string(), {"weight_map"});
-  write_file(index, original);
+  write_bytes(index, original);
 
   // The same tensor in two shards.
   fs::path single = root_ / "single";
@@ -399,7 +404,14 @@ TEST_F(CheckpointDir, FailedSaveLeavesOldDirectoryIntact) {
   const auto host = sample_tensors();  // the fill callbacks point into it
   auto ts = to_save(host);
   ts[2].fill = [](void*) { throw std::runtime_error("parameter fetch failed"); };
-  EXPECT_THROW(save_hf_model(dir, tiny_config(), ts), std::runtime_error);
+  try {
+    save_hf_model(dir, tiny_config(), ts);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("parameter fetch failed"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(ts[2].name), std::string::npos) << msg;
+  }
   std::map<std::string, std::string> after;
   for (const auto& e : fs::directory_iterator(dir)) after[e.path().filename()] = read_file(e.path());
   EXPECT_EQ(before, after);
@@ -417,7 +429,7 @@ TEST_F(CheckpointDir, FailedSaveLeavesOldDirectoryIntact) {
 TEST_F(CheckpointDir, SuccessfulSaveReplacesOldDirectory) {
   fs::path dir = root_ / "model";
   save_hf_model(dir, tiny_config(), to_save(sample_tensors()), 300);  // sharded
-  write_file(dir / "stray.txt", "old");
+  write_bytes(dir / "stray.txt", "old");
   auto ts = sample_tensors();
   ts.resize(2);
   save_hf_model(dir, tiny_config(), to_save(ts));  // single file now
@@ -435,7 +447,7 @@ TEST_F(CheckpointDir, SuccessfulSaveReplacesOldDirectory) {
 
 TEST_F(CheckpointDir, UnwritablePathFailsNamingIt) {
   // A parent that is a regular file cannot hold a directory, even for root.
-  write_file(root_ / "afile", "x");
+  write_bytes(root_ / "afile", "x");
   fs::path out = root_ / "afile" / "model";
   try {
     save_hf_model(out, tiny_config(), to_save(sample_tensors()));
@@ -459,9 +471,9 @@ TEST_F(CheckpointDir, ReplaceDirectoryWithoutExchange) {
   for (bool use_exchange : {true, false}) {
     fs::path out = root_ / "out", tmp = root_ / "out.tmp-x";
     fs::create_directories(out);
-    write_file(out / "old.txt", "old");
+    write_bytes(out / "old.txt", "old");
     fs::create_directories(tmp);
-    write_file(tmp / "new.txt", "new");
+    write_bytes(tmp / "new.txt", "new");
     replace_directory(tmp, out, use_exchange);
     EXPECT_EQ(read_file(out / "new.txt"), "new");
     EXPECT_FALSE(fs::exists(out / "old.txt"));
@@ -514,7 +526,7 @@ TEST_F(CheckpointDir, MutatedFilesFailCleanly) {
       }
     }
     fs::remove(dir / "model.safetensors");  // not truncate: ext4 flushes truncated-and-rewritten files on close
-    write_file(dir / "model.safetensors", bytes);
+    write_bytes(dir / "model.safetensors", bytes);
     try {
       auto ck = HfCheckpoint::open(dir);
       ++opened;

@@ -25,8 +25,10 @@ class ConfigDir : public ::testing::Test {
     dir_ = templ;
   }
   void TearDown() override { fs::remove_all(dir_); }
+  // A fresh file each time (rewriting one file makes ext4 flush it on close: slow under load).
+  fs::path fresh() { return dir_ / ("config" + std::to_string(n_files_++) + ".json"); }
   fs::path write(const std::string& text) {
-    fs::path p = dir_ / "config.json";
+    fs::path p = fresh();
     std::ofstream(p) << text;
     return p;
   }
@@ -43,6 +45,7 @@ class ConfigDir : public ::testing::Test {
     }
   }
   fs::path dir_;
+  int n_files_ = 0;
 };
 
 ModelConfig small_llama() {
@@ -210,7 +213,7 @@ TEST_F(ConfigDir, RoundTripEveryFamily) {
   configs.push_back(gpt2);
   configs.push_back(default_model_config());
   for (const ModelConfig& c : configs) {
-    fs::path p = dir_ / "config.json";
+    fs::path p = fresh();
     write_hf_config(c, p);
     ModelConfig back = read_hf_config(p);
     EXPECT_EQ(back, c) << c.model_type << " round trip differs";
@@ -219,7 +222,7 @@ TEST_F(ConfigDir, RoundTripEveryFamily) {
 }
 
 TEST_F(ConfigDir, WritesHfFieldNames) {
-  fs::path p = dir_ / "config.json";
+  fs::path p = fresh();
   write_hf_config(preset_model_config("gpt2-124m"), p);
   nlohmann::json j = nlohmann::json::parse(std::ifstream(p));
   EXPECT_EQ(j["architectures"], nlohmann::json::array({"GPT2LMHeadModel"}));
@@ -235,7 +238,7 @@ TEST_F(ConfigDir, WritesHfFieldNames) {
   ModelConfig q = small_llama();
   q.model_type = "qwen2";
   q.attention_bias = true;
-  write_hf_config(q, p);
+  write_hf_config(q, p = fresh());
   j = nlohmann::json::parse(std::ifstream(p));
   EXPECT_EQ(j["architectures"], nlohmann::json::array({"Qwen2ForCausalLM"}));
   for (const char* k : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -244,10 +247,10 @@ TEST_F(ConfigDir, WritesHfFieldNames) {
     EXPECT_TRUE(j.contains(k)) << k;
   ModelConfig m = small_llama();
   m.model_type = "mistral";
-  write_hf_config(m, p);
+  write_hf_config(m, p = fresh());
   j = nlohmann::json::parse(std::ifstream(p));
   EXPECT_EQ(j["architectures"], nlohmann::json::array({"MistralForCausalLM"}));
-  write_hf_config(small_llama(), p);
+  write_hf_config(small_llama(), p = fresh());
   j = nlohmann::json::parse(std::ifstream(p));
   EXPECT_EQ(j["architectures"], nlohmann::json::array({"LlamaForCausalLM"}));
 }
@@ -318,6 +321,8 @@ TEST_F(ConfigDir, ErrorsNameFileAndField) {
   expect_error(R"({"model_type": "gpt2", "vocab_size": 10, "n_layer": 1, "n_head": 2, "n_positions": 16})",
                {"n_embd"});
   expect_error("{not json", {"JSON"});
+  expect_error(R"({"model_type": "llama", "x": )" + std::string(100000, '[') + std::string(100000, ']') + "}",
+               {"nests too deeply"});
 }
 
 TEST_F(ConfigDir, MissingFileNamesIt) {
