@@ -24,7 +24,7 @@ struct TrainOptions {
   int64_t batch = 4;           // B: sequences per micro-batch
   int64_t seq = 128;           // T: tokens per sequence
   int64_t grad_accum = 1;      // micro-batches per optimizer step
-  int64_t steps = 80;          // optimizer steps
+  int64_t steps = 100;         // optimizer steps
   double lr = 2e-3;            // peak learning rate
   std::string lr_schedule = "cosine";  // constant | cosine
   int64_t warmup = 5;          // linear warmup steps
