@@ -12,5 +12,9 @@ using Run = std::function<int()>;
 void register_bench_ops(CLI::App& bench, Run& run);
 void register_bench_io(CLI::App& bench, Run& run);
 void register_bench_offload(CLI::App& bench, Run& run);
+void register_bench_step(CLI::App& bench, Run& run);
+
+// `strata train`.
+void register_train(CLI::App& app, Run& run);
 
 }  // namespace strata::app

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   strata::app::register_bench_ops(*bench, run);
   strata::app::register_bench_io(*bench, run);
   strata::app::register_bench_offload(*bench, run);
+  strata::app::register_bench_step(*bench, run);
+  strata::app::register_train(app, run);
 
   try {
     app.parse(argc, argv);

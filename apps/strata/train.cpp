@@ -1,0 +1,47 @@
+// `strata train`: every TrainOptions field as a flag (CLI11 shows each default in --help), then
+// the Trainer runs and prints a header, a progress line per step and a summary.
+#include <cstdio>
+
+#include "apps/strata/commands.h"
+#include "src/train/trainer.h"
+
+namespace strata::app {
+
+void register_train(CLI::App& app, Run& run) {
+  auto opts = std::make_shared<TrainOptions>();
+  TrainOptions& o = *opts;
+  CLI::App* cmd = app.add_subcommand("train", "Train or fine-tune a llama/gpt2-family model on token shards");
+  cmd->option_defaults()->always_capture_default();
+  cmd->add_option("--model", o.model,
+                  "HF model directory (config.json + *.safetensors); config.json alone = random init from --seed; "
+                  "empty = the embedded default model");
+  cmd->add_option("--data", o.data, "token-shard glob (llm.c format); empty = the embedded byte-level corpus");
+  cmd->add_option("--backend", o.backend, "cpu | cuda");
+  cmd->add_option("--dtype", o.dtype, "working weights/activations: fp32 | bf16 | fp16 (fp32 master and grads)");
+  cmd->add_option("--batch", o.batch, "sequences per micro-batch (B)");
+  cmd->add_option("--seq", o.seq, "tokens per sequence (T), at most max_position_embeddings");
+  cmd->add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step (gradient = their mean)");
+  cmd->add_option("--steps", o.steps, "optimizer steps");
+  cmd->add_option("--lr", o.lr, "peak learning rate");
+  cmd->add_option("--lr-schedule", o.lr_schedule, "constant | cosine (to --min-lr at the last step)");
+  cmd->add_option("--warmup", o.warmup, "linear warmup steps");
+  cmd->add_option("--min-lr", o.min_lr, "final learning rate of the cosine schedule");
+  cmd->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (2-D tensors only)");
+  cmd->add_option("--beta1", o.beta1, "AdamW beta1");
+  cmd->add_option("--beta2", o.beta2, "AdamW beta2");
+  cmd->add_option("--eps", o.eps, "AdamW epsilon");
+  cmd->add_option("--grad-clip", o.grad_clip, "clip the global gradient L2 norm to this (0 = off)");
+  cmd->add_option("--seed", o.seed, "seed of the random init");
+  cmd->add_option("--metrics", o.metrics, "write one JSON object per optimizer step to this file");
+  cmd->add_option("--out", o.out, "save the final model here (HF layout: config.json + safetensors)");
+  cmd->add_option("--log-every", o.log_every, "print a progress line every n steps");
+  cmd->add_option("--threads", o.threads, "CPU compute threads (0 = all available cores)");
+  cmd->callback([&run, opts] {
+    run = [opts]() -> int {
+      Trainer trainer(*opts);
+      return trainer.run(stdout);
+    };
+  });
+}
+
+}  // namespace strata::app

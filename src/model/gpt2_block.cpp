@@ -1,0 +1,117 @@
+// The GPT-2 block: pre-LayerNorm, fused c_attn (q|k|v) with bias, causal multi-head attention,
+// c_proj; pre-LayerNorm MLP c_fc -> GELU (gelu_new = tanh approximation) -> c_proj. Weights keep
+// HF's Conv1D (in, out) layout, so matmuls use the transpose flags instead of a copy on load.
+#include "src/model/linear.h"
+#include "src/model/transformer.h"
+
+namespace strata {
+using model_detail::at;
+using model_detail::Linear;
+using model_detail::linear_backward;
+using model_detail::linear_forward;
+
+namespace {
+
+const void* wptr(const BlockCtx& c, int64_t off) { return off >= 0 ? at(c.w, off, c.dtype) : nullptr; }
+float* gptr(const BlockCtx& c, int64_t off) { return off >= 0 ? c.g + off : nullptr; }
+bool tanh_gelu(const BlockCtx& c) { return c.cfg->activation != "gelu"; }  // gelu_new, gelu_pytorch_tanh
+
+}  // namespace
+
+void gpt2_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, void* out) {
+  const ModelDims& d = *c.dims;
+  const BlockLayout& p = *c.layout;
+  kernels::Ops& ops = *c.ops;
+  kernels::Stream& s = *c.stream;
+  const DType dt = c.dtype;
+  const Linear lin{c.ops, c.stream, dt, true};
+  const float eps = static_cast<float>(c.cfg->norm_eps);
+
+  // ln1 (N, C) = layernorm(x)
+  ops.layernorm(s, {.dtype = dt, .rows = d.N, .cols = d.C, .eps = eps, .x = x, .weight = wptr(c, p.ln1_w),
+                    .bias = wptr(c, p.ln1_b), .y = a.ln1, .mean = a.mean1, .rstd = a.rstd1});
+  // qkv (N, 3C) = ln1 · c_attn + b
+  linear_forward(lin, a.ln1, wptr(c, p.qkv_w), wptr(c, p.qkv_b), a.qkv, d.N, d.C, d.QKV);
+  // att (N, C) = causal softmax(q·kᵀ/√D)·v, lse (B, H, T)
+  kernels::AttentionArgs aa;
+  aa.dtype = dt;
+  aa.batch = d.B;
+  aa.seq = d.T;
+  aa.n_heads = d.Hq;
+  aa.n_kv_heads = d.Hkv;
+  aa.head_dim = d.D;
+  aa.q = a.qkv;
+  aa.k = at(a.qkv, d.Q, dt);
+  aa.v = at(a.qkv, 2 * d.Q, dt);
+  aa.q_stride = aa.k_stride = aa.v_stride = d.QKV;
+  aa.out = a.att;
+  aa.lse = a.lse;
+  ops.attention(s, aa);
+  // res_mid (N, C) = x + att · c_proj + b
+  linear_forward(lin, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
+  ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = x, .b = c.scratch->tmp_c, .out = a.res_mid});
+  // ln2 (N, C) = layernorm(res_mid)
+  ops.layernorm(s, {.dtype = dt, .rows = d.N, .cols = d.C, .eps = eps, .x = a.res_mid,
+                    .weight = wptr(c, p.ln2_w), .bias = wptr(c, p.ln2_b), .y = a.ln2, .mean = a.mean2,
+                    .rstd = a.rstd2});
+  // fc (N, I) = ln2 · c_fc + b; act (N, I) = gelu(fc)
+  linear_forward(lin, a.ln2, wptr(c, p.fc_w), wptr(c, p.fc_b), a.fc, d.N, d.C, d.I);
+  ops.gelu(s, {.dtype = dt, .n = d.N * d.I, .tanh_approx = tanh_gelu(c), .x = a.fc, .y = a.act});
+  // out (N, C) = res_mid + act · mlp.c_proj + b
+  linear_forward(lin, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b), c.scratch->tmp_c, d.N, d.I, d.C);
+  ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = a.res_mid, .b = c.scratch->tmp_c, .out = out});
+}
+
+void gpt2_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, void* dres) {
+  const ModelDims& d = *c.dims;
+  const BlockLayout& p = *c.layout;
+  kernels::Ops& ops = *c.ops;
+  kernels::Stream& s = *c.stream;
+  const DType dt = c.dtype;
+  const Linear lin{c.ops, c.stream, dt, true};
+  const BlockScratch& sc = *c.scratch;
+
+  // MLP. d_act (N, I) = dres · mlp.c_projᵀ
+  linear_backward(lin, a.act, wptr(c, p.proj_w), dres, sc.d_act, gptr(c, p.proj_w), gptr(c, p.proj_b), d.N, d.I,
+                  d.C);
+  // d_fc (N, I) = gelu'(fc) · d_act
+  ops.gelu_backward(s, {.dtype = dt, .n = d.N * d.I, .tanh_approx = tanh_gelu(c), .x = a.fc, .dy = sc.d_act,
+                        .dx = sc.d_fc});
+  // d_c (N, C) = d_fc · c_fcᵀ
+  linear_backward(lin, a.ln2, wptr(c, p.fc_w), sc.d_fc, sc.d_c, gptr(c, p.fc_w), gptr(c, p.fc_b), d.N, d.C, d.I);
+  // dres += layernorm_backward(res_mid, d_c) -> d res_mid
+  ops.layernorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = a.res_mid, .weight = wptr(c, p.ln2_w),
+                             .dy = sc.d_c, .mean = a.mean2, .rstd = a.rstd2, .dx = dres,
+                             .dweight = gptr(c, p.ln2_w), .dbias = gptr(c, p.ln2_b), .accumulate = true});
+
+  // Attention. d_q (N, C) = dres · c_projᵀ
+  linear_backward(lin, a.att, wptr(c, p.o_w), dres, sc.d_q, gptr(c, p.o_w), gptr(c, p.o_b), d.N, d.Q, d.C);
+  // d_fc (N, 3C) = [dq | dk | dv]
+  kernels::AttentionBackwardArgs ab;
+  ab.dtype = dt;
+  ab.batch = d.B;
+  ab.seq = d.T;
+  ab.n_heads = d.Hq;
+  ab.n_kv_heads = d.Hkv;
+  ab.head_dim = d.D;
+  ab.q = a.qkv;
+  ab.k = at(a.qkv, d.Q, dt);
+  ab.v = at(a.qkv, 2 * d.Q, dt);
+  ab.q_stride = ab.k_stride = ab.v_stride = d.QKV;
+  ab.out = a.att;
+  ab.dout = sc.d_q;
+  ab.lse = a.lse;
+  ab.dq = sc.d_fc;
+  ab.dk = at(sc.d_fc, d.Q, dt);
+  ab.dv = at(sc.d_fc, 2 * d.Q, dt);
+  ops.attention_backward(s, ab);
+  // d_c (N, C) = d_qkv · c_attnᵀ
+  linear_backward(lin, a.ln1, wptr(c, p.qkv_w), sc.d_fc, sc.d_c, gptr(c, p.qkv_w), gptr(c, p.qkv_b), d.N, d.C,
+                  d.QKV);
+  // dres += layernorm_backward(x, d_c) -> d x
+  ops.layernorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = x, .weight = wptr(c, p.ln1_w),
+                             .dy = sc.d_c, .mean = a.mean1, .rstd = a.rstd1, .dx = dres,
+                             .dweight = gptr(c, p.ln1_w), .dbias = gptr(c, p.ln1_b), .accumulate = true});
+}
+
+}  // namespace strata

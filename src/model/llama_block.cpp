@@ -1,0 +1,176 @@
+// The llama-family block (llama, mistral, qwen2): pre-RMSNorm, fused q/k/v projection with
+// optional bias, RoPE, causal GQA attention, output projection; pre-RMSNorm SwiGLU MLP. Forward
+// and backward written out op by op (llm.c style), plus HF's RoPE inverse frequencies.
+#include <cmath>
+#include <stdexcept>
+
+#include "src/model/linear.h"
+#include "src/model/transformer.h"
+
+namespace strata {
+using model_detail::at;
+using model_detail::Linear;
+using model_detail::linear_backward;
+using model_detail::linear_forward;
+
+namespace {
+
+const void* wptr(const BlockCtx& c, int64_t off) { return off >= 0 ? at(c.w, off, c.dtype) : nullptr; }
+float* gptr(const BlockCtx& c, int64_t off) { return off >= 0 ? c.g + off : nullptr; }
+
+void rope(const BlockCtx& c, void* x, int64_t heads, bool backward) {
+  const ModelDims& d = *c.dims;
+  kernels::RopeArgs r;
+  r.dtype = c.dtype;
+  r.batch = d.B;
+  r.seq = d.T;
+  r.heads = heads;
+  r.head_dim = d.D;
+  r.token_stride = d.QKV;
+  r.pos0 = 0;
+  r.max_pos = d.T;  // the model builds cos/sin for positions [0, T)
+  r.x = x;
+  r.cos = c.rope_cos;
+  r.sin = c.rope_sin;
+  r.backward = backward;
+  c.ops->rope(*c.stream, r);
+}
+
+}  // namespace
+
+void llama_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, void* out) {
+  const ModelDims& d = *c.dims;
+  const BlockLayout& p = *c.layout;
+  kernels::Ops& ops = *c.ops;
+  kernels::Stream& s = *c.stream;
+  const DType dt = c.dtype;
+  const Linear lin{c.ops, c.stream, dt, false};
+  const float eps = static_cast<float>(c.cfg->norm_eps);
+
+  // ln1 (N, C) = rmsnorm(x)
+  ops.rmsnorm(s, {.dtype = dt, .rows = d.N, .cols = d.C, .eps = eps, .x = x, .weight = wptr(c, p.ln1_w),
+                  .y = a.ln1, .rstd = a.rstd1});
+  // qkv (N, QKV) = ln1 · [Wq; Wk; Wv]ᵀ + b, then RoPE on q (Hq heads) and k (Hkv heads)
+  linear_forward(lin, a.ln1, wptr(c, p.qkv_w), wptr(c, p.qkv_b), a.qkv, d.N, d.C, d.QKV);
+  rope(c, a.qkv, d.Hq, false);
+  rope(c, at(a.qkv, d.Q, dt), d.Hkv, false);
+  // att (N, Q) = causal softmax(q·kᵀ/√D)·v, lse (B, Hq, T)
+  kernels::AttentionArgs at_args;
+  at_args.dtype = dt;
+  at_args.batch = d.B;
+  at_args.seq = d.T;
+  at_args.n_heads = d.Hq;
+  at_args.n_kv_heads = d.Hkv;
+  at_args.head_dim = d.D;
+  at_args.q = a.qkv;
+  at_args.k = at(a.qkv, d.Q, dt);
+  at_args.v = at(a.qkv, d.Q + d.Hkv * d.D, dt);
+  at_args.q_stride = at_args.k_stride = at_args.v_stride = d.QKV;
+  at_args.out = a.att;
+  at_args.lse = a.lse;
+  ops.attention(s, at_args);
+  // res_mid (N, C) = x + att · Woᵀ (+ bo)
+  linear_forward(lin, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
+  ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = x, .b = c.scratch->tmp_c, .out = a.res_mid});
+  // ln2 (N, C) = rmsnorm(res_mid)
+  ops.rmsnorm(s, {.dtype = dt, .rows = d.N, .cols = d.C, .eps = eps, .x = a.res_mid,
+                  .weight = wptr(c, p.ln2_w), .y = a.ln2, .rstd = a.rstd2});
+  // fc (N, 2I) = ln2 · [Wgate; Wup]ᵀ ; act (N, I) = silu(gate) · up
+  linear_forward(lin, a.ln2, wptr(c, p.fc_w), wptr(c, p.fc_b), a.fc, d.N, d.C, d.FC);
+  ops.swiglu(s, {.dtype = dt, .rows = d.N, .cols = d.I, .ld = d.FC, .gate = a.fc, .up = at(a.fc, d.I, dt),
+                 .out = a.act});
+  // out (N, C) = res_mid + act · Wdownᵀ
+  linear_forward(lin, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b), c.scratch->tmp_c, d.N, d.I, d.C);
+  ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = a.res_mid, .b = c.scratch->tmp_c, .out = out});
+}
+
+void llama_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, void* dres) {
+  const ModelDims& d = *c.dims;
+  const BlockLayout& p = *c.layout;
+  kernels::Ops& ops = *c.ops;
+  kernels::Stream& s = *c.stream;
+  const DType dt = c.dtype;
+  const Linear lin{c.ops, c.stream, dt, false};
+  const BlockScratch& sc = *c.scratch;
+
+  // MLP. dres = d out = d(res_mid) through the residual; d_act (N, I) = dres · Wdown
+  linear_backward(lin, a.act, wptr(c, p.proj_w), dres, sc.d_act, gptr(c, p.proj_w), gptr(c, p.proj_b), d.N, d.I,
+                  d.C);
+  // d_fc (N, 2I) = [d gate | d up]
+  ops.swiglu_backward(s, {.dtype = dt, .rows = d.N, .cols = d.I, .ld = d.FC, .gate = a.fc,
+                          .up = at(a.fc, d.I, dt), .dout = sc.d_act, .dgate = sc.d_fc,
+                          .dup = at(sc.d_fc, d.I, dt)});
+  // d_c (N, C) = d_fc · [Wgate; Wup]
+  linear_backward(lin, a.ln2, wptr(c, p.fc_w), sc.d_fc, sc.d_c, gptr(c, p.fc_w), gptr(c, p.fc_b), d.N, d.C, d.FC);
+  // dres += rmsnorm_backward(res_mid, d_c)  -> d res_mid
+  ops.rmsnorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = a.res_mid, .weight = wptr(c, p.ln2_w),
+                           .dy = sc.d_c, .rstd = a.rstd2, .dx = dres, .dweight = gptr(c, p.ln2_w),
+                           .accumulate = true});
+
+  // Attention. d_q (N, Q) = dres · Wo
+  linear_backward(lin, a.att, wptr(c, p.o_w), dres, sc.d_q, gptr(c, p.o_w), gptr(c, p.o_b), d.N, d.Q, d.C);
+  // d_fc (N, QKV) = [dq | dk | dv] (dq, dk still rotated)
+  kernels::AttentionBackwardArgs ab;
+  ab.dtype = dt;
+  ab.batch = d.B;
+  ab.seq = d.T;
+  ab.n_heads = d.Hq;
+  ab.n_kv_heads = d.Hkv;
+  ab.head_dim = d.D;
+  ab.q = a.qkv;
+  ab.k = at(a.qkv, d.Q, dt);
+  ab.v = at(a.qkv, d.Q + d.Hkv * d.D, dt);
+  ab.q_stride = ab.k_stride = ab.v_stride = d.QKV;
+  ab.out = a.att;
+  ab.dout = sc.d_q;
+  ab.lse = a.lse;
+  ab.dq = sc.d_fc;
+  ab.dk = at(sc.d_fc, d.Q, dt);
+  ab.dv = at(sc.d_fc, d.Q + d.Hkv * d.D, dt);
+  ops.attention_backward(s, ab);
+  rope(c, sc.d_fc, d.Hq, true);
+  rope(c, at(sc.d_fc, d.Q, dt), d.Hkv, true);
+  // d_c (N, C) = d_qkv · [Wq; Wk; Wv]
+  linear_backward(lin, a.ln1, wptr(c, p.qkv_w), sc.d_fc, sc.d_c, gptr(c, p.qkv_w), gptr(c, p.qkv_b), d.N, d.C,
+                  d.QKV);
+  // dres += rmsnorm_backward(x, d_c)  -> d x
+  ops.rmsnorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = x, .weight = wptr(c, p.ln1_w),
+                           .dy = sc.d_c, .rstd = a.rstd1, .dx = dres, .dweight = gptr(c, p.ln1_w),
+                           .accumulate = true});
+}
+
+// HF transformers' ROPE_INIT_FUNCTIONS["default"] and ["llama3"], in fp32 as torch computes them.
+std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
+  const int64_t D = cfg.head_dim > 0 ? cfg.head_dim : cfg.hidden_size / cfg.n_heads;
+  const float base = static_cast<float>(cfg.rope_theta);
+  std::vector<float> inv(static_cast<size_t>(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i) {
+    // 1.0 / (base ** (arange(0, dim, 2).float() / dim)): the exponent and the power in fp32.
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(D);
+    const float pw = static_cast<float>(std::pow(static_cast<double>(base), static_cast<double>(expo)));
+    inv[static_cast<size_t>(i)] = 1.0f / pw;
+  }
+  const RopeScaling& rs = cfg.rope_scaling;
+  if (rs.type.empty() || rs.type == "default") return inv;
+  if (rs.type != "llama3")
+    throw std::invalid_argument("rope_scaling: type '" + rs.type + "' is not supported (supported: llama3)");
+  // _compute_llama3_parameters: factor, low/high_freq_factor, original_max_position_embeddings.
+  const float factor = static_cast<float>(rs.factor);
+  const float low = static_cast<float>(rs.low_freq_factor), high = static_cast<float>(rs.high_freq_factor);
+  const float old_ctx = static_cast<float>(rs.original_max_position_embeddings);
+  const double low_freq_wavelen = static_cast<double>(old_ctx) / rs.low_freq_factor;  // python floats
+  const double high_freq_wavelen = static_cast<double>(old_ctx) / rs.high_freq_factor;
+  for (float& f : inv) {
+    const float wavelen = static_cast<float>(2.0 * M_PI) / f;  // tensor (fp32) from 2·math.pi / inv_freq
+    float scaled = static_cast<double>(wavelen) > low_freq_wavelen ? f / factor : f;
+    const float smooth = (old_ctx / wavelen - low) / (high - low);
+    const float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
+    const bool medium = !(static_cast<double>(wavelen) < high_freq_wavelen) &&
+                        !(static_cast<double>(wavelen) > low_freq_wavelen);
+    if (medium) scaled = smoothed;
+    f = scaled;
+  }
+  return inv;
+}
+
+}  // namespace strata

@@ -1,0 +1,78 @@
+// The training loop of `strata train` (and `strata bench step`): resolves the model (HF
+// directory, preset or the embedded default), data (token shards or the embedded corpus),
+// precision and optimizer from TrainOptions, allocates everything once, then runs optimizer
+// steps: micro-batches with gradient accumulation, global-norm clipping, AdamW, LR schedule.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "src/model/config.h"
+
+namespace strata {
+
+// Every knob of a training run; each is a `strata train` flag of the same name.
+// The defaults are the demo: the embedded model on the embedded corpus for about a minute.
+struct TrainOptions {
+  std::string model;           // HF model directory ("" = the embedded default config)
+  std::string preset;          // named config instead of --model (benches): gpt2-124m, default
+  std::string data;            // token-shard glob ("" = the embedded byte-level corpus)
+  bool synthetic_data = false; // benches: fixed random tokens instead of data
+  std::string backend = "cpu";
+  std::string dtype = "fp32";  // working weights/activations: fp32 | bf16 | fp16
+  int64_t batch = 4;           // B: sequences per micro-batch
+  int64_t seq = 128;           // T: tokens per sequence
+  int64_t grad_accum = 1;      // micro-batches per optimizer step
+  int64_t steps = 100;         // optimizer steps
+  double lr = 2e-3;            // peak learning rate
+  std::string lr_schedule = "cosine";  // constant | cosine
+  int64_t warmup = 5;          // linear warmup steps
+  double min_lr = 2e-4;        // cosine floor
+  double weight_decay = 0.1;   // AdamW, 2-D tensors only
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double grad_clip = 1.0;      // global L2 norm; 0 = off
+  uint64_t seed = 1337;        // random init (models without weights) and synthetic data
+  std::string metrics;         // JSONL file, one object per optimizer step ("" = none)
+  std::string out;             // save the final model here, HF layout ("" = don't)
+  int64_t log_every = 1;       // progress line every n steps (and the first and last)
+  int threads = 0;             // CPU compute threads (0 = all available cores)
+};
+
+// What one optimizer step did (also one line of --metrics).
+struct StepStats {
+  int64_t step = 0;          // 1-based
+  double loss = 0;           // mean cross-entropy over the global batch's targets
+  double grad_norm = 0;      // global L2 norm before clipping (NaN/Inf when fp16 overflowed)
+  double lr = 0;
+  int64_t tokens = 0;        // tokens processed so far (cumulative, all steps up to this one)
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  bool skipped = false;      // fp16 overflow: update skipped, loss scale halved
+  double loss_scale = 1;
+};
+
+class Trainer {
+ public:
+  // Resolves and validates everything, allocates all buffers, initialises or loads the weights.
+  // Invalid options (e.g. --seq beyond max_position_embeddings, unwritable --out) throw with
+  // one clear line, before any training.
+  explicit Trainer(const TrainOptions& opts);
+  ~Trainer();
+
+  StepStats step();                  // one optimizer step
+  int run(std::FILE* out);           // the whole run: header, steps, metrics, summary, save
+  void print_header(std::FILE* out) const;
+  const ModelConfig& config() const;
+  int64_t n_params() const;
+  int64_t tokens_per_step() const;   // B·T·grad_accum
+  size_t device_bytes() const;       // bytes this run allocated from the runtime
+  void save(const std::string& out_dir) const;
+  double matmul_gflops_probe(int64_t m, int64_t n, int64_t k, int reps);  // bare fp32 GEMM, for bench
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata

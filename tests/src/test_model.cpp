@@ -1,0 +1,404 @@
+// The Transformer against a float64 model written here from the HF definitions: the loss, and
+// every element of every parameter's gradient against central finite differences of the
+// float64 loss — for llama (GQA, head_dim ≠ C/H, qwen2-style q/k/v bias, llama3 rope scaling,
+// untied and tied heads) and gpt2 (Conv1D layouts, learned positions, gelu_new, tied head).
+// Also: bf16 tracks fp32, gradient accumulation equals the big batch, HF RoPE frequencies.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/runtime.h"
+#include "src/model/transformer.h"
+
+using namespace strata;
+
+namespace {
+
+using Vec = std::vector<double>;
+using Weights = std::map<std::string, Vec>;
+
+ModelConfig tiny_llama(bool tied) {
+  ModelConfig c;
+  c.family = Family::llama;
+  c.model_type = "qwen2";
+  c.vocab_size = 23;
+  c.hidden_size = 12;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;  // GQA
+  c.head_dim = 6;    // ≠ hidden/heads = 3
+  c.intermediate_size = 20;
+  c.max_position_embeddings = 32;
+  c.norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 16};  // wavelengths 6.3 (medium), 136 and 2917 (low)
+  c.tie_word_embeddings = tied;
+  c.attention_bias = true;  // qwen2: q/k/v bias
+  c.activation = "silu";
+  return c;
+}
+
+ModelConfig tiny_gpt2() {
+  ModelConfig c;
+  c.family = Family::gpt2;
+  c.model_type = "gpt2";
+  c.vocab_size = 19;
+  c.hidden_size = 12;
+  c.n_layers = 2;
+  c.n_heads = 3;
+  c.n_kv_heads = 3;
+  c.intermediate_size = 48;
+  c.max_position_embeddings = 16;
+  c.norm_eps = 1e-5;
+  c.tie_word_embeddings = true;
+  c.activation = "gelu_new";
+  return c;
+}
+
+// HF's inverse frequencies, in float64 (the model computes them in fp32).
+Vec ref_inv_freq(const ModelConfig& c) {
+  const int64_t D = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.n_heads;
+  Vec inv(static_cast<size_t>(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i) inv[static_cast<size_t>(i)] = 1.0 / std::pow(c.rope_theta, 2.0 * i / D);
+  if (c.rope_scaling.type != "llama3") return inv;
+  const RopeScaling& s = c.rope_scaling;
+  const double old = static_cast<double>(s.original_max_position_embeddings);
+  const double low_wl = old / s.low_freq_factor, high_wl = old / s.high_freq_factor;
+  for (double& f : inv) {
+    const double wl = 2 * M_PI / f;
+    if (wl < high_wl) continue;                 // high frequency: unchanged
+    if (wl > low_wl) { f /= s.factor; continue; }  // low frequency: divided by factor
+    const double smooth = (old / wl - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    f = (1 - smooth) * f / s.factor + smooth * f;
+  }
+  return inv;
+}
+
+// The float64 model. x: (N, C) row-major everywhere.
+struct Ref {
+  ModelConfig c;
+  int64_t B, T;
+  const Weights* w;
+  const Vec& W(const std::string& n) const { return w->at(n); }
+
+  static void norm(Vec& y, const Vec& x, int64_t rows, int64_t C, const Vec& g, const Vec* b, double eps, bool ln) {
+    y.assign(x.size(), 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const double* xr = &x[static_cast<size_t>(r * C)];
+      double mean = 0, ms = 0;
+      if (ln)
+        for (int64_t i = 0; i < C; ++i) mean += xr[i] / C;
+      for (int64_t i = 0; i < C; ++i) ms += (xr[i] - mean) * (xr[i] - mean) / C;
+      const double rstd = 1 / std::sqrt(ms + eps);
+      for (int64_t i = 0; i < C; ++i)
+        y[static_cast<size_t>(r * C + i)] = (xr[i] - mean) * rstd * g[static_cast<size_t>(i)] + (b ? (*b)[static_cast<size_t>(i)] : 0);
+    }
+  }
+  // y (rows, out) = x (rows, in) · W; W stored (out, in) unless in_out.
+  static Vec linear(const Vec& x, int64_t rows, int64_t in, int64_t out, const Vec& w, const Vec* b, bool in_out) {
+    Vec y(static_cast<size_t>(rows * out), 0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < out; ++o) {
+        double s = b ? (*b)[static_cast<size_t>(o)] : 0;
+        for (int64_t i = 0; i < in; ++i)
+          s += x[static_cast<size_t>(r * in + i)] * w[static_cast<size_t>(in_out ? i * out + o : o * in + i)];
+        y[static_cast<size_t>(r * out + o)] = s;
+      }
+    return y;
+  }
+  // Causal GQA attention; q (N, Hq·D), k, v (N, Hkv·D) -> (N, Hq·D).
+  Vec attention(const Vec& q, const Vec& k, const Vec& v, int64_t Hq, int64_t Hkv, int64_t D) const {
+    Vec out(static_cast<size_t>(B * T * Hq * D), 0);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hq; ++h) {
+        const int64_t kh = h / (Hq / Hkv);
+        for (int64_t t = 0; t < T; ++t) {
+          Vec s(static_cast<size_t>(t + 1));
+          double mx = -1e300;
+          for (int64_t u = 0; u <= t; ++u) {
+            double d = 0;
+            for (int64_t i = 0; i < D; ++i)
+              d += q[static_cast<size_t>(((b * T + t) * Hq + h) * D + i)] * k[static_cast<size_t>(((b * T + u) * Hkv + kh) * D + i)];
+            s[static_cast<size_t>(u)] = d / std::sqrt(static_cast<double>(D));
+            mx = std::max(mx, s[static_cast<size_t>(u)]);
+          }
+          double z = 0;
+          for (double& e : s) z += (e = std::exp(e - mx));
+          for (int64_t u = 0; u <= t; ++u)
+            for (int64_t i = 0; i < D; ++i)
+              out[static_cast<size_t>(((b * T + t) * Hq + h) * D + i)] +=
+                  s[static_cast<size_t>(u)] / z * v[static_cast<size_t>(((b * T + u) * Hkv + kh) * D + i)];
+        }
+      }
+    return out;
+  }
+  void rope(Vec& x, int64_t H, int64_t D, const Vec& inv) const {
+    for (int64_t r = 0; r < B * T; ++r)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < D / 2; ++i) {
+          const double ang = static_cast<double>(r % T) * inv[static_cast<size_t>(i)];
+          double& a = x[static_cast<size_t>((r * H + h) * D + i)];
+          double& b = x[static_cast<size_t>((r * H + h) * D + i + D / 2)];
+          const double a0 = a, b0 = b;
+          a = a0 * std::cos(ang) - b0 * std::sin(ang);
+          b = b0 * std::cos(ang) + a0 * std::sin(ang);
+        }
+  }
+
+  double loss(const std::vector<int32_t>& ids, const std::vector<int32_t>& tg) const {
+    const bool gpt2 = c.family == Family::gpt2;
+    const int64_t N = B * T, C = c.hidden_size, V = c.vocab_size, Hq = c.n_heads;
+    const int64_t Hkv = gpt2 ? Hq : c.n_kv_heads, D = c.head_dim > 0 ? c.head_dim : C / Hq, I = c.intermediate_size;
+    const double eps = c.norm_eps;
+    const std::string pre = gpt2 ? "transformer." : "model.";
+    Vec x(static_cast<size_t>(N * C));
+    const Vec& wte = W(pre + (gpt2 ? "wte.weight" : "embed_tokens.weight"));
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t i = 0; i < C; ++i) {
+        x[static_cast<size_t>(r * C + i)] = wte[static_cast<size_t>(ids[static_cast<size_t>(r)] * C + i)];
+        if (gpt2) x[static_cast<size_t>(r * C + i)] += W(pre + "wpe.weight")[static_cast<size_t>((r % T) * C + i)];
+      }
+    const Vec inv = ref_inv_freq(c);
+    Vec h;
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      Vec q, k, v, att, o;
+      if (gpt2) {
+        const std::string p = pre + "h." + std::to_string(l) + ".";
+        norm(h, x, N, C, W(p + "ln_1.weight"), &W(p + "ln_1.bias"), eps, true);
+        const Vec qkv = linear(h, N, C, 3 * C, W(p + "attn.c_attn.weight"), &W(p + "attn.c_attn.bias"), true);
+        q.resize(static_cast<size_t>(N * C)), k.resize(q.size()), v.resize(q.size());
+        for (int64_t r = 0; r < N; ++r)
+          for (int64_t i = 0; i < C; ++i) {
+            q[static_cast<size_t>(r * C + i)] = qkv[static_cast<size_t>(r * 3 * C + i)];
+            k[static_cast<size_t>(r * C + i)] = qkv[static_cast<size_t>(r * 3 * C + C + i)];
+            v[static_cast<size_t>(r * C + i)] = qkv[static_cast<size_t>(r * 3 * C + 2 * C + i)];
+          }
+        att = attention(q, k, v, Hq, Hq, D);
+        o = linear(att, N, C, C, W(p + "attn.c_proj.weight"), &W(p + "attn.c_proj.bias"), true);
+        for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+        norm(h, x, N, C, W(p + "ln_2.weight"), &W(p + "ln_2.bias"), eps, true);
+        Vec f = linear(h, N, C, I, W(p + "mlp.c_fc.weight"), &W(p + "mlp.c_fc.bias"), true);
+        for (double& e : f) e = 0.5 * e * (1 + std::tanh(std::sqrt(2 / M_PI) * (e + 0.044715 * e * e * e)));
+        o = linear(f, N, I, C, W(p + "mlp.c_proj.weight"), &W(p + "mlp.c_proj.bias"), true);
+      } else {
+        const std::string p = pre + "layers." + std::to_string(l) + ".";
+        auto bias = [&](const std::string& n) { return w->count(n) ? &W(n) : nullptr; };
+        norm(h, x, N, C, W(p + "input_layernorm.weight"), nullptr, eps, false);
+        q = linear(h, N, C, Hq * D, W(p + "self_attn.q_proj.weight"), bias(p + "self_attn.q_proj.bias"), false);
+        k = linear(h, N, C, Hkv * D, W(p + "self_attn.k_proj.weight"), bias(p + "self_attn.k_proj.bias"), false);
+        v = linear(h, N, C, Hkv * D, W(p + "self_attn.v_proj.weight"), bias(p + "self_attn.v_proj.bias"), false);
+        rope(q, Hq, D, inv);
+        rope(k, Hkv, D, inv);
+        att = attention(q, k, v, Hq, Hkv, D);
+        o = linear(att, N, Hq * D, C, W(p + "self_attn.o_proj.weight"), nullptr, false);
+        for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+        norm(h, x, N, C, W(p + "post_attention_layernorm.weight"), nullptr, eps, false);
+        const Vec g = linear(h, N, C, I, W(p + "mlp.gate_proj.weight"), nullptr, false);
+        Vec u = linear(h, N, C, I, W(p + "mlp.up_proj.weight"), nullptr, false);
+        for (size_t i = 0; i < u.size(); ++i) u[i] *= g[i] / (1 + std::exp(-g[i]));
+        o = linear(u, N, I, C, W(p + "mlp.down_proj.weight"), nullptr, false);
+      }
+      for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+    }
+    if (gpt2)
+      norm(h, x, N, C, W(pre + "ln_f.weight"), &W(pre + "ln_f.bias"), eps, true);
+    else
+      norm(h, x, N, C, W(pre + "norm.weight"), nullptr, eps, false);
+    const Vec& head = (gpt2 || c.tie_word_embeddings) ? wte : W("lm_head.weight");
+    const Vec logits = linear(h, N, C, V, head, nullptr, false);
+    double total = 0;
+    for (int64_t r = 0; r < N; ++r) {
+      double mx = -1e300, z = 0;
+      for (int64_t j = 0; j < V; ++j) mx = std::max(mx, logits[static_cast<size_t>(r * V + j)]);
+      for (int64_t j = 0; j < V; ++j) z += std::exp(logits[static_cast<size_t>(r * V + j)] - mx);
+      total += mx + std::log(z) - logits[static_cast<size_t>(r * V + tg[static_cast<size_t>(r)])];
+    }
+    return total / static_cast<double>(N);
+  }
+};
+
+// Random weights large enough that every path carries signal (std 0.02 would hide bugs).
+void randomize(Transformer& m, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (const ParamInfo& p : m.params()) {
+    float* w = m.master() + p.offset;
+    const float scale = p.shape.size() == 2 ? 1.f / std::sqrt(static_cast<float>(p.shape[1])) * 1.5f : 0.3f;
+    for (int64_t i = 0; i < p.numel; ++i) w[i] = (p.ones ? 1.f : 0.f) + scale * u(rng);
+  }
+}
+
+Weights weights_of(const Transformer& m) {
+  Weights w;
+  for (const ParamInfo& p : m.params()) w[p.name] = Vec(m.master() + p.offset, m.master() + p.offset + p.numel);
+  return w;
+}
+
+struct Batch {
+  std::vector<int32_t> ids, tg;
+};
+Batch random_batch(int64_t n, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Batch b;
+  for (int64_t i = 0; i < n; ++i) {
+    b.ids.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+    b.tg.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+  }
+  return b;
+}
+
+// Runs forward+backward with grad_scale 1/N (mean loss); returns the mean loss.
+double model_loss_and_grads(Transformer& m, kernels::Runtime& rt, const Batch& b, bool backward = true) {
+  auto s = rt.create_stream();
+  const int64_t N = m.dims().N;
+  m.sync_weights(*s);
+  m.zero_grads(*s);
+  if (backward)
+    m.forward_backward(*s, b.ids.data(), b.tg.data(), 1.f / static_cast<float>(N));
+  else
+    m.forward(*s, b.ids.data(), b.tg.data());
+  s->synchronize();
+  double sum = 0;
+  for (int64_t i = 0; i < N; ++i) sum += m.loss_rows()[i];
+  return sum / static_cast<double>(N);
+}
+
+// Loss and every gradient element against the float64 model and central differences.
+void check_against_float64(const ModelConfig& cfg, int64_t B, int64_t T) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  Transformer m(cfg, DType::f32, B, T, *rt);
+  randomize(m, 7);
+  const Batch b = random_batch(B * T, cfg.vocab_size, 11);
+  const double loss = model_loss_and_grads(m, *rt, b);
+
+  Weights w = weights_of(m);
+  Ref ref{cfg, B, T, &w};
+  const double ref_loss = ref.loss(b.ids, b.tg);
+  EXPECT_NEAR(loss, ref_loss, 2e-5 * std::max(1.0, std::abs(ref_loss)));
+
+  const double h = 1e-5;
+  for (const ParamInfo& p : m.params()) {
+    Vec& t = w[p.name];
+    double max_ref = 0, max_err = 0;
+    int64_t worst = -1;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const double keep = t[static_cast<size_t>(i)];
+      t[static_cast<size_t>(i)] = keep + h;
+      const double lp = ref.loss(b.ids, b.tg);
+      t[static_cast<size_t>(i)] = keep - h;
+      const double lm = ref.loss(b.ids, b.tg);
+      t[static_cast<size_t>(i)] = keep;
+      const double fd = (lp - lm) / (2 * h);
+      const double g = m.grads()[p.offset + i];
+      max_ref = std::max(max_ref, std::abs(fd));
+      if (std::abs(g - fd) > max_err) max_err = std::abs(g - fd), worst = i;
+    }
+    EXPECT_GT(max_ref, 1e-6) << p.name << ": no gradient signal (test would be vacuous)";
+    EXPECT_LE(max_err, 1e-4 * max_ref + 1e-7)
+        << p.name << ": max |grad - finite difference| " << max_err << " at element " << worst
+        << " (max |fd| " << max_ref << ")";
+  }
+}
+
+TEST(Model, LlamaGqaBiasLlama3RopeMatchesFloat64) { check_against_float64(tiny_llama(false), 2, 7); }
+TEST(Model, LlamaTiedMatchesFloat64) {
+  ModelConfig c = tiny_llama(true);
+  c.model_type = "llama";
+  c.rope_scaling = {};
+  c.attention_bias = false;
+  c.n_kv_heads = 4;
+  c.head_dim = 0;  // = hidden / heads = 16 / 4
+  c.hidden_size = 16;
+  check_against_float64(c, 1, 9);
+}
+TEST(Model, Gpt2MatchesFloat64) { check_against_float64(tiny_gpt2(), 2, 7); }
+
+TEST(Model, RopeInvFreqMatchesHf) {
+  ModelConfig c = tiny_llama(false);
+  c.head_dim = 64;
+  c.rope_theta = 500000.0;
+  c.rope_scaling = {"llama3", 32.0, 1.0, 4.0, 8192};  // Llama 3.2
+  const std::vector<float> got = rope_inv_freq(c);
+  const Vec want = ref_inv_freq(c);
+  ASSERT_EQ(got.size(), want.size());
+  int n_low = 0, n_medium = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 2e-6 * want[i]) << i;
+    const double wl = 2 * M_PI * std::pow(500000.0, 2.0 * static_cast<double>(i) / 64);
+    n_low += wl > 8192;
+    n_medium += wl >= 2048 && wl <= 8192;
+  }
+  EXPECT_GT(n_low, 0);
+  EXPECT_GT(n_medium, 0);
+  c.rope_scaling.type = "yarn";
+  EXPECT_THROW(rope_inv_freq(c), std::invalid_argument);
+}
+
+// bf16 working weights/activations: loss and grads close to fp32's.
+TEST(Model, Bf16TracksFp32) {
+  for (const ModelConfig& cfg : {tiny_llama(false), tiny_gpt2()}) {
+    auto rt = kernels::make_runtime(kernels::Backend::cpu);
+    Transformer a(cfg, DType::f32, 2, 7, *rt), b(cfg, DType::bf16, 2, 7, *rt);
+    randomize(a, 3);
+    randomize(b, 3);
+    const Batch batch = random_batch(14, cfg.vocab_size, 5);
+    const double la = model_loss_and_grads(a, *rt, batch), lb = model_loss_and_grads(b, *rt, batch);
+    EXPECT_NEAR(la, lb, 0.03 * la) << cfg.model_type;
+    for (const ParamInfo& p : a.params()) {
+      double num = 0, den = 0;
+      for (int64_t i = 0; i < p.numel; ++i) {
+        const double d = a.grads()[p.offset + i] - b.grads()[p.offset + i];
+        num += d * d;
+        den += static_cast<double>(a.grads()[p.offset + i]) * a.grads()[p.offset + i];
+      }
+      EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 0.1) << cfg.model_type << " " << p.name;
+    }
+  }
+}
+
+// Two micro-batches of B rows with grad_scale 1/(2·B·T) give the gradient of one 2B batch.
+TEST(Model, GradAccumulationEqualsBigBatch) {
+  const ModelConfig cfg = tiny_llama(false);
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  Transformer big(cfg, DType::f32, 4, 5, *rt), small(cfg, DType::f32, 2, 5, *rt);
+  randomize(big, 9);
+  randomize(small, 9);
+  const Batch b = random_batch(20, cfg.vocab_size, 13);
+  model_loss_and_grads(big, *rt, b);
+  auto s = rt->create_stream();
+  small.sync_weights(*s);
+  small.zero_grads(*s);
+  for (int k = 0; k < 2; ++k) small.forward_backward(*s, b.ids.data() + 10 * k, b.tg.data() + 10 * k, 1.f / 20);
+  s->synchronize();
+  for (int64_t i = 0; i < big.n_flat(); ++i)
+    ASSERT_NEAR(big.grads()[i], small.grads()[i], 1e-5 * (1 + std::abs(big.grads()[i]))) << i;
+}
+
+TEST(Model, SeqBeyondMaxPositionsThrows) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  EXPECT_THROW(Transformer(tiny_gpt2(), DType::f32, 1, 17, *rt), std::invalid_argument);
+}
+
+// Parameter table: HF names and shapes, units 4 KiB aligned, decay exactly on 2-D tensors.
+TEST(Model, UnitsAndParamTable) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  Transformer g(tiny_gpt2(), DType::f32, 1, 4, *rt);
+  const ParamInfo* c_attn = g.find_param("transformer.h.1.attn.c_attn.weight");
+  ASSERT_NE(c_attn, nullptr);
+  EXPECT_EQ(c_attn->shape, (std::vector<int64_t>{12, 36}));  // Conv1D (in, out)
+  EXPECT_EQ(g.find_param("lm_head.weight"), nullptr);        // tied
+  EXPECT_EQ(g.units().size(), 2u + 2u);                       // embed, 2 blocks, final norm
+  Transformer l(tiny_llama(false), DType::f32, 1, 4, *rt);
+  EXPECT_EQ(l.n_params(), tiny_llama(false).n_params());
+  EXPECT_EQ(g.n_params(), tiny_gpt2().n_params());
+  for (const Unit& u : l.units()) EXPECT_EQ(u.offset % kUnitAlignElems, 0) << u.name;
+  for (const ParamInfo& p : l.params()) EXPECT_EQ(p.decay, p.shape.size() == 2) << p.name;
+  EXPECT_NE(l.find_param("lm_head.weight"), nullptr);
+  EXPECT_EQ(l.find_param("model.layers.0.self_attn.k_proj.weight")->shape, (std::vector<int64_t>{12, 12}));
+}
+
+}  // namespace
