@@ -53,7 +53,8 @@ void normal_pair(uint64_t key, uint64_t pair, float* out) {
 
 }  // namespace
 
-Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt)
+Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
+                         int64_t logits_chunk_bytes)
     : cfg_(cfg), dtype_(dtype), rt_(rt) {
   cfg_.validate();
   if (batch <= 0) throw std::invalid_argument("batch must be positive, got " + std::to_string(batch));
@@ -77,10 +78,14 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int
   d.FC = cfg_.family == Family::gpt2 ? d.I : 2 * d.I;
   if (cfg_.family == Family::gpt2 && d.Q != d.C)
     throw std::invalid_argument("gpt2: n_head must divide n_embd (head_dim is not configurable)");
-  // LM-head chunks: at most ~32 MiB of fp32 logits (and never all N rows when N > 64), split
-  // evenly so each chunk's matmuls stay large; dW_head is re-read and re-written per chunk.
-  const int64_t max_rows = std::clamp<int64_t>((int64_t{32} << 20) / (4 * d.V), 16, 1024);
-  const int64_t n_chunks = std::max<int64_t>((d.N + max_rows - 1) / max_rows, d.N > 64 ? 2 : 1);
+  // LM-head chunks: at most logits_chunk_bytes of logits at once, split evenly so each chunk's
+  // matmuls stay large. Each chunk re-reads and re-writes the fp32 head gradient (V, C), so
+  // fewer, larger chunks are cheaper; bf16 runs keep logits in bf16 (half the bytes per row),
+  // with the cross-entropy's math in fp32 as llm.c does.
+  logits_dtype_ = dtype_ == DType::bf16 ? DType::bf16 : DType::f32;
+  const int64_t row_bytes = d.V * static_cast<int64_t>(kernels::dtype_size(logits_dtype_));
+  const int64_t max_rows = std::max<int64_t>(logits_chunk_bytes / row_bytes, 1);
+  const int64_t n_chunks = (d.N + max_rows - 1) / max_rows;
   d.chunk_rows = (d.N + n_chunks - 1) / n_chunks;
   build_layout();
   allocate();
@@ -241,8 +246,8 @@ void Transformer::allocate() {
     lnf_rstd_ = cv.take_f32(d.N);
     dres_ = cv.take_dt(d.N * d.C, dt);
     dlnf_ = cv.take_dt(d.N * d.C, dt);
-    logits_ = cv.take_f32(d.chunk_rows * d.V);
-    dlogits_lp_ = dt != DType::f32 ? cv.take_dt(d.chunk_rows * d.V, dt) : nullptr;
+    logits_ = cv.take_dt(d.chunk_rows * d.V, logits_dtype_);
+    dlogits_lp_ = dt == DType::f16 ? cv.take_dt(d.chunk_rows * d.V, dt) : nullptr;
   };
   Carver size_acts, size_scratch;
   plan_acts(size_acts);
@@ -415,7 +420,7 @@ void Transformer::run(kernels::Stream& s, const int32_t* ids, const int32_t* tar
   else
     ops.rmsnorm(s, nf);
 
-  // LM head + cross-entropy, chunk_rows rows at a time: logits (R, V) fp32 = lnf[r] · Wheadᵀ.
+  // LM head + cross-entropy, chunk_rows rows at a time: logits (R, V) = lnf[r] · Wheadᵀ.
   for (int64_t r0 = 0; r0 < d.N; r0 += d.chunk_rows) {
     const int64_t R = std::min(d.chunk_rows, d.N - r0);
     kernels::MatmulArgs mm;
@@ -423,19 +428,19 @@ void Transformer::run(kernels::Stream& s, const int32_t* ids, const int32_t* tar
     mm.b = at(w, head_, dt);
     mm.c = logits_;
     mm.ab_dtype = dt;
-    mm.c_dtype = DType::f32;
+    mm.c_dtype = logits_dtype_;
     mm.m = R;
     mm.n = d.V;
     mm.k = d.C;
     mm.trans_b = true;
     ops.matmul(s, mm);
-    ops.cross_entropy(s, {.dtype = DType::f32, .rows = R, .vocab = d.V, .logits = logits_, .targets = targets + r0,
+    ops.cross_entropy(s, {.dtype = logits_dtype_, .rows = R, .vocab = d.V, .logits = logits_, .targets = targets + r0,
                           .losses = loss_rows() + r0, .dlogits = backward ? logits_ : nullptr,
                           .grad_scale = grad_scale});
     if (!backward) continue;
     const void* dl = logits_;
-    if (dt != DType::f32) {
-      ops.cast(s, {.n = R * d.V, .src = logits_, .src_dtype = DType::f32, .dst = dlogits_lp_, .dst_dtype = dt});
+    if (logits_dtype_ != dt) {  // fp16 runs: fp32 logits, dlogits cast for the fp16 matmuls
+      ops.cast(s, {.n = R * d.V, .src = logits_, .src_dtype = logits_dtype_, .dst = dlogits_lp_, .dst_dtype = dt});
       dl = dlogits_lp_;
     }
     // dlnf[r] (R, C) = dlogits (R, V) · Whead (V, C)

@@ -18,6 +18,10 @@ namespace strata {
 
 // Units are padded to this many elements so every unit starts 4 KiB aligned in fp32 and bf16.
 constexpr int64_t kUnitAlignElems = 2048;
+// Default bound on the LM-head logits that exist at once (one chunk of rows): 64 MiB. At
+// GPT-2 scale that is 333 fp32 / 667 bf16 rows, so B·T = 256 runs in one chunk and the V×C
+// head gradient is read and written once per micro-batch, not once per chunk.
+constexpr int64_t kLogitsChunkBytes = int64_t{64} << 20;
 
 // One named parameter tensor (HF name and HF shape; gpt2's Conv1D weights stay [in, out]).
 struct ParamInfo {
@@ -113,7 +117,10 @@ class Transformer {
  public:
   // Allocates everything for micro-batches of (batch, seq) in working dtype `dtype`.
   // Throws std::invalid_argument when seq exceeds max_position_embeddings.
-  Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt);
+  // logits_chunk_bytes bounds the LM-head chunk: at most that many bytes of logits exist at
+  // once (whole rows; at least one row).
+  Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
+              int64_t logits_chunk_bytes = kLogitsChunkBytes);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -179,8 +186,9 @@ class Transformer {
   float* lnf_rstd_ = nullptr;     // (N)
   void* dres_ = nullptr;          // (N, C) gradient of the residual stream
   void* dlnf_ = nullptr;          // (N, C)
-  float* logits_ = nullptr;       // (chunk_rows, V) fp32 logits / dlogits
-  void* dlogits_lp_ = nullptr;    // (chunk_rows, V) dlogits in the working dtype (bf16/fp16)
+  void* logits_ = nullptr;        // (chunk_rows, V) logits / dlogits in logits_dtype_
+  void* dlogits_lp_ = nullptr;    // (chunk_rows, V) fp16 dlogits (fp16 runs only)
+  DType logits_dtype_ = DType::f32;  // bf16 runs keep logits in bf16 (as llm.c); fp32 and fp16 in fp32
 };
 
 }  // namespace strata
