@@ -1,11 +1,14 @@
 // The GPT-2 block: pre-LayerNorm, fused c_attn (q|k|v) with bias, causal multi-head attention,
 // c_proj; pre-LayerNorm MLP c_fc -> GELU (gelu_new = tanh approximation) -> c_proj. Weights keep
 // HF's Conv1D (in, out) layout, so matmuls use the transpose flags instead of a copy on load.
+#include "src/model/fused_attention.h"
 #include "src/model/linear.h"
 #include "src/model/transformer.h"
 
 namespace strata {
 using model_detail::at;
+using model_detail::fused_qkv_attention;
+using model_detail::fused_qkv_attention_backward;
 using model_detail::Linear;
 using model_detail::linear_backward;
 using model_detail::linear_forward;
@@ -33,20 +36,7 @@ void gpt2_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, vo
   // qkv (N, 3C) = ln1 · c_attn + b
   linear_forward(lin, a.ln1, wptr(c, p.qkv_w), wptr(c, p.qkv_b), a.qkv, d.N, d.C, d.QKV);
   // att (N, C) = causal softmax(q·kᵀ/√D)·v, lse (B, H, T)
-  kernels::AttentionArgs aa;
-  aa.dtype = dt;
-  aa.batch = d.B;
-  aa.seq = d.T;
-  aa.n_heads = d.Hq;
-  aa.n_kv_heads = d.Hkv;
-  aa.head_dim = d.D;
-  aa.q = a.qkv;
-  aa.k = at(a.qkv, d.Q, dt);
-  aa.v = at(a.qkv, 2 * d.Q, dt);
-  aa.q_stride = aa.k_stride = aa.v_stride = d.QKV;
-  aa.out = a.att;
-  aa.lse = a.lse;
-  ops.attention(s, aa);
+  fused_qkv_attention(c, a);
   // res_mid (N, C) = x + att · c_proj + b
   linear_forward(lin, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
   ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = x, .b = c.scratch->tmp_c, .out = a.res_mid});
@@ -87,24 +77,7 @@ void gpt2_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, v
   // Attention. d_q (N, C) = dres · c_projᵀ
   linear_backward(lin, a.att, wptr(c, p.o_w), dres, sc.d_q, gptr(c, p.o_w), gptr(c, p.o_b), d.N, d.Q, d.C);
   // d_fc (N, 3C) = [dq | dk | dv]
-  kernels::AttentionBackwardArgs ab;
-  ab.dtype = dt;
-  ab.batch = d.B;
-  ab.seq = d.T;
-  ab.n_heads = d.Hq;
-  ab.n_kv_heads = d.Hkv;
-  ab.head_dim = d.D;
-  ab.q = a.qkv;
-  ab.k = at(a.qkv, d.Q, dt);
-  ab.v = at(a.qkv, 2 * d.Q, dt);
-  ab.q_stride = ab.k_stride = ab.v_stride = d.QKV;
-  ab.out = a.att;
-  ab.dout = sc.d_q;
-  ab.lse = a.lse;
-  ab.dq = sc.d_fc;
-  ab.dk = at(sc.d_fc, d.Q, dt);
-  ab.dv = at(sc.d_fc, 2 * d.Q, dt);
-  ops.attention_backward(s, ab);
+  fused_qkv_attention_backward(c, a, sc.d_q, sc.d_fc);
   // d_c (N, C) = d_qkv · c_attnᵀ
   linear_backward(lin, a.ln1, wptr(c, p.qkv_w), sc.d_fc, sc.d_c, gptr(c, p.qkv_w), gptr(c, p.qkv_b), d.N, d.C,
                   d.QKV);

@@ -4,11 +4,14 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "src/model/fused_attention.h"
 #include "src/model/linear.h"
 #include "src/model/transformer.h"
 
 namespace strata {
 using model_detail::at;
+using model_detail::fused_qkv_attention;
+using model_detail::fused_qkv_attention_backward;
 using model_detail::Linear;
 using model_detail::linear_backward;
 using model_detail::linear_forward;
@@ -55,20 +58,7 @@ void llama_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, v
   rope(c, a.qkv, d.Hq, false);
   rope(c, at(a.qkv, d.Q, dt), d.Hkv, false);
   // att (N, Q) = causal softmax(q·kᵀ/√D)·v, lse (B, Hq, T)
-  kernels::AttentionArgs at_args;
-  at_args.dtype = dt;
-  at_args.batch = d.B;
-  at_args.seq = d.T;
-  at_args.n_heads = d.Hq;
-  at_args.n_kv_heads = d.Hkv;
-  at_args.head_dim = d.D;
-  at_args.q = a.qkv;
-  at_args.k = at(a.qkv, d.Q, dt);
-  at_args.v = at(a.qkv, d.Q + d.Hkv * d.D, dt);
-  at_args.q_stride = at_args.k_stride = at_args.v_stride = d.QKV;
-  at_args.out = a.att;
-  at_args.lse = a.lse;
-  ops.attention(s, at_args);
+  fused_qkv_attention(c, a);
   // res_mid (N, C) = x + att · Woᵀ (+ bo)
   linear_forward(lin, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
   ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = x, .b = c.scratch->tmp_c, .out = a.res_mid});
@@ -110,24 +100,7 @@ void llama_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, 
   // Attention. d_q (N, Q) = dres · Wo
   linear_backward(lin, a.att, wptr(c, p.o_w), dres, sc.d_q, gptr(c, p.o_w), gptr(c, p.o_b), d.N, d.Q, d.C);
   // d_fc (N, QKV) = [dq | dk | dv] (dq, dk still rotated)
-  kernels::AttentionBackwardArgs ab;
-  ab.dtype = dt;
-  ab.batch = d.B;
-  ab.seq = d.T;
-  ab.n_heads = d.Hq;
-  ab.n_kv_heads = d.Hkv;
-  ab.head_dim = d.D;
-  ab.q = a.qkv;
-  ab.k = at(a.qkv, d.Q, dt);
-  ab.v = at(a.qkv, d.Q + d.Hkv * d.D, dt);
-  ab.q_stride = ab.k_stride = ab.v_stride = d.QKV;
-  ab.out = a.att;
-  ab.dout = sc.d_q;
-  ab.lse = a.lse;
-  ab.dq = sc.d_fc;
-  ab.dk = at(sc.d_fc, d.Q, dt);
-  ab.dv = at(sc.d_fc, d.Q + d.Hkv * d.D, dt);
-  ops.attention_backward(s, ab);
+  fused_qkv_attention_backward(c, a, sc.d_q, sc.d_fc);
   rope(c, sc.d_fc, d.Hq, true);
   rope(c, at(sc.d_fc, d.Q, dt), d.Hkv, true);
   // d_c (N, C) = d_qkv · [Wq; Wk; Wv]
