@@ -7,6 +7,6 @@ source "$STRATA_ROOT/scripts/common.sh"
 BUILD_DIR="${BUILD_DIR:-$STRATA_ROOT/build}"
 
 strata_install_deps
-strata_build "$BUILD_DIR" -DSTRATA_WERROR=ON
+strata_build "$BUILD_DIR" -DSTRATA_WERROR=ON -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCH=ON
 cd "$BUILD_DIR"
 ctest --output-on-failure -j "$(nproc)" "$@"
