@@ -1,7 +1,7 @@
 // The GPT-2 block: pre-LayerNorm, fused c_attn (q|k|v) with bias, causal multi-head attention,
 // c_proj; pre-LayerNorm MLP c_fc -> GELU (gelu_new = tanh approximation) -> c_proj. Weights keep
 // HF's Conv1D (in, out) layout, so matmuls use the transpose flags instead of a copy on load.
-#include "src/model/fused_attention.h"
+#include "src/model/block_common.h"
 #include "src/model/linear.h"
 #include "src/model/transformer.h"
 
@@ -9,14 +9,14 @@ namespace strata {
 using model_detail::at;
 using model_detail::fused_qkv_attention;
 using model_detail::fused_qkv_attention_backward;
+using model_detail::gptr;
 using model_detail::Linear;
 using model_detail::linear_backward;
 using model_detail::linear_forward;
+using model_detail::wptr;
 
 namespace {
 
-const void* wptr(const BlockCtx& c, int64_t off) { return off >= 0 ? at(c.w, off, c.dtype) : nullptr; }
-float* gptr(const BlockCtx& c, int64_t off) { return off >= 0 ? c.g + off : nullptr; }
 bool tanh_gelu(const BlockCtx& c) { return c.cfg->activation != "gelu"; }  // gelu_new, gelu_pytorch_tanh
 
 }  // namespace

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "src/model/fused_attention.h"
+#include "src/model/block_common.h"
 #include "src/model/linear.h"
 #include "src/model/transformer.h"
 
@@ -12,14 +12,14 @@ namespace strata {
 using model_detail::at;
 using model_detail::fused_qkv_attention;
 using model_detail::fused_qkv_attention_backward;
+using model_detail::gptr;
 using model_detail::Linear;
 using model_detail::linear_backward;
 using model_detail::linear_forward;
+using model_detail::wptr;
 
 namespace {
 
-const void* wptr(const BlockCtx& c, int64_t off) { return off >= 0 ? at(c.w, off, c.dtype) : nullptr; }
-float* gptr(const BlockCtx& c, int64_t off) { return off >= 0 ? c.g + off : nullptr; }
 
 void rope(const BlockCtx& c, void* x, int64_t heads, bool backward) {
   const ModelDims& d = *c.dims;
