@@ -20,7 +20,6 @@ using model_detail::wptr;
 
 namespace {
 
-
 void rope(const BlockCtx& c, void* x, int64_t heads, bool backward) {
   const ModelDims& d = *c.dims;
   kernels::RopeArgs r;
