@@ -13,6 +13,8 @@ MODES=${MODES:-"read write"}
 ROUNDS=${ROUNDS:-4}
 STRATA=${STRATA:-build/bin/strata}
 REAP=${REAP:-caller}
+command -v fio >/dev/null || { echo "compare_fio.sh: fio is not installed (apt-get install fio)" >&2; exit 1; }
+[ -x "$STRATA" ] || { echo "compare_fio.sh: $STRATA not found; build first (scripts/test.sh) or set STRATA=" >&2; exit 1; }
 mkdir -p "$DIR"
 OUT=$(mktemp /tmp/compare_fio.XXXXXX.tsv)
 trap 'rm -f "$DIR/fio.dat" "$DIR/fio-w.dat"; rmdir "$DIR" 2>/dev/null || true' EXIT
