@@ -1,8 +1,11 @@
 // `strata bench step`: a few warm-up and timed training steps (forward, backward, AdamW) of a
 // model on fixed random tokens, printed as one JSON line with tokens/s, ms/step and achieved
 // GFLOP/s (6·N·tokens + attention), next to a bare fp32 GEMM measured in the same run.
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <stdexcept>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -21,6 +24,12 @@ struct BenchStepOptions {
   int threads = 0;
   int warmup = 2, steps = 5;
 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 // Training FLOPs per step: 6 per parameter per token (forward 2, backward 4), plus attention's
 // q·kᵀ and p·v: 2·2·T·(Hq·D) per token and layer forward, ×3 with backward (= nanoGPT's
@@ -54,34 +63,40 @@ void register_bench_step(CLI::App& bench, Run& run) {
     run = [opts]() -> int {
       const BenchStepOptions& b = *opts;
       if (b.steps <= 0) throw std::invalid_argument("--steps must be positive");
-      TrainOptions t;
-      t.model = b.model;
-      t.preset = b.model.empty() ? b.preset : "";
-      t.synthetic_data = true;
-      t.backend = b.backend;
-      t.dtype = b.dtype;
-      t.batch = b.batch;
-      t.seq = b.seq;
-      t.threads = b.threads;
-      t.steps = b.warmup + b.steps;
-      t.warmup = 0;
-      t.lr = 1e-4;
-      t.lr_schedule = "constant";
-      Trainer trainer(t);
-      for (int i = 0; i < b.warmup; ++i) trainer.step();
-      double ms = 0, last_loss = 0;
+      auto make = [&b](const std::string& dtype) {
+        TrainOptions t;
+        t.model = b.model;
+        t.preset = b.model.empty() ? b.preset : "";
+        t.synthetic_data = true;
+        t.backend = b.backend;
+        t.dtype = dtype;
+        t.batch = b.batch;
+        t.seq = b.seq;
+        t.threads = b.threads;
+        t.steps = b.warmup + b.steps;
+        t.warmup = 0;
+        t.lr = 1e-4;
+        t.lr_schedule = "constant";
+        return std::make_unique<Trainer>(t);
+      };
+      auto trainer = make(b.dtype);
+      for (int i = 0; i < b.warmup; ++i) trainer->step();
+      std::vector<double> each;
+      double last_loss = 0;
       for (int i = 0; i < b.steps; ++i) {
-        const StepStats st = trainer.step();
-        ms += st.step_ms;
+        const StepStats st = trainer->step();
+        each.push_back(st.step_ms);
         last_loss = st.loss;
       }
+      double ms = 0;
+      for (double x : each) ms += x;
       ms /= b.steps;
-      const double flops = step_flops(trainer.config(), trainer.n_params(), b.batch, b.seq);
-      const double gemm = trainer.matmul_gflops_probe(256, 3072, 768, 20);
+      const double flops = step_flops(trainer->config(), trainer->n_params(), b.batch, b.seq);
+      const double gemm = trainer->matmul_gflops_probe(256, 3072, 768, 20);
       nlohmann::json j;
       j["bench"] = "step";
       j["model"] = b.model.empty() ? b.preset : b.model;
-      j["params"] = trainer.n_params();
+      j["params"] = trainer->n_params();
       j["backend"] = b.backend;
       j["dtype"] = b.dtype;
       j["batch"] = b.batch;
@@ -89,13 +104,16 @@ void register_bench_step(CLI::App& bench, Run& run) {
       j["threads"] = b.threads;
       j["steps"] = b.steps;
       j["ms_per_step"] = ms;
+      // Median and minimum too: on a shared 2-core VM one slow step moves the mean.
+      j["ms_per_step_median"] = median(each);
+      j["ms_per_step_min"] = *std::min_element(each.begin(), each.end());
       j["tokens_per_s"] = static_cast<double>(b.batch * b.seq) / (ms / 1e3);
       j["gflop_per_step"] = flops / 1e9;
       j["gflops"] = flops / 1e9 / (ms / 1e3);
       j["gemm_f32_256x3072x768_gflops"] = gemm;
       j["gflops_vs_gemm"] = flops / 1e9 / (ms / 1e3) / gemm;
       j["loss"] = last_loss;
-      j["device_bytes"] = trainer.device_bytes();
+      j["device_bytes"] = trainer->device_bytes();
       std::printf("%s\n", j.dump().c_str());
       return 0;
     };

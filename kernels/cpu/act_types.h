@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/dtype.h"
 
 namespace strata::kernels::cpu {
@@ -18,10 +20,21 @@ template <> struct Elem<DType::f32> {
   __attribute__((always_inline)) static float load(float v) { return v; }
   __attribute__((always_inline)) static float store(float v) { return v; }
 };
+// fp32 -> bf16 without branches, bit-identical to dtype.h's f32_to_bf16 (round to nearest even,
+// NaN quietened; checked in tests), so loops storing bf16 vectorise.
+inline __attribute__((always_inline)) uint16_t f32_to_bf16_branchless(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const int32_t abs = static_cast<int32_t>(u & 0x7fffffffu);
+  const uint32_t m_nan = ~static_cast<uint32_t>((abs - 0x7f800001) >> 31);  // all ones iff NaN
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet = (u >> 16) | 0x0040u;
+  return static_cast<uint16_t>((quiet & m_nan) | (rounded & ~m_nan));
+}
+
 template <> struct Elem<DType::bf16> {
   using T = uint16_t;
   __attribute__((always_inline)) static float load(uint16_t v) { return bf16_to_f32(v); }
-  __attribute__((always_inline)) static uint16_t store(float v) { return f32_to_bf16(v); }
+  __attribute__((always_inline)) static uint16_t store(float v) { return f32_to_bf16_branchless(v); }
 };
 
 // fp16 <-> fp32 without branches, bit-identical to dtype.h's f16_to_f32 / f32_to_f16 (checked
@@ -72,6 +85,29 @@ decltype(auto) dispatch_dtype(DType t, F&& f) {
     case DType::f32: break;
   }
   return f(Elem<DType::f32>{});
+}
+
+// Runs body(lo, hi) over [0, n) on the compute team with the body compiled twice: for the
+// build's baseline ISA and for AVX-512 (chosen at run time by use_avx512()), so plain loops over
+// fp32/bf16/fp16 with fast_exp and the branchless conversions become 16-lane zmm code. The body
+// must be a lambda marked STRATA_SIMD_BODY so it is inlined into each wrapper and compiled there.
+#define STRATA_SIMD_BODY __attribute__((always_inline))
+template <class Body>
+void simd_range_baseline(const Body& body, int64_t lo, int64_t hi) {
+  body(lo, hi);
+}
+template <class Body>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void simd_range_avx512(const Body& body,
+                                                                                         int64_t lo, int64_t hi) {
+  body(lo, hi);
+}
+template <class Body>
+void parallel_simd(int64_t n, int64_t grain, const Body& body) {
+  const bool avx512 = use_avx512();
+  parallel_for(0, n, grain, [&](int64_t lo, int64_t hi) {
+    if (avx512) simd_range_avx512(body, lo, hi);
+    else simd_range_baseline(body, lo, hi);
+  });
 }
 
 // Rows per parallel task so a task touches at least ~min_elems elements.

@@ -19,7 +19,7 @@ void bias_add_impl(const BiasAddArgs& a) {
   T* y = static_cast<T*>(a.y);                    // (rows, cols)
   const T* bias = static_cast<const T*>(a.bias);  // (cols)
   const int64_t cols = a.cols;
-  parallel_for(0, a.rows, row_grain(cols), [&](int64_t lo, int64_t hi) {
+  parallel_simd(a.rows, row_grain(cols), [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t r = lo; r < hi; ++r) {
       T* yr = y + r * cols;
       for (int64_t c = 0; c < cols; ++c) yr[c] = E::store(E::load(yr[c]) + E::load(bias[c]));
@@ -37,7 +37,7 @@ void bias_backward_impl(const BiasBackwardArgs& a) {
   const int64_t rows = a.rows, cols = a.cols;
   constexpr int64_t kBlock = 64;  // columns per task: 256 B of fp32 output, no false sharing
   const int64_t n_blocks = (cols + kBlock - 1) / kBlock;
-  parallel_for(0, n_blocks, 1, [&](int64_t lo, int64_t hi) {
+  parallel_simd(n_blocks, 1, [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t blk = lo; blk < hi; ++blk) {
       const int64_t c0 = blk * kBlock, w = std::min(kBlock, cols - c0);
       double acc[kBlock] = {};
@@ -57,7 +57,7 @@ void swiglu_impl(const SwigluArgs& a) {
   const T* gate = static_cast<const T*>(a.gate);  // (rows, cols), row stride ld
   const T* up = static_cast<const T*>(a.up);      // (rows, cols), row stride ld
   T* out = static_cast<T*>(a.out);                // (rows, cols) packed
-  parallel_for(0, a.rows, row_grain(cols), [&](int64_t lo, int64_t hi) {
+  parallel_simd(a.rows, row_grain(cols), [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t r = lo; r < hi; ++r) {
       const T* g = gate + r * ld;
       const T* u = up + r * ld;
@@ -81,7 +81,7 @@ void swiglu_backward_impl(const SwigluBackwardArgs& a) {
   const T* dout = static_cast<const T*>(a.dout);  // (rows, cols) packed
   T* dgate = static_cast<T*>(a.dgate);            // (rows, cols), row stride ld
   T* dup = static_cast<T*>(a.dup);
-  parallel_for(0, a.rows, row_grain(cols), [&](int64_t lo, int64_t hi) {
+  parallel_simd(a.rows, row_grain(cols), [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t r = lo; r < hi; ++r) {
       const T* g = gate + r * ld;
       const T* u = up + r * ld;
@@ -107,16 +107,16 @@ constexpr float kGeluC = 0.044715f;
 
 // tanh(u) = 1 - 2/(e^(2u) + 1) through the vectorisable exp: absolute error ~1e-7, which is what
 // GELU needs (it uses 1 + tanh and 1 - tanh², never tanh's relative accuracy near 0).
-inline float fast_tanh(float u) { return 1.f - 2.f / (fast_exp(2.f * u) + 1.f); }
+inline __attribute__((always_inline)) float fast_tanh(float u) { return 1.f - 2.f / (fast_exp(2.f * u) + 1.f); }
 
 // The form is a template parameter so each loop is branch-free (the tanh form vectorises).
 template <bool kTanh>
-inline float gelu_value(float x) {
+inline __attribute__((always_inline)) float gelu_value(float x) {
   if constexpr (kTanh) return 0.5f * x * (1.f + fast_tanh(kSqrt2OverPi * (x + kGeluC * x * x * x)));
   return 0.5f * x * (1.f + std::erf(x * kInvSqrt2));
 }
 template <bool kTanh>
-inline float gelu_grad(float x) {
+inline __attribute__((always_inline)) float gelu_grad(float x) {
   if constexpr (kTanh) {
     const float t = fast_tanh(kSqrt2OverPi * (x + kGeluC * x * x * x));
     return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * kGeluC * x * x);
@@ -130,7 +130,7 @@ void gelu_impl(const GeluArgs& a) {
   using T = typename E::T;
   const T* x = static_cast<const T*>(a.x);  // (n)
   T* y = static_cast<T*>(a.y);              // (n)
-  parallel_for(0, a.n, kElemGrain, [&](int64_t lo, int64_t hi) {
+  parallel_simd(a.n, kElemGrain, [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t i = lo; i < hi; ++i) y[i] = E::store(gelu_value<kTanh>(E::load(x[i])));
   });
 }
@@ -142,7 +142,7 @@ void gelu_backward_impl(const GeluBackwardArgs& a) {
   const T* dy = static_cast<const T*>(a.dy);
   T* dx = static_cast<T*>(a.dx);
   const bool accumulate = a.accumulate;
-  parallel_for(0, a.n, kElemGrain, [&](int64_t lo, int64_t hi) {
+  parallel_simd(a.n, kElemGrain, [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     if (accumulate) {
       for (int64_t i = lo; i < hi; ++i)
         dx[i] = E::store(E::load(dy[i]) * gelu_grad<kTanh>(E::load(x[i])) + E::load(dx[i]));
@@ -158,7 +158,7 @@ void add_impl(const AddArgs& a) {
   const T* x = static_cast<const T*>(a.a);  // (n); out may alias a or b (same index only)
   const T* y = static_cast<const T*>(a.b);
   T* out = static_cast<T*>(a.out);
-  parallel_for(0, a.n, kElemGrain, [&](int64_t lo, int64_t hi) {
+  parallel_simd(a.n, kElemGrain, [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t i = lo; i < hi; ++i) out[i] = E::store(E::load(x[i]) + E::load(y[i]));
   });
 }

@@ -28,7 +28,7 @@ void embedding_impl(const EmbeddingArgs& a) {
   const int64_t dim = a.dim;
   const T* table = static_cast<const T*>(a.table);  // (vocab, dim)
   T* out = static_cast<T*>(a.out);                  // (n_tokens, dim)
-  parallel_for(0, a.n_tokens, row_grain(dim), [&](int64_t lo, int64_t hi) {
+  parallel_simd(a.n_tokens, row_grain(dim), [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t t = lo; t < hi; ++t) {
       const T* src = table + static_cast<int64_t>(a.ids[t]) * dim;
       T* dst = out + t * dim;
@@ -55,7 +55,7 @@ void embedding_backward_impl(const EmbeddingBackwardArgs& a) {
   int64_t block = (dim + want_blocks - 1) / want_blocks;
   block = std::max<int64_t>(16, (block + 15) / 16 * 16);
   const int64_t n_blocks = (dim + block - 1) / block;
-  parallel_for(0, n_blocks, 1, [&](int64_t lo, int64_t hi) {
+  parallel_simd(n_blocks, 1, [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     const int64_t c0 = lo * block, c1 = std::min(dim, hi * block);
     for (int64_t t = 0; t < n_tokens; ++t) {
       const T* src = dout + t * dim;

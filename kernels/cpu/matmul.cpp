@@ -237,6 +237,65 @@ void matmul_f16(const MatmulArgs& a, const Key& key) {
   }
 }
 
+// oneDNN's brgemm matmul (v2.6) runs far below its usual rate when one dimension is huge, as at
+// the LM head: dW (V, C) = dlogitsᵀ·lnf with m = V = 50,257 ran at 337 GFLOP/s in bf16 (beta 0)
+// against 673 in 8,192-row blocks, and dlnf = dlogits·W with k = V at 222 GFLOP/s in fp32
+// against 319 in 8,192-wide k blocks (2-core EPYC, bench/RESULTS.md). So single (batch 1)
+// problems are split: m into near-equal blocks of at most kMaxBlockM rows, or else k into blocks
+// of at most kMaxBlockK accumulated in order into an fp32 C (a bf16 C goes through an fp32 scratch
+// and is rounded once at the end, so the result keeps one rounding like the unsplit product).
+constexpr int64_t kMaxBlockM = 8192;
+constexpr int64_t kMaxBlockK = 8192;
+
+// Near-equal blocks of at most `limit`, rounded up to 64 (at most two distinct block shapes).
+int64_t block_size(int64_t total, int64_t limit) {
+  const int64_t n_blocks = (total + limit - 1) / limit;
+  return std::min(limit, ((total + n_blocks - 1) / n_blocks + 63) / 64 * 64);
+}
+
+void matmul_split_k(const MatmulArgs& a, const Key& key) {
+  const int64_t kb = block_size(a.k, kMaxBlockK);
+  const size_t ab = dtype_size(a.ab_dtype);
+  float* c32 = static_cast<float*>(a.c);
+  int64_t ldc = key.ldc;
+  const bool narrow = a.c_dtype != DType::f32;
+  if (narrow) {  // fp32 C for the partial sums (the caller's beta applied by the first block)
+    c32 = scratch(static_cast<size_t>(a.m * a.n));
+    ldc = a.n;
+    if (a.beta != 0.f)
+      for (int64_t r = 0; r < a.m; ++r)
+        cast(CastArgs{a.n, static_cast<const char*>(a.c) + r * key.ldc * dtype_size(a.c_dtype), a.c_dtype,
+                      c32 + r * a.n, DType::f32});
+  }
+  for (int64_t k0 = 0; k0 < a.k; k0 += kb) {
+    MatmulArgs t = a;
+    t.k = std::min(kb, a.k - k0);
+    t.lda = key.lda, t.ldb = key.ldb, t.ldc = ldc;
+    t.c_dtype = DType::f32;
+    t.beta = k0 == 0 ? a.beta : 1.f;
+    const char* A = static_cast<const char*>(a.a) + (a.trans_a ? k0 * key.lda : k0) * ab;
+    const char* B = static_cast<const char*>(a.b) + (a.trans_b ? k0 : k0 * key.ldb) * ab;
+    execute(cache().get(resolve(t)), A, B, c32);
+  }
+  if (narrow)
+    for (int64_t r = 0; r < a.m; ++r)
+      cast(CastArgs{a.n, c32 + r * a.n, DType::f32, static_cast<char*>(a.c) + r * key.ldc * dtype_size(a.c_dtype),
+                    a.c_dtype});
+}
+
+void matmul_split_m(const MatmulArgs& a, const Key& key) {
+  const int64_t mb = block_size(a.m, kMaxBlockM);
+  const size_t ab = dtype_size(a.ab_dtype), cb = dtype_size(a.c_dtype);
+  for (int64_t m0 = 0; m0 < a.m; m0 += mb) {
+    MatmulArgs t = a;
+    t.m = std::min(mb, a.m - m0);
+    t.lda = key.lda, t.ldb = key.ldb, t.ldc = key.ldc;
+    t.a = static_cast<const char*>(a.a) + (a.trans_a ? m0 : m0 * key.lda) * ab;
+    t.c = static_cast<char*>(a.c) + m0 * key.ldc * cb;
+    execute(cache().get(resolve(t)), t.a, t.b, t.c);
+  }
+}
+
 }  // namespace
 
 size_t matmul_primitives_built() { return cache().size(); }
@@ -247,6 +306,8 @@ void matmul(const MatmulArgs& a) {
     matmul_f16(a, key);
     return;
   }
+  if (a.batch == 1 && a.m > kMaxBlockM) return matmul_split_m(a, key);
+  if (a.batch == 1 && a.k > kMaxBlockK) return matmul_split_k(a, key);
   execute(cache().get(key), a.a, a.b, a.c);
 }
 

@@ -15,7 +15,7 @@ constexpr int kLanes = 16;  // independent fp32 accumulators: lets the compiler 
 
 // Σ x and Σ x² of one row in fp32.
 template <class E>
-void row_sums(const typename E::T* x, int64_t n, float& sum, float& sum_sq) {
+inline __attribute__((always_inline)) void row_sums(const typename E::T* x, int64_t n, float& sum, float& sum_sq) {
   float s[kLanes] = {}, q[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -38,7 +38,7 @@ void row_sums(const typename E::T* x, int64_t n, float& sum, float& sum_sq) {
 
 // Σ (x - mean)² of one row in fp32 (two-pass variance: no cancellation for large means).
 template <class E>
-float row_centered_sq(const typename E::T* x, int64_t n, float mean) {
+inline __attribute__((always_inline)) float row_centered_sq(const typename E::T* x, int64_t n, float mean) {
   float q[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -65,7 +65,7 @@ void norm_forward(const NormArgs& a) {
   const T* b = static_cast<const T*>(a.bias);      // (cols) or null
   T* y = static_cast<T*>(a.y);                     // (rows, cols)
   const float inv_n = 1.f / static_cast<float>(cols);
-  parallel_for(0, a.rows, row_grain(cols, 8192), [&](int64_t lo, int64_t hi) {
+  parallel_simd(a.rows, row_grain(cols, 8192), [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t r = lo; r < hi; ++r) {
       const T* xr = x + r * cols;
       T* yr = y + r * cols;
@@ -113,7 +113,7 @@ void norm_backward(const NormBackwardArgs& a) {
   float* part_dw = thread_scratch<struct NormPartials>(static_cast<size_t>(n_blocks * cols * (with_db ? 2 : 1)));  // (n_blocks, cols)
   float* part_db = with_db ? part_dw + n_blocks * cols : nullptr;                             // (n_blocks, cols)
 
-  parallel_for(0, n_blocks, 1, [&](int64_t lo, int64_t hi) {
+  parallel_simd(n_blocks, 1, [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t blk = lo; blk < hi; ++blk) {
       float* pdw = part_dw + blk * cols;
       float* pdb = with_db ? part_db + blk * cols : nullptr;
@@ -161,7 +161,7 @@ void norm_backward(const NormBackwardArgs& a) {
     }
   });
 
-  parallel_for(0, cols, 1024, [&](int64_t lo, int64_t hi) {
+  parallel_simd(cols, 1024, [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t c = lo; c < hi; ++c) {
       float sw = 0.f, sb = 0.f;
       for (int64_t blk = 0; blk < n_blocks; ++blk) {

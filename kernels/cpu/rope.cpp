@@ -15,7 +15,7 @@ void rope_impl(const RopeArgs& a) {
   const int64_t token_stride = a.token_stride ? a.token_stride : heads * head_dim;
   T* x = static_cast<T*>(a.x);  // (batch, seq, heads, head_dim), token_stride between tokens
   const float sign = a.backward ? -1.f : 1.f;  // backward rotates by -angle: sin -> -sin
-  parallel_for(0, a.batch * seq, row_grain(heads * head_dim), [&](int64_t lo, int64_t hi) {
+  parallel_simd(a.batch * seq, row_grain(heads * head_dim), [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t bt = lo; bt < hi; ++bt) {
       const int64_t pos = a.pos0 + bt % seq;
       const float* cos = a.cos + pos * half;  // (head_dim/2)

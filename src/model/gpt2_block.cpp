@@ -27,7 +27,7 @@ void gpt2_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, vo
   kernels::Ops& ops = *c.ops;
   kernels::Stream& s = *c.stream;
   const DType dt = c.dtype;
-  const Linear lin{c.ops, c.stream, dt, true};
+  const Linear lin{c.ops, c.stream, dt, true, c.accumulate_grads};
   const float eps = static_cast<float>(c.cfg->norm_eps);
 
   // ln1 (N, C) = layernorm(x)
@@ -58,7 +58,7 @@ void gpt2_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, v
   kernels::Ops& ops = *c.ops;
   kernels::Stream& s = *c.stream;
   const DType dt = c.dtype;
-  const Linear lin{c.ops, c.stream, dt, true};
+  const Linear lin{c.ops, c.stream, dt, true, c.accumulate_grads};
   const BlockScratch& sc = *c.scratch;
 
   // MLP. d_act (N, I) = dres · mlp.c_projᵀ

@@ -15,6 +15,7 @@ struct Linear {
   kernels::Stream* stream;
   DType dtype;          // of x, W, y, dx
   bool w_in_out;        // W stored (in, out) (HF Conv1D) instead of (out, in)
+  bool accumulate_grads = true;  // dW += ...; false: dW = ... (its old contents are never read)
 };
 
 inline const void* at(const void* base, int64_t elems, DType t) {
@@ -41,7 +42,8 @@ inline void linear_forward(const Linear& l, const void* x, const void* w, const 
   if (b) l.ops->bias_add(*l.stream, {.dtype = l.dtype, .rows = rows, .cols = out, .y = y, .bias = b});
 }
 
-// dx (rows, in) = dy · op(W)ᵀ (overwritten; skipped when dx is null); dW += ...; db += Σ_r dy.
+// dx (rows, in) = dy · op(W)ᵀ (overwritten; skipped when dx is null); dW += ... (= when the layer
+// does not accumulate grads); db += Σ_r dy (always: the caller zeroes it first when needed).
 inline void linear_backward(const Linear& l, const void* x, const void* w, const void* dy, void* dx, float* dw,
                             float* db, int64_t rows, int64_t in, int64_t out) {
   if (dx) {
@@ -61,7 +63,7 @@ inline void linear_backward(const Linear& l, const void* x, const void* w, const
   g.ab_dtype = l.dtype;
   g.c_dtype = DType::f32;
   g.c = dw;
-  g.beta = 1.f;
+  g.beta = l.accumulate_grads ? 1.f : 0.f;
   g.k = rows;
   g.trans_a = true;
   if (l.w_in_out) {  // dW (in, out) += xᵀ · dy

@@ -46,7 +46,7 @@ void llama_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, v
   kernels::Ops& ops = *c.ops;
   kernels::Stream& s = *c.stream;
   const DType dt = c.dtype;
-  const Linear lin{c.ops, c.stream, dt, false};
+  const Linear lin{c.ops, c.stream, dt, false, c.accumulate_grads};
   const float eps = static_cast<float>(c.cfg->norm_eps);
 
   // ln1 (N, C) = rmsnorm(x)
@@ -79,7 +79,7 @@ void llama_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, 
   kernels::Ops& ops = *c.ops;
   kernels::Stream& s = *c.stream;
   const DType dt = c.dtype;
-  const Linear lin{c.ops, c.stream, dt, false};
+  const Linear lin{c.ops, c.stream, dt, false, c.accumulate_grads};
   const BlockScratch& sc = *c.scratch;
 
   // MLP. dres = d out = d(res_mid) through the residual; d_act (N, I) = dres · Wdown

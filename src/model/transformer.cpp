@@ -200,6 +200,27 @@ void Transformer::build_layout() {
     head_ = wte_;  // tied
   }
   n_flat_ = flat;
+
+  // The grads that matmuls write whole (dW with beta = 0 in a non-accumulating backward): each
+  // block's fused qkv, o, fc and proj matrices and the head. Everything else only accumulates.
+  std::vector<std::pair<int64_t, int64_t>> by_matmul{{head_, d.V * d.C}};
+  for (int unit : block_units_) {
+    const int64_t u = units_[static_cast<size_t>(unit)].offset;
+    by_matmul.insert(by_matmul.end(), {{u + layout_.qkv_w, d.QKV * d.C},
+                                       {u + layout_.o_w, d.C * d.Q},
+                                       {u + layout_.fc_w, d.FC * d.C},
+                                       {u + layout_.proj_w, d.I * d.C}});
+  }
+  for (const ParamInfo& p : params_) {
+    const bool written = std::any_of(by_matmul.begin(), by_matmul.end(), [&](const auto& r) {
+      return p.offset >= r.first && p.offset + p.numel <= r.first + r.second;
+    });
+    if (written) continue;
+    if (!accum_only_grads_.empty() && accum_only_grads_.back().first + accum_only_grads_.back().second == p.offset)
+      accum_only_grads_.back().second += p.numel;
+    else
+      accum_only_grads_.emplace_back(p.offset, p.numel);
+  }
 }
 
 void Transformer::allocate() {
@@ -377,16 +398,16 @@ BlockCtx Transformer::block_ctx(kernels::Stream& s, int layer) const {
 }
 
 void Transformer::forward(kernels::Stream& s, const int32_t* ids, const int32_t* targets) {
-  run(s, ids, targets, false, 1.f);
+  run(s, ids, targets, false, 1.f, true);
 }
 
 void Transformer::forward_backward(kernels::Stream& s, const int32_t* ids, const int32_t* targets,
-                                   float grad_scale) {
-  run(s, ids, targets, true, grad_scale);
+                                   float grad_scale, bool accumulate) {
+  run(s, ids, targets, true, grad_scale, accumulate);
 }
 
 void Transformer::run(kernels::Stream& s, const int32_t* ids, const int32_t* targets, bool backward,
-                      float grad_scale) {
+                      float grad_scale, bool accumulate) {
   const ModelDims& d = dims_;
   const DType dt = dtype_;
   const bool gpt2 = cfg_.family == Family::gpt2;
@@ -402,6 +423,8 @@ void Transformer::run(kernels::Stream& s, const int32_t* ids, const int32_t* tar
     ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = cfg_.max_position_embeddings,
                       .ids = pos_ids_.as<int32_t>(), .table = at(w, wpe_, dt), .out = residual_[0],
                       .accumulate = true});
+  if (backward && !accumulate)  // the grads no matmul overwrites (this stream runs them in order)
+    for (const auto& [off, n] : accum_only_grads_) s.memset_async(g + off, 0, static_cast<size_t>(n) * sizeof(float));
   for (int l = 0; l < d.L; ++l) {
     const BlockCtx c = block_ctx(s, l);
     const size_t i = static_cast<size_t>(l);
@@ -454,7 +477,8 @@ void Transformer::run(kernels::Stream& s, const int32_t* ids, const int32_t* tar
     dx.n = d.C;
     dx.k = d.V;
     ops.matmul(s, dx);
-    // dWhead (V, C) += dlogitsᵀ · lnf[r]
+    // dWhead (V, C) += dlogitsᵀ · lnf[r] (the first chunk writes it when not accumulating; a
+    // head tied to wte comes before the embedding backward, which then adds to it)
     kernels::MatmulArgs dw;
     dw.a = dl;
     dw.b = at(static_cast<const void*>(lnf_), r0 * d.C, dt);
@@ -465,7 +489,7 @@ void Transformer::run(kernels::Stream& s, const int32_t* ids, const int32_t* tar
     dw.n = d.C;
     dw.k = R;
     dw.trans_a = true;
-    dw.beta = 1.f;
+    dw.beta = accumulate || r0 > 0 ? 1.f : 0.f;
     ops.matmul(s, dw);
   }
   if (!backward) return;
@@ -479,7 +503,8 @@ void Transformer::run(kernels::Stream& s, const int32_t* ids, const int32_t* tar
   else
     ops.rmsnorm_backward(s, nb);
   for (int l = static_cast<int>(d.L) - 1; l >= 0; --l) {
-    const BlockCtx c = block_ctx(s, l);
+    BlockCtx c = block_ctx(s, l);
+    c.accumulate_grads = accumulate;
     const size_t i = static_cast<size_t>(l);
     if (gpt2)
       gpt2_block_backward(c, residual_[i], acts_[i], dres_);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -101,10 +102,13 @@ struct BlockCtx {
   const float* rope_cos = nullptr;  // (T, D/2), llama only
   const float* rope_sin = nullptr;
   const BlockScratch* scratch = nullptr;
+  // false: the weight matrices' grads are written (dW = ...), not accumulated; the caller has
+  // zeroed the block's other grads (norms, biases), which always accumulate.
+  bool accumulate_grads = true;
 };
 
 // Per family: x (N, C) -> out (N, C), saving `acts`; backward: dres (N, C) holds d out on entry
-// and d x on exit; parameter grads accumulate into ctx.g.
+// and d x on exit; parameter grads accumulate into ctx.g (see BlockCtx::accumulate_grads).
 void llama_block_forward(const BlockCtx& ctx, const void* x, const BlockActs& acts, void* out);
 void llama_block_backward(const BlockCtx& ctx, const void* x, const BlockActs& acts, void* dres);
 void gpt2_block_forward(const BlockCtx& ctx, const void* x, const BlockActs& acts, void* out);
@@ -154,14 +158,20 @@ class Transformer {
   // One micro-batch: ids, targets (N) int32 in runtime memory. Forward writes loss_rows();
   // with backward, d loss / d params · grad_scale accumulates (+=) into grads(), where the loss
   // is Σ rows' cross-entropy (so grad_scale = 1 / targets-in-global-batch gives the mean).
+  // accumulate = false makes it the first micro-batch of a step: grads() is overwritten and its
+  // old contents never read, which saves zeroing the whole buffer and the read-modify-write of
+  // every weight gradient (the big matmuls write dW with beta = 0; only the few tensors reduced
+  // by accumulating ops — norms, biases, embedding tables not tied to the head — are zeroed).
   void forward(kernels::Stream& s, const int32_t* ids, const int32_t* targets);
-  void forward_backward(kernels::Stream& s, const int32_t* ids, const int32_t* targets, float grad_scale);
+  void forward_backward(kernels::Stream& s, const int32_t* ids, const int32_t* targets, float grad_scale,
+                        bool accumulate = true);
 
  private:
   void build_layout();
   void allocate();
   BlockCtx block_ctx(kernels::Stream& s, int layer) const;
-  void run(kernels::Stream& s, const int32_t* ids, const int32_t* targets, bool backward, float grad_scale);
+  void run(kernels::Stream& s, const int32_t* ids, const int32_t* targets, bool backward, float grad_scale,
+           bool accumulate);
 
   ModelConfig cfg_;
   DType dtype_;
@@ -174,6 +184,10 @@ class Transformer {
   int64_t n_flat_ = 0;
   // Element offsets (into the flat buffers) of the non-block tensors (-1 = absent).
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
+  // Grad ranges (offset, numel; adjacent ones merged) that only accumulating ops write: zeroed
+  // before a non-accumulating backward. Every other grad element is a matmul's dW (beta = 0)
+  // or unit padding (zero from allocation, never written).
+  std::vector<std::pair<int64_t, int64_t>> accum_only_grads_;
 
   size_t bytes_allocated_ = 0;
   kernels::DeviceBuffer master_, working_, grads_;

@@ -223,12 +223,12 @@ StepStats Trainer::step() {
       m.loader->next(base, base + n);
     }
   s.memcpy_async(m.dev_tokens.data(), m.host_tokens.data(), m.host_tokens.size() * sizeof(int32_t));
-  m.model->zero_grads(s);
   // d(mean loss over the global batch) = Σ rows' CE / (N · accum), times the fp16 loss scale.
+  // The first micro-batch overwrites the grads (no zeroing pass), the others add to them.
   const float grad_scale = m.scaler.scale() / static_cast<float>(n * o.grad_accum);
   for (int64_t k = 0; k < o.grad_accum; ++k) {
     const int32_t* ids = m.dev_tokens.as<int32_t>() + k * 2 * n;
-    m.model->forward_backward(s, ids, ids + n, grad_scale);
+    m.model->forward_backward(s, ids, ids + n, grad_scale, /*accumulate=*/k > 0);
     s.memcpy_async(m.host_losses.data() + k * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
   }
   const double norm = m.grad_norm->compute(s, m.model->grads(), m.model->n_flat()) / m.scaler.scale();

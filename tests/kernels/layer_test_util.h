@@ -9,11 +9,29 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/dtype.h"
 
 namespace strata::kernels::test {
+
+// Fixture parameter (dtype, AVX-512 path on): the layer ops compile their loops for the baseline
+// ISA and for AVX-512, so each test runs on both (the second is the portable path when the CPU
+// lacks AVX-512).
+class DtypeIsaTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {
+ protected:
+  void SetUp() override { cpu::set_avx512_enabled(std::get<1>(GetParam())); }
+  void TearDown() override { cpu::set_avx512_enabled(true); }
+  static DType dtype() { return std::get<0>(GetParam()); }
+};
+inline auto dtype_isa_values() {
+  return ::testing::Combine(::testing::Values(DType::f32, DType::bf16, DType::f16), ::testing::Bool());
+}
+inline std::string dtype_isa_name(const ::testing::TestParamInfo<std::tuple<DType, bool>>& info) {
+  return std::string(dtype_name(std::get<0>(info.param))) + (std::get<1>(info.param) ? "_simd" : "_portable");
+}
 
 // A buffer of n elements of one dtype; values read back as double (exactly what was stored).
 class TypedBuf {

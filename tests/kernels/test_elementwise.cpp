@@ -26,10 +26,10 @@ const Shape kShapes[] = {{1, 1}, {3, 3}, {2, 17}, {5, 129}, {33, 64}};
 // Tolerances: fp32 math vs float64, or rounding of the stored result for 16-bit types.
 double rtol_for(DType t) { return t == DType::f32 ? 2e-6 : (t == DType::bf16 ? 1e-2 : 2e-3); }
 
-class ElementwiseTest : public ::testing::TestWithParam<DType> {};
+class ElementwiseTest : public DtypeIsaTest {};
 
 TEST_P(ElementwiseTest, BiasAddMatchesReference) {
-  const DType t = GetParam();
+  const DType t = dtype();
   uint32_t seed = 1;
   for (const Shape s : kShapes) {
     TypedBuf y(t, random_vec(s.rows * s.cols, seed++)), bias(t, random_vec(s.cols, seed++));
@@ -43,7 +43,7 @@ TEST_P(ElementwiseTest, BiasAddMatchesReference) {
 }
 
 TEST_P(ElementwiseTest, BiasBackwardAccumulatesFiniteDifferenceGradient) {
-  const DType t = GetParam();
+  const DType t = dtype();
   uint32_t seed = 10;
   for (const Shape s : kShapes) {
     // L(bias) = Σ w·(y0 + bias) so dL/dy = w; the kernel gets dy = w.
@@ -70,7 +70,7 @@ TEST_P(ElementwiseTest, BiasBackwardAccumulatesFiniteDifferenceGradient) {
 double silu(double g) { return g / (1 + std::exp(-g)); }
 
 TEST_P(ElementwiseTest, SwigluForwardAndBackwardInFusedBuffer) {
-  const DType t = GetParam();
+  const DType t = dtype();
   uint32_t seed = 20;
   for (const Shape s : kShapes) {
     const int64_t ld = 2 * s.cols;  // fused [gate | up] rows
@@ -107,7 +107,7 @@ double gelu_ref(double x, bool tanh_approx) {
 }
 
 TEST_P(ElementwiseTest, GeluForwardAndBackwardBothForms) {
-  const DType t = GetParam();
+  const DType t = dtype();
   uint32_t seed = 30;
   for (bool tanh_approx : {false, true}) {
     for (int64_t n : {1, 3, 17, 129, 1000}) {
@@ -142,7 +142,7 @@ TEST_P(ElementwiseTest, GeluForwardAndBackwardBothForms) {
 }
 
 TEST_P(ElementwiseTest, AddInPlaceAndOutOfPlace) {
-  const DType t = GetParam();
+  const DType t = dtype();
   for (int64_t n : {1, 17, 40000}) {
     TypedBuf a(t, random_vec(n, 40)), b(t, random_vec(n, 41)), out(t, n);
     const auto av = a.values(), bv = b.values();
@@ -155,8 +155,7 @@ TEST_P(ElementwiseTest, AddInPlaceAndOutOfPlace) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, ElementwiseTest, ::testing::Values(DType::f32, DType::bf16, DType::f16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(DTypes, ElementwiseTest, dtype_isa_values(), dtype_isa_name);
 
 TEST(ElementwiseOps, GeluTanhIsHfGeluNewAtKnownPoints) {
   // HF gelu_new(1.0) = 0.8411919906082768, exact gelu(1.0) = 0.8413447460685429.
@@ -229,6 +228,25 @@ TEST(BranchlessF16, MatchesDtypeConversionsBitForBit) {
   for (int k = 0; k < 1000000; ++k) {
     const float f = std::bit_cast<float>(static_cast<uint32_t>(rng()));
     ASSERT_EQ(cpu::f32_to_f16_branchless(f), f32_to_f16(f)) << std::hex << std::bit_cast<uint32_t>(f);
+  }
+}
+
+// The vectorisable bf16 store equals the reference rounding on every bf16 value, at and around
+// every rounding midpoint (ties both ways), on NaNs (quietened) and Inf, and on random patterns.
+TEST(Conversions, BranchlessBf16StoreMatchesReference) {
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const uint32_t u = i << 16;
+    for (uint32_t base : {u, u + 0x8000u}) {
+      for (int d = -3; d <= 3; ++d) {
+        const float f = std::bit_cast<float>(base + static_cast<uint32_t>(d));
+        ASSERT_EQ(cpu::f32_to_bf16_branchless(f), f32_to_bf16(f)) << std::hex << base + d;
+      }
+    }
+  }
+  std::mt19937 rng(5);
+  for (int k = 0; k < 1000000; ++k) {
+    const float f = std::bit_cast<float>(static_cast<uint32_t>(rng()));
+    ASSERT_EQ(cpu::f32_to_bf16_branchless(f), f32_to_bf16(f)) << std::hex << std::bit_cast<uint32_t>(f);
   }
 }
 

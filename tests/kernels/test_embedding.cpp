@@ -22,10 +22,10 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
   return ids;
 }
 
-class EmbeddingTest : public ::testing::TestWithParam<DType> {};
+class EmbeddingTest : public DtypeIsaTest {};
 
 TEST_P(EmbeddingTest, ForwardGathersAndAccumulatesPositions) {
-  const DType t = GetParam();
+  const DType t = dtype();
   const double rtol = t == DType::f32 ? 1e-7 : (t == DType::bf16 ? 8e-3 : 1e-3);
   uint32_t seed = 1;
   for (int64_t dim : {1, 3, 17, 129}) {
@@ -52,7 +52,7 @@ TEST_P(EmbeddingTest, ForwardGathersAndAccumulatesPositions) {
 }
 
 TEST_P(EmbeddingTest, BackwardScatterAddsFiniteDifferenceGradient) {
-  const DType t = GetParam();
+  const DType t = dtype();
   uint32_t seed = 20;
   for (int64_t dim : {1, 3, 17, 129}) {
     const int64_t vocab = 11, n_tokens = 40;  // many repeats per id
@@ -77,8 +77,7 @@ TEST_P(EmbeddingTest, BackwardScatterAddsFiniteDifferenceGradient) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, EmbeddingTest, ::testing::Values(DType::f32, DType::bf16, DType::f16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(DTypes, EmbeddingTest, dtype_isa_values(), dtype_isa_name);
 
 TEST(EmbeddingOps, BackwardIsDeterministicOverManyTokens) {
   const int64_t vocab = 40, dim = 300, n_tokens = 2000;

@@ -166,6 +166,26 @@ TEST(Matmul, Fp16LongKSpansSeveralTiles) {
 
 // Repeating a problem is served from the primitive cache (built once, whatever the buffers)
 // and gives bit-identical results; a new alpha or beta is a new primitive.
+// A huge m or k (the LM head's V) is run in blocks (m split, k accumulated through fp32): the
+// result is still alpha·A·B + beta·C in every layout, with padded leading dims, and a bf16 C
+// is rounded once.
+TEST(Matmul, HugeMAndKAreSplitIntoBlocks) {
+  uint32_t seed = 40;
+  for (DType ab : {DType::f32, DType::bf16})
+    for (DType c : {DType::f32, DType::bf16}) {
+      if (ab == DType::f32 && c == DType::bf16) continue;
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (const auto& [m, n, k] : {std::tuple{16500, 3, 5}, std::tuple{3, 5, 16500}}) {
+            Problem p{m, n, k, ta, tb};
+            p.ab = ab, p.c = c;
+            p.pad_ld = (m + k) % 2 ? 3 : 0;
+            p.alpha = 2.f, p.beta = ta ? 0.5f : 0.f;
+            check(p, ++seed);
+          }
+    }
+}
+
 TEST(Matmul, RepeatedCallsReuseOnePrimitiveAndAreDeterministic) {
   std::mt19937 rng(7);
   Buf A(DType::f32, 65 * 31, rng), B(DType::f32, 31 * 47, rng);

@@ -42,10 +42,15 @@ std::vector<double> norm_ref(bool layernorm, int64_t rows, int64_t cols, const s
   return y;
 }
 
-class NormTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {};
+// (dtype, LayerNorm rather than RMSNorm, AVX-512 path on).
+class NormTest : public ::testing::TestWithParam<std::tuple<DType, bool, bool>> {
+ protected:
+  void SetUp() override { cpu::set_avx512_enabled(std::get<2>(GetParam())); }
+  void TearDown() override { cpu::set_avx512_enabled(true); }
+};
 
 TEST_P(NormTest, ForwardAndBackwardMatchFloat64) {
-  const auto [t, layernorm] = GetParam();
+  const auto [t, layernorm, simd] = GetParam();
   const double rtol = t == DType::f32 ? 1e-5 : (t == DType::bf16 ? 1.5e-2 : 3e-3);
   uint32_t seed = layernorm ? 100 : 200;
   for (const Shape s : kShapes) {
@@ -119,10 +124,11 @@ TEST_P(NormTest, ForwardAndBackwardMatchFloat64) {
 
 INSTANTIATE_TEST_SUITE_P(DTypes, NormTest,
                          ::testing::Combine(::testing::Values(DType::f32, DType::bf16, DType::f16),
-                                            ::testing::Bool()),
+                                            ::testing::Bool(), ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(std::get<1>(info.param) ? "layernorm_" : "rmsnorm_") +
-                                  std::string(dtype_name(std::get<0>(info.param)));
+                                  std::string(dtype_name(std::get<0>(info.param))) +
+                                  (std::get<2>(info.param) ? "_simd" : "_portable");
                          });
 
 TEST(NormOps, RowsAreIndependentOfThreadingAndDeterministic) {

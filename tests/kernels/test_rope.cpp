@@ -54,10 +54,10 @@ std::vector<double> rope_ref(const Layout& l, std::vector<double> x, bool backwa
   return x;
 }
 
-class RopeTest : public ::testing::TestWithParam<DType> {};
+class RopeTest : public DtypeIsaTest {};
 
 TEST_P(RopeTest, FusedQkvForwardBackwardAndRoundTrip) {
-  const DType t = GetParam();
+  const DType t = dtype();
   const double rtol = t == DType::f32 ? 1e-6 : (t == DType::bf16 ? 1e-2 : 2e-3);
   uint32_t seed = 1;
   for (int64_t head_dim : {2, 6, 64}) {
@@ -97,8 +97,7 @@ TEST_P(RopeTest, FusedQkvForwardBackwardAndRoundTrip) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, RopeTest, ::testing::Values(DType::f32, DType::bf16, DType::f16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(DTypes, RopeTest, dtype_isa_values(), dtype_isa_name);
 
 TEST(RopeOps, PackedLayoutAtPositionZeroIsIdentityOnFirstToken) {
   // token_stride 0 (packed): the first token (position 0, angle 0) is unchanged; the second moves.

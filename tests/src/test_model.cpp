@@ -5,7 +5,9 @@
 // Also: bf16 tracks fp32, gradient accumulation equals the big batch, HF RoPE frequencies.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -251,14 +253,27 @@ Batch random_batch(int64_t n, int64_t vocab, uint64_t seed) {
   return b;
 }
 
-// Runs forward+backward with grad_scale 1/N (mean loss); returns the mean loss.
-double model_loss_and_grads(Transformer& m, kernels::Runtime& rt, const Batch& b, bool backward = true) {
+// Every parameter's grad elements set to NaN (unit padding stays zero): a backward that does
+// not accumulate must overwrite all of them, so a grad it forgets shows up as NaN.
+void poison_grads(Transformer& m) {
+  for (const ParamInfo& p : m.params())
+    std::fill(m.grads() + p.offset, m.grads() + p.offset + p.numel, std::numeric_limits<float>::quiet_NaN());
+}
+
+// Runs forward+backward with grad_scale 1/N (mean loss); returns the mean loss. The grads are
+// written by a non-accumulating backward over poisoned grads, or (accumulate) zeroed and then
+// accumulated into.
+double model_loss_and_grads(Transformer& m, kernels::Runtime& rt, const Batch& b, bool backward = true,
+                            bool accumulate = false) {
   auto s = rt.create_stream();
   const int64_t N = m.dims().N;
   m.sync_weights(*s);
-  m.zero_grads(*s);
+  if (accumulate)
+    m.zero_grads(*s);
+  else
+    poison_grads(m);
   if (backward)
-    m.forward_backward(*s, b.ids.data(), b.tg.data(), 1.f / static_cast<float>(N));
+    m.forward_backward(*s, b.ids.data(), b.tg.data(), 1.f / static_cast<float>(N), accumulate);
   else
     m.forward(*s, b.ids.data(), b.tg.data());
   s->synchronize();
@@ -295,7 +310,8 @@ void check_against_float64(const ModelConfig& cfg, int64_t B, int64_t T) {
       const double fd = (lp - lm) / (2 * h);
       const double g = m.grads()[p.offset + i];
       max_ref = std::max(max_ref, std::abs(fd));
-      if (std::abs(g - fd) > max_err) max_err = std::abs(g - fd), worst = i;
+      // !(err <= max_err) also catches a NaN grad, which a plain > comparison would skip.
+      if (!(std::abs(g - fd) <= max_err)) max_err = std::abs(g - fd), worst = i;
     }
     EXPECT_GT(max_ref, 1e-6) << p.name << ": no gradient signal (test would be vacuous)";
     EXPECT_LE(max_err, 1e-4 * max_ref + 1e-7)
@@ -371,8 +387,9 @@ TEST(Model, GradAccumulationEqualsBigBatch) {
   model_loss_and_grads(big, *rt, b);
   auto s = rt->create_stream();
   small.sync_weights(*s);
-  small.zero_grads(*s);
-  for (int k = 0; k < 2; ++k) small.forward_backward(*s, b.ids.data() + 10 * k, b.tg.data() + 10 * k, 1.f / 20);
+  poison_grads(small);
+  for (int k = 0; k < 2; ++k)
+    small.forward_backward(*s, b.ids.data() + 10 * k, b.tg.data() + 10 * k, 1.f / 20, /*accumulate=*/k > 0);
   s->synchronize();
   for (int64_t i = 0; i < big.n_flat(); ++i)
     ASSERT_NEAR(big.grads()[i], small.grads()[i], 1e-5 * (1 + std::abs(big.grads()[i]))) << i;
@@ -398,6 +415,34 @@ TEST(Model, ChunkedHeadMatchesOneChunk) {
     for (int64_t i = 0; i < one.n_flat(); ++i) gmax = std::max(gmax, static_cast<double>(std::abs(one.grads()[i])));
     for (int64_t i = 0; i < one.n_flat(); ++i)
       ASSERT_NEAR(one.grads()[i], chunked.grads()[i], tol * gmax) << kernels::dtype_name(dt) << " " << i;
+  }
+}
+
+// The first micro-batch's backward (grads overwritten, old contents poisoned with NaN) equals
+// zeroing the grads and accumulating, for every family and head layout, with the LM head in
+// one chunk and in several (only the first chunk writes the head gradient).
+TEST(Model, OverwritingBackwardEqualsZeroThenAccumulate) {
+  for (const ModelConfig& cfg : {tiny_llama(false), tiny_llama(true), tiny_gpt2()}) {
+    for (int64_t chunk_rows : {int64_t{0}, int64_t{3}}) {
+      for (DType dt : {DType::f32, DType::bf16}) {
+        SCOPED_TRACE(cfg.model_type + (cfg.tie_word_embeddings ? " tied" : " untied") + " chunk_rows " +
+                     std::to_string(chunk_rows) + " " + std::string(kernels::dtype_name(dt)));
+        auto rt = kernels::make_runtime(kernels::Backend::cpu);
+        const int64_t row_bytes = cfg.vocab_size * 4;
+        const int64_t budget = chunk_rows ? chunk_rows * row_bytes : kLogitsChunkBytes;
+        Transformer a(cfg, dt, 2, 7, *rt, budget), b(cfg, dt, 2, 7, *rt, budget);
+        randomize(a, 31);
+        randomize(b, 31);
+        const Batch batch = random_batch(14, cfg.vocab_size, 17);
+        model_loss_and_grads(a, *rt, batch, true, /*accumulate=*/true);
+        model_loss_and_grads(b, *rt, batch, true, /*accumulate=*/false);
+        for (const ParamInfo& p : a.params())
+          for (int64_t i = 0; i < p.numel; ++i) {
+            const float x = a.grads()[p.offset + i], y = b.grads()[p.offset + i];
+            ASSERT_NEAR(x, y, 1e-6 * (1 + std::abs(x))) << p.name << "[" << i << "]";
+          }
+      }
+    }
   }
 }
 
