@@ -110,7 +110,10 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   if (o.steps <= 0) throw std::invalid_argument("--steps must be positive, got " + std::to_string(o.steps));
   if (o.log_every <= 0) throw std::invalid_argument("--log-every must be positive");
   if (o.warmup < 0) throw std::invalid_argument("--warmup must not be negative");
-  if (!(o.lr > 0)) throw std::invalid_argument("--lr must be positive");
+  // 0 is allowed (as torch.optim.AdamW does): the weights stay as loaded, decay included, so a
+  // run measures loss and grad norm of a checkpoint and --out re-saves it unchanged.
+  if (!(o.lr >= 0)) throw std::invalid_argument("--lr must be >= 0, got " + std::to_string(o.lr));
+  if (!(o.min_lr >= 0)) throw std::invalid_argument("--min-lr must be >= 0, got " + std::to_string(o.min_lr));
   if (o.grad_clip < 0) throw std::invalid_argument("--grad-clip must be >= 0 (0 = off)");
   m.dtype = kernels::parse_dtype(o.dtype);
   m.backend = kernels::parse_backend(o.backend);

@@ -175,6 +175,33 @@ TEST(Trainer, SaveLoadSaveIsBitExact) {
   fs::remove_all(dir);
 }
 
+// --lr 0 (allowed, as in torch.optim.AdamW) trains nothing: weight decay is lr·wd·p, so the
+// saved weights are the initial ones bit for bit; a negative lr is an error.
+TEST(Trainer, ZeroLrLeavesWeightsUnchanged) {
+  const fs::path dir = make_temp_dir();
+  TrainOptions o;
+  o.batch = 2, o.seq = 16, o.warmup = 0, o.lr_schedule = "constant";
+  o.steps = 1, o.lr = 1.0;  // any lr: only the init is saved below
+  std::FILE* devnull = std::fopen("/dev/null", "w");
+  Trainer(o).save((dir / "init").string());
+  o.lr = 0, o.min_lr = 0, o.steps = 3, o.weight_decay = 0.5;
+  o.out = (dir / "after").string();
+  Trainer(o).run(devnull);
+  std::fclose(devnull);
+  auto a = HfCheckpoint::open(dir / "init");
+  auto b = HfCheckpoint::open(dir / "after");
+  ASSERT_EQ(a->tensors().size(), b->tensors().size());
+  for (const StoredTensor& t : a->tensors()) {
+    const StoredTensor* u = b->find(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    ASSERT_EQ(t.nbytes, u->nbytes) << t.name;
+    EXPECT_EQ(std::memcmp(t.data, u->data, t.nbytes), 0) << t.name;
+  }
+  o.lr = -1e-3;
+  EXPECT_THROW(Trainer{o}, std::invalid_argument);
+  fs::remove_all(dir);
+}
+
 // bf16 and fp16 (with loss scaling) follow fp32's loss curve step by step.
 TEST(Trainer, LowPrecisionTracksFp32) {
   const fs::path dir = make_temp_dir();
