@@ -2,6 +2,7 @@
 // parallel on the compute arena) that tests and benches may call directly; CpuOps enqueues
 // the same functions on a CPU stream's worker.
 #pragma once
+#include <chrono>
 #include <functional>
 #include <memory>
 
@@ -35,12 +36,27 @@ void cast(const CastArgs& a);
 
 // Runs fn on CPU stream s's worker, in order (s must be a CPU stream).
 void enqueue(Stream& s, std::function<void()> fn);
+
+// Opt-in per-op timing of the CPU ops run through CpuOps: with STRATA_PROFILE_OPS=1 in the
+// environment each op's wall time is summed by name and a table (calls, total ms, share) goes
+// to stderr at exit. Off (one branch per op) otherwise.
+bool profiling_ops();
+void record_op_time(const char* name, double ms);
+template <class F>
+void run_op(const char* name, F&& f) {
+  if (!profiling_ops()) return f();
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  record_op_time(name, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+}
 std::unique_ptr<Runtime> make_cpu_runtime();
 
 class CpuOps final : public Ops {
  protected:
 #define STRATA_CPU_OP(name, Args) \
-  void do_##name(Stream& s, const Args& a) override { enqueue(s, [a] { cpu::name(a); }); }
+  void do_##name(Stream& s, const Args& a) override {       \
+    enqueue(s, [a] { run_op(#name, [&] { cpu::name(a); }); }); \
+  }
   STRATA_CPU_OP(matmul, MatmulArgs)
   STRATA_CPU_OP(bias_add, BiasAddArgs)
   STRATA_CPU_OP(bias_backward, BiasBackwardArgs)

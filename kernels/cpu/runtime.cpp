@@ -3,18 +3,22 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <new>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
@@ -238,6 +242,49 @@ class CpuRuntime final : public Runtime {
 }  // namespace
 
 void enqueue(Stream& s, std::function<void()> fn) { static_cast<CpuStream&>(s).push(std::move(fn)); }
+
+namespace {
+// Totals per op name; printed (largest first) when the process exits.
+class OpProfile {
+ public:
+  void add(const char* name, double ms) {
+    std::lock_guard lock(mu_);
+    auto& [calls, total] = by_name_[name];
+    ++calls;
+    total += ms;
+  }
+  ~OpProfile() {
+    std::vector<std::pair<std::string, std::pair<int64_t, double>>> rows(by_name_.begin(), by_name_.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+    double all = 0;
+    for (const auto& r : rows) all += r.second.second;
+    std::fprintf(stderr, "STRATA_PROFILE_OPS: CPU op wall time (%.1f ms in all)\n%-22s %8s %12s %7s\n", all, "op",
+                 "calls", "total ms", "share");
+    for (const auto& [name, v] : rows)
+      std::fprintf(stderr, "%-22s %8lld %12.2f %6.1f%%\n", name.c_str(), static_cast<long long>(v.first), v.second,
+                   all > 0 ? 100.0 * v.second / all : 0.0);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::pair<int64_t, double>> by_name_;
+};
+OpProfile& op_profile() {
+  static OpProfile p;
+  return p;
+}
+}  // namespace
+
+bool profiling_ops() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_PROFILE_OPS");
+    if (!e || !*e || std::string(e) == "0") return false;
+    op_profile();  // constructed before first use, so destroyed (and printed) after it
+    return true;
+  }();
+  return on;
+}
+void record_op_time(const char* name, double ms) { op_profile().add(name, ms); }
 
 std::unique_ptr<Runtime> make_cpu_runtime() { return std::make_unique<CpuRuntime>(); }
 
