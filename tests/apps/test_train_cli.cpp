@@ -45,9 +45,11 @@ class TrainCli : public ::testing::Test {
       "rope_theta": 10000.0, "tie_word_embeddings": false, "hidden_act": "silu"})";
   }
   void TearDown() override { fs::remove_all(dir_); }
-  Result run(const std::string& args) {
+  // env: "NAME=value ..." set for this run only.
+  Result run(const std::string& args, const std::string& env = "") {
     const fs::path o = dir_ / "stdout", e = dir_ / "stderr";
-    const std::string cmd = std::string(STRATA_BIN) + " " + args + " >" + o.string() + " 2>" + e.string();
+    const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(STRATA_BIN) + " " + args + " >" +
+                            o.string() + " 2>" + e.string();
     const int rc = std::system(cmd.c_str());
     return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
   }
@@ -131,6 +133,19 @@ TEST_F(TrainCli, LossFallsOnEmbeddedCorpus) {
   EXPECT_TRUE(fs::exists(dir_ / "out" / "config.json"));
   EXPECT_TRUE(fs::exists(dir_ / "out" / "model.safetensors"));
   EXPECT_NE(r.out.find("done: 40 steps"), std::string::npos) << r.out;
+}
+
+// STRATA_PROFILE_OPS=1 makes any run print its per-op CPU time table at exit; without it, none.
+TEST_F(TrainCli, ProfileOpsPrintsATableAtExit) {
+  const std::string args = "train " + tiny() + "--batch 2 --seq 16 --steps 2";
+  const Result off = run(args);
+  ASSERT_EQ(off.status, 0) << off.err;
+  EXPECT_EQ(off.err.find("STRATA_PROFILE_OPS"), std::string::npos) << off.err;
+  const Result on = run(args, "STRATA_PROFILE_OPS=1");
+  ASSERT_EQ(on.status, 0) << on.err;
+  EXPECT_NE(on.err.find("STRATA_PROFILE_OPS: CPU op wall time"), std::string::npos) << on.err;
+  for (const char* op : {"matmul", "adamw", "attention_backward", "cross_entropy"})
+    EXPECT_NE(on.err.find(op), std::string::npos) << op << " missing from:\n" << on.err;
 }
 
 }  // namespace
