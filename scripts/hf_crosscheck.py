@@ -44,6 +44,9 @@ def read_safetensors(path):
         data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + n])
+    # transformers refuses safetensors whose metadata names another framework
+    if header.get("__metadata__", {}).get("format", "pt") != "pt":
+        raise ValueError(f"{path}: __metadata__.format is not 'pt'")
     base = 8 + n
     out = {}
     for name, meta in header.items():
@@ -238,6 +241,11 @@ def check(name, cfg, strata, tmp):
                          os.path.join(d, "m.jsonl"), common + ["--steps", str(steps), "--lr", str(lr)])
 
     saved_cfg = json.load(open(os.path.join(d, "out", "config.json")))
+    arch = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "mistral": "MistralForCausalLM"}[cfg["model_type"]]
+    if saved_cfg.get("model_type") != cfg["model_type"] or saved_cfg.get("architectures") != [arch]:
+        failures.append(f"config.json: model_type {saved_cfg.get('model_type')}, architectures "
+                        f"{saved_cfg.get('architectures')} (want {cfg['model_type']}, [{arch}])")
     init = read_model_dir(os.path.join(d, "init"))
     final = read_model_dir(os.path.join(d, "out"))
     want = hf_expected(saved_cfg)
