@@ -157,31 +157,12 @@ STRATA_INLINE void ce_rows(const CrossEntropyArgs& a, int64_t lo, int64_t hi) {
   }
 }
 
-// The same row loop compiled twice: for the build's baseline ISA and for AVX-512 (chosen at
-// run time), where the 16-lane loops become single zmm operations.
-template <class E>
-void ce_rows_baseline(const CrossEntropyArgs& a, int64_t lo, int64_t hi) {
-  ce_rows<E>(a, lo, hi);
-}
-template <class E>
-__attribute__((target("avx512f,avx512bw,fma"))) void ce_rows_avx512(const CrossEntropyArgs& a, int64_t lo,
-                                                                    int64_t hi) {
-  ce_rows<E>(a, lo, hi);
-}
-
-bool have_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  return yes;
-}
-
 template <class E>
 void cross_entropy_impl(const CrossEntropyArgs& a) {
-  const bool avx512 = have_avx512();
-  const int64_t grain = std::max<int64_t>(1, 8192 / a.vocab);
-  parallel_for(0, a.rows, grain, [&](int64_t lo, int64_t hi) {
-    if (avx512) ce_rows_avx512<E>(a, lo, hi);
-    else ce_rows_baseline<E>(a, lo, hi);
-  });
+  // The row loop compiled for the baseline ISA and for AVX-512 (picked at run time), where the
+  // 16-lane chunk loops become single zmm operations.
+  parallel_simd(a.rows, std::max<int64_t>(1, 8192 / a.vocab),
+                [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY { ce_rows<E>(a, lo, hi); });
 }
 
 #undef STRATA_INLINE

@@ -50,10 +50,10 @@ std::vector<double> packed(const TypedBuf& buf, int64_t rows, int64_t vocab, int
   return v;
 }
 
-class CrossEntropyTest : public ::testing::TestWithParam<DType> {};
+class CrossEntropyTest : public DtypeIsaTest {};
 
 TEST_P(CrossEntropyTest, LossesAndGradientsMatchFloat64) {
-  const DType t = GetParam();
+  const DType t = dtype();
   const double g_rtol = t == DType::f32 ? 2e-5 : (t == DType::bf16 ? 1e-2 : 2e-3);
   uint32_t seed = 1;
   for (int64_t vocab : {1, 3, 17, 129, 3000}) {  // 3000 spans two of the kernel's chunks
@@ -108,7 +108,7 @@ TEST_P(CrossEntropyTest, LossesAndGradientsMatchFloat64) {
 }
 
 TEST_P(CrossEntropyTest, Gpt2VocabOnAFewRows) {
-  const DType t = GetParam();
+  const DType t = dtype();
   const int64_t rows = 3, vocab = 50257;
   const auto targets = make_targets(rows, vocab, 77, false);
   auto lv0 = random_vec(rows * vocab, 78, -8, 8);
@@ -125,8 +125,7 @@ TEST_P(CrossEntropyTest, Gpt2VocabOnAFewRows) {
   expect_close(logits.values(), ref.dlogits, t == DType::f16 ? 3e-8 : 1e-9, g_rtol, "dlogits V=50257");
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, CrossEntropyTest, ::testing::Values(DType::f32, DType::bf16, DType::f16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(DTypes, CrossEntropyTest, dtype_isa_values(), dtype_isa_name);
 
 TEST(CrossEntropyOps, LargeLogitsAreStable) {
   const int64_t rows = 4, vocab = 1000;
