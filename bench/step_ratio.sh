@@ -7,9 +7,9 @@
 # Default config: GPT-2 124M, B=4, T=64 (issue 3's figure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pairs=${1:-5}
-shift || true
-[[ "${1:-}" == "--" ]] && shift
+pairs=5
+if [[ "${1:-}" =~ ^[0-9]+$ ]]; then pairs=$1; shift; fi
+if [[ "${1:-}" == "--" ]]; then shift; fi
 bin=build/bin/strata
 [[ -x $bin ]] || { echo "step_ratio.sh: $bin not found; build first (scripts/test.sh or cmake --build build)" >&2; exit 1; }
 args=(--preset gpt2-124m --batch 4 --seq 64 --warmup 2 --steps 7 "$@")

@@ -286,9 +286,9 @@ def check(name, cfg, strata, tmp):
     _, f32 = replay(torch.float32)
     for s, (total, norm) in enumerate(ref_steps):
         m = metrics[s]
-        if abs(m["loss"] - total) > 2e-5 * max(1.0, abs(total)):
+        if not abs(m["loss"] - total) <= 2e-5 * max(1.0, abs(total)):  # "not <=": NaN fails
             failures.append(f"step {s + 1}: loss {m['loss']} vs torch {total}")
-        if abs(m["grad_norm"] - norm) > 1e-4 * max(1e-3, norm):
+        if not abs(m["grad_norm"] - norm) <= 1e-4 * max(1e-3, norm):
             failures.append(f"step {s + 1}: grad_norm {m['grad_norm']} vs torch {norm}")
 
     # Final weights against the float64 replay, next to PyTorch's own float32 run of the same
@@ -300,9 +300,11 @@ def check(name, cfg, strata, tmp):
         d = torch.cat([(w[k] - ref[k]).abs().flatten() for k in ref])
         return {q: d.quantile(q).item() for q in (0.5, 0.999)} | {1.0: d.max().item()}
 
+    if not all(torch.isfinite(v).all() for v in final.values()):
+        failures.append("final weights: strata saved non-finite values")
     ours, theirs = stats({k: v.double() for k, v in final.items()}), stats(f32)
     for q, floor in ((0.5, 1e-8), (0.999, 1e-6)):
-        if ours[q] > max(8 * theirs[q], floor):
+        if not ours[q] <= max(8 * theirs[q], floor):  # NaN anywhere makes a quantile NaN: fails
             failures.append(f"final weights: quantile {q} of |strata - float64| = {ours[q]:.3g}, "
                             f"torch fp32 has {theirs[q]:.3g}")
     print(f"{name}: {len(want)} tensors named and shaped as HF's; {steps} steps with loss and grad norm as "

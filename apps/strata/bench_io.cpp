@@ -22,6 +22,7 @@
 #include "io/aligned_buffer.h"
 #include "io/engine.h"
 #include "io/swap_space.h"
+#include "offload/size.h"
 
 namespace strata::app {
 namespace {
@@ -37,23 +38,6 @@ struct BenchIoArgs {
   std::string reap = "caller";
   bool allow_buffered = false;
 };
-
-// "4G" -> 4 GiB, "1M" -> 1 MiB, "4096" -> 4096 (fio's convention: powers of 1024).
-uint64_t parse_bytes(const std::string& s) {
-  size_t pos = 0;
-  uint64_t v = std::stoull(s, &pos);
-  std::string suf = s.substr(pos);
-  if (!suf.empty() && (suf.back() == 'B' || suf.back() == 'b')) suf.pop_back();
-  if (!suf.empty() && (suf.back() == 'i')) suf.pop_back();
-  if (suf.empty()) return v;
-  switch (suf[0]) {
-    case 'k': case 'K': return v << 10;
-    case 'm': case 'M': return v << 20;
-    case 'g': case 'G': return v << 30;
-    case 't': case 'T': return v << 40;
-  }
-  throw std::invalid_argument("cannot parse size '" + s + "' (use e.g. 4096, 1M, 4G)");
-}
 
 double cpu_seconds() {
   rusage ru{};
@@ -101,7 +85,7 @@ PassResult run_pass(const Submit& submit, io::IoOp op, const std::vector<uint64_
 }
 
 int bench_io(const BenchIoArgs& a) {
-  const uint64_t size = parse_bytes(a.size), block = parse_bytes(a.block);
+  const uint64_t size = offload::parse_size(a.size), block = offload::parse_size(a.block);
   if (block == 0 || block % io::kDirectAlign || size < block)
     throw std::invalid_argument("--block must be a multiple of 4 KiB and no larger than --size");
   if (a.qd == 0) throw std::invalid_argument("--qd must be positive");

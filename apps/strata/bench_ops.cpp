@@ -48,11 +48,7 @@ struct Metric {
 struct Timing {
   std::vector<double> ms;
   std::string error;
-  double median() const {
-    std::vector<double> v = ms;
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v[v.size() / 2];
-  }
+  double median() const { return app::median(ms); }
   double min() const { return ms.empty() ? 0 : *std::min_element(ms.begin(), ms.end()); }
 };
 
@@ -276,10 +272,6 @@ double process_cpu_ms() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-3;
-}
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 // Does oneDNN's OpenMP team (spin-waiting after a matmul) slow the loop that follows, and vice

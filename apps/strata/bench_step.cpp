@@ -3,7 +3,6 @@
 // GFLOP/s (6·N·tokens + attention), next to a bare fp32 GEMM measured in the same run.
 #include <algorithm>
 #include <cstdio>
-#include <memory>
 #include <stdexcept>
 #include <vector>
 
@@ -24,12 +23,6 @@ struct BenchStepOptions {
   int threads = 0;
   int warmup = 2, steps = 5;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Training FLOPs per step: 6 per parameter per token (forward 2, backward 4), plus attention's
 // q·kᵀ and p·v: 2·2·T·(Hq·D) per token and layer forward, ×3 with backward (= nanoGPT's
@@ -63,40 +56,37 @@ void register_bench_step(CLI::App& bench, Run& run) {
     run = [opts]() -> int {
       const BenchStepOptions& b = *opts;
       if (b.steps <= 0) throw std::invalid_argument("--steps must be positive");
-      auto make = [&b](const std::string& dtype) {
-        TrainOptions t;
-        t.model = b.model;
-        t.preset = b.model.empty() ? b.preset : "";
-        t.synthetic_data = true;
-        t.backend = b.backend;
-        t.dtype = dtype;
-        t.batch = b.batch;
-        t.seq = b.seq;
-        t.threads = b.threads;
-        t.steps = b.warmup + b.steps;
-        t.warmup = 0;
-        t.lr = 1e-4;
-        t.lr_schedule = "constant";
-        return std::make_unique<Trainer>(t);
-      };
-      auto trainer = make(b.dtype);
-      for (int i = 0; i < b.warmup; ++i) trainer->step();
+      TrainOptions t;
+      t.model = b.model;
+      t.preset = b.model.empty() ? b.preset : "";
+      t.synthetic_data = true;
+      t.backend = b.backend;
+      t.dtype = b.dtype;
+      t.batch = b.batch;
+      t.seq = b.seq;
+      t.threads = b.threads;
+      t.steps = b.warmup + b.steps;
+      t.warmup = 0;
+      t.lr = 1e-4;
+      t.lr_schedule = "constant";
+      Trainer trainer(t);
+      for (int i = 0; i < b.warmup; ++i) trainer.step();
       std::vector<double> each;
       double last_loss = 0;
       for (int i = 0; i < b.steps; ++i) {
-        const StepStats st = trainer->step();
+        const StepStats st = trainer.step();
         each.push_back(st.step_ms);
         last_loss = st.loss;
       }
       double ms = 0;
       for (double x : each) ms += x;
       ms /= b.steps;
-      const double flops = step_flops(trainer->config(), trainer->n_params(), b.batch, b.seq);
-      const double gemm = trainer->matmul_gflops_probe(256, 3072, 768, 20);
+      const double flops = step_flops(trainer.config(), trainer.n_params(), b.batch, b.seq);
+      const double gemm = trainer.matmul_gflops_probe(256, 3072, 768, 20);
       nlohmann::json j;
       j["bench"] = "step";
       j["model"] = b.model.empty() ? b.preset : b.model;
-      j["params"] = trainer->n_params();
+      j["params"] = trainer.n_params();
       j["backend"] = b.backend;
       j["dtype"] = b.dtype;
       j["batch"] = b.batch;
@@ -113,7 +103,7 @@ void register_bench_step(CLI::App& bench, Run& run) {
       j["gemm_f32_256x3072x768_gflops"] = gemm;
       j["gflops_vs_gemm"] = flops / 1e9 / (ms / 1e3) / gemm;
       j["loss"] = last_loss;
-      j["device_bytes"] = trainer->device_bytes();
+      j["device_bytes"] = trainer.device_bytes();
       std::printf("%s\n", j.dump().c_str());
       return 0;
     };

@@ -2,7 +2,9 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <functional>
+#include <vector>
 
 namespace strata::app {
 
@@ -13,6 +15,14 @@ void register_bench_ops(CLI::App& bench, Run& run);
 void register_bench_io(CLI::App& bench, Run& run);
 void register_bench_offload(CLI::App& bench, Run& run);
 void register_bench_step(CLI::App& bench, Run& run);
+
+// Median of timings (mean of the middle two for an even count; 0 for none).
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 // `strata train`.
 void register_train(CLI::App& app, Run& run);

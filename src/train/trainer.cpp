@@ -140,11 +140,6 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     throw std::invalid_argument("--seq " + std::to_string(o.seq) + " exceeds the model's max_position_embeddings (" +
                                 std::to_string(m.cfg.max_position_embeddings) + ")");
   if (!o.out.empty()) check_out_writable(o.out);
-  if (!o.metrics.empty()) {
-    m.metrics.open(o.metrics, std::ios::out | std::ios::trunc);
-    if (!m.metrics) throw std::runtime_error("--metrics " + o.metrics + ": cannot open for writing");
-  }
-
   // Data.
   if (o.synthetic_data) {
     m.data_source = "synthetic (fixed random tokens)";
@@ -197,6 +192,11 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     }
   }
   m.stream->synchronize();
+  // Last, after every check: a run that fails to start leaves an earlier metrics file intact.
+  if (!o.metrics.empty()) {
+    m.metrics.open(o.metrics, std::ios::out | std::ios::trunc);
+    if (!m.metrics) throw std::runtime_error("--metrics " + o.metrics + ": cannot open for writing");
+  }
 }
 
 Trainer::~Trainer() = default;

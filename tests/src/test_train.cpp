@@ -278,6 +278,20 @@ TEST(Trainer, ClearErrorsBeforeTraining) {
   o.out = "";
   o.lr_schedule = "linear";
   EXPECT_THROW(Trainer{o}, std::invalid_argument);
+
+  // A run that fails to start (here: no shard matches --data) keeps an earlier metrics file.
+  const fs::path dir = make_temp_dir();
+  const fs::path metrics = dir / "run.jsonl";
+  std::ofstream(metrics) << "{\"step\":1}\n";
+  o.lr_schedule = "cosine";
+  o.metrics = metrics.string();
+  o.data = (dir / "no-such-*.bin").string();
+  EXPECT_THROW(Trainer{o}, std::runtime_error);
+  std::ifstream in(metrics);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "{\"step\":1}");
+  fs::remove_all(dir);
 }
 
 }  // namespace
