@@ -280,7 +280,10 @@ Handle BlockManager::acquire(BlockId b, Tier t, Mode m) {
 }
 
 void BlockManager::release(Handle& h, kernels::Stream* done_on) {
-  assert(h.mgr_ == this && open_handles_[h.block_] > 0);
+  // Checked in every build: releasing a default or already-released handle would otherwise
+  // unpin block 0 and drive its counts negative.
+  if (h.mgr_ != this || open_handles_[h.block_] <= 0)
+    throw std::logic_error("offload: release of a handle this manager did not hand out (default, or already released)");
   RtCopy& rc = rt_copy(h.block_, h.tier_);
   if (done_on) {
     auto part = std::make_shared<EventPart>(rt_.create_event());

@@ -136,6 +136,18 @@ struct TransferEngine::Impl {
     return done;
   }
 
+  // Starts one host<->NVMe I/O with its link clock running; a submit that throws stops the
+  // clock again, so in-flight counts stay balanced on every error path.
+  std::shared_ptr<Waitable> start_io(LinkClock* c, bool to_nvme, const Place& src, const Place& dst, uint64_t len) {
+    c->begin();
+    try {
+      return to_nvme ? store->write(dst.nvme_offset, len, src.ptr) : store->read(src.nvme_offset, len, dst.ptr);
+    } catch (...) {
+      c->end(0);
+      throw;
+    }
+  }
+
   // host<->NVMe: the submit lane waits for deps and submits; the completion lane waits for the
   // I/O and completes the fence, so several moves are in flight at once.
   Fence host_nvme(const Place& src, const Place& dst, uint64_t bytes, const Fence& deps) {
@@ -147,14 +159,7 @@ struct TransferEngine::Impl {
       // by the engine's completion, not by two lane hops. The completion lane only keeps time.
       try {
         deps.wait();  // completed; rethrows if an input failed
-        c->begin();
-        std::shared_ptr<Waitable> io;
-        try {
-          io = to_nvme ? store->write(dst.nvme_offset, len, src.ptr) : store->read(src.nvme_offset, len, dst.ptr);
-        } catch (...) {
-          c->end(0);
-          throw;
-        }
+        std::shared_ptr<Waitable> io = start_io(c, to_nvme, src, dst, len);
         complete.push([io, c, len] {
           try {
             io->wait();
@@ -175,8 +180,7 @@ struct TransferEngine::Impl {
       std::shared_ptr<Waitable> io;
       try {
         deps.wait();
-        c->begin();
-        io = to_nvme ? store->write(dst.nvme_offset, len, src.ptr) : store->read(src.nvme_offset, len, dst.ptr);
+        io = start_io(c, to_nvme, src, dst, len);
       } catch (...) {
         done->set(std::current_exception());
         return;
@@ -205,10 +209,12 @@ struct TransferEngine::Impl {
       LinkClock& c_pcie = clock(to_nvme ? Link::d2h : Link::h2d);
       LinkClock& c_nvme = clock(to_nvme ? Link::host_to_nvme : Link::nvme_to_host);
       std::vector<std::shared_ptr<Waitable>> writes(cfg.n_staging);  // to_nvme: last write per buffer
+      bool clocks_running = false;  // a failed input (deps) never starts them
       try {
         deps.wait();
         c_pcie.begin();
         c_nvme.begin();
+        clocks_running = true;
         auto* base = static_cast<char*>(staging.data());
         for (uint64_t off = 0, k = 0; off < len; off += cfg.staging_bytes, ++k) {
           uint64_t n = std::min<uint64_t>(cfg.staging_bytes, len - off);
@@ -244,8 +250,10 @@ struct TransferEngine::Impl {
           staging_stream->synchronize();
         } catch (...) {
         }
-        c_pcie.end(0);
-        c_nvme.end(0);
+        if (clocks_running) {
+          c_pcie.end(0);
+          c_nvme.end(0);
+        }
         done->set(std::current_exception());
       }
     });

@@ -173,6 +173,26 @@ TEST(BlockManager, WritesOnOneTierAreSeenOnTheOther) {
   EXPECT_GT(st.link(Link::h2d).bytes, 0u);
 }
 
+// Releasing a default or an already-released handle is an error in every build, and leaves the
+// block's pins as they were (the block can still be acquired and released normally).
+TEST(BlockManager, ReleasingAHandleTwiceIsAnError) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  BlockManager mgr(*rt, budgets(4 * kAlign, 16 * kAlign));
+  BlockId x = mgr.add_block("x", kAlign, Tier::host);
+  mgr.begin_step();
+  Handle none;
+  EXPECT_THROW(mgr.release(none), std::logic_error);
+  Handle h = mgr.acquire(x, Tier::host, Mode::read);
+  h.wait();
+  mgr.release(h);
+  EXPECT_FALSE(h);
+  EXPECT_THROW(mgr.release(h), std::logic_error);
+  Handle again = mgr.acquire(x, Tier::host, Mode::read);
+  again.wait();
+  mgr.release(again);
+  EXPECT_NO_THROW(mgr.end_step());
+}
+
 // Compute on a stream, release with that stream: the write-back waits for the kernel, not the host.
 TEST(BlockManager, ReleaseOnAStreamOrdersLaterMoves) {
   auto rt = kernels::make_runtime(kernels::Backend::cpu);
