@@ -220,8 +220,8 @@ void BlockManager::online_demand(BlockId b, Tier t, Mode m) {
       throw BudgetError(std::string(tier_name(t)) + " budget " + format_size(res_.budget(t)) + " is exhausted: " +
                             format_size(res_.pinned_bytes(t)) + " are acquired or home when block '" + spec.name +
                             "' (" + format_size(spec.bytes) + ") is acquired; this step needs at least " +
-                            format_size(need) + " (raise --" + std::string(tier_name(t)) + "-mem)",
-                        t, res_.budget(t), 0);
+                            format_size(need) + " (" + std::string(budget_remedy(t)) + ")",
+                        t, res_.budget(t), need);
     }
     for (BlockId v : *victims) apply({OpKind::evict, v, t});
   }

@@ -2,6 +2,7 @@
 #include "offload/planner.h"
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <map>
 
@@ -278,10 +279,8 @@ uint64_t peak_pinned_bytes(const Residency& state, const Schedule& s, Tier t) {
 }
 
 namespace {
-bool runs(const Residency& state, const Schedule& s, Tier t, uint64_t budget) {
-  std::array<uint64_t, kNumTiers> budgets;
-  for (int k = 0; k < kNumTiers; ++k) budgets[k] = state.budget(static_cast<Tier>(k));
-  budgets[index(t)] = budget;
+// Does `s` run from a cold start with these budgets?
+bool runs(const Residency& state, const Schedule& s, const std::array<uint64_t, kNumTiers>& budgets) {
   try {
     Residency cold = state.cold(budgets);
     return !candidate_plans(cold, s).empty();
@@ -289,38 +288,71 @@ bool runs(const Residency& state, const Schedule& s, Tier t, uint64_t budget) {
     return false;
   }
 }
-}  // namespace
-
-uint64_t min_budget(const Residency& state, const Schedule& s, Tier t) {
-  uint64_t lo = peak_pinned_bytes(state, s, t);
-  uint64_t hi = 0;  // every home copy plus every copy the schedule touches: nothing is evicted
+std::array<uint64_t, kNumTiers> budgets_of(const Residency& state) {
+  std::array<uint64_t, kNumTiers> b;
+  for (int k = 0; k < kNumTiers; ++k) b[k] = state.budget(static_cast<Tier>(k));
+  return b;
+}
+// Tier t's budget at which nothing need be evicted from it: every home copy plus every copy the
+// schedule touches there.
+uint64_t no_eviction_bytes(const Residency& state, const Schedule& s, Tier t) {
   std::vector<bool> touched(state.n_blocks(), false);
   for (const auto& e : s.events())
     if (e.tier == t) touched[e.block] = true;
+  uint64_t bytes = 0;
   for (BlockId b = 0; b < state.n_blocks(); ++b)
-    if (touched[b] || state.block(b).home == t) hi += align_up(state.block(b).bytes);
-  if (runs(state, s, t, lo)) return lo;
-  assert(runs(state, s, t, hi));
+    if (touched[b] || state.block(b).home == t) bytes += align_up(state.block(b).bytes);
+  return bytes;
+}
+}  // namespace
+
+uint64_t min_budget(const Residency& state, const Schedule& s, Tier t) {
+  std::array<uint64_t, kNumTiers> budgets = budgets_of(state);
+  auto runs_at = [&](uint64_t b) {
+    budgets[index(t)] = b;
+    return runs(state, s, budgets);
+  };
+  uint64_t lo = peak_pinned_bytes(state, s, t);
+  uint64_t hi = no_eviction_bytes(state, s, t);
+  if (runs_at(lo)) return lo;
+  if (!runs_at(hi))  // another tier is what is too small: no budget of t alone makes it run
+    throw BudgetError("offload: no " + std::string(tier_name(t)) + " budget runs this schedule with the other " +
+                          "tiers' budgets as they are",
+                      t, state.budget(t), 0);
   // Invariant: hi runs, lo does not.
   while (hi - lo > kAlign) {
     uint64_t mid = (lo + (hi - lo) / 2) / kAlign * kAlign;
     if (mid <= lo) mid = lo + kAlign;
-    (runs(state, s, t, mid) ? hi : lo) = mid;
+    (runs_at(mid) ? hi : lo) = mid;
   }
   return hi;
 }
 
 void check_budgets(const Residency& state, const Schedule& s) {
+  if (runs(state, s, budgets_of(state))) return;
+  // Name each tier that is too small on its own: its minimum with the other tiers roomy enough
+  // that they evict nothing (so the blame is never put on a tier that is not short).
+  std::array<uint64_t, kNumTiers> roomy = budgets_of(state);
+  for (int k = 0; k < kNumTiers; ++k)
+    roomy[k] = std::max(roomy[k], no_eviction_bytes(state, s, static_cast<Tier>(k)));
+  std::string what;
+  Tier first = Tier::device;
+  uint64_t first_need = 0;
   for (int k = 0; k < kNumTiers; ++k) {
-    Tier t = static_cast<Tier>(k);
-    if (runs(state, s, t, state.budget(t))) continue;
-    uint64_t need = min_budget(state, s, t);
-    throw BudgetError(std::string(tier_name(t)) + " budget " + format_size(state.budget(t)) +
-                          " is below the minimum " + format_size(need) + " (" + std::to_string(need) +
-                          " bytes) at which this step's schedule can run; raise --" + std::string(tier_name(t)) +
-                          "-mem to at least that",
-                      t, state.budget(t), need);
+    const Tier t = static_cast<Tier>(k);
+    std::array<uint64_t, kNumTiers> b = roomy;
+    b[k] = state.budget(t);
+    if (runs(state, s, b)) continue;
+    const uint64_t need = min_budget(state.cold(roomy), s, t);
+    if (what.empty()) first = t, first_need = need;
+    what += (what.empty() ? "" : "; ") + std::string(tier_name(t)) + " budget " + format_size(state.budget(t)) +
+            " is below the minimum " + format_size(need) + " (" + std::to_string(need) +
+            " bytes) at which this step's schedule can run: " + std::string(budget_remedy(t)) + " to at least that";
   }
+  if (what.empty())  // each tier suffices alone, not together
+    what = "the device, host and NVMe budgets together are too small for this step's schedule (each would do if "
+           "the others were larger); raise --device-mem or --host-mem";
+  throw BudgetError(what, first, state.budget(first), first_need);
 }
 
 }  // namespace strata::offload

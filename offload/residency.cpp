@@ -19,8 +19,8 @@ BlockId Residency::add_block(const BlockSpec& spec) {
     uint64_t used = arenas_[index(spec.home)].used();
     throw BudgetError(std::string(tier_name(spec.home)) + " budget " + format_size(budget(spec.home)) +
                           " cannot hold the home copy of block '" + spec.name + "' (" + format_size(spec.bytes) +
-                          ") after " + format_size(used) + " of other home copies; raise --" +
-                          std::string(tier_name(spec.home)) + "-mem to at least " +
+                          ") after " + format_size(used) + " of other home copies; " +
+                          std::string(budget_remedy(spec.home)) + " to at least " +
                           format_size(used + align_up(spec.bytes)),
                       spec.home, budget(spec.home), used + align_up(spec.bytes));
   }

@@ -23,6 +23,16 @@ inline std::string_view tier_name(Tier t) {
   }
   return "?";
 }
+// How a user raises tier t's budget, for budget errors: the DESIGN.md flags for device and
+// host; NVMe is bounded by the swap directories' disks, not by a flag.
+inline std::string_view budget_remedy(Tier t) {
+  switch (t) {
+    case Tier::device: return "raise --device-mem";
+    case Tier::host: return "raise --host-mem";
+    case Tier::nvme: return "give the NVMe swap more room (a larger disk or another --nvme-path)";
+  }
+  return "?";
+}
 inline std::string_view mode_name(Mode m) {
   switch (m) {
     case Mode::read: return "read";

@@ -144,12 +144,47 @@ TEST(BlockManager, BudgetBelowMinimumIsAnErrorNamingIt) {
     EXPECT_NE(std::string(e.what()).find("device budget"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("minimum 36.00 KiB"), std::string::npos) << e.what();
   }
-  // Online (recording) the same shortage is an error naming the tier at the acquire.
+  // Online (recording) the same shortage is an error naming the tier at the acquire; its minimum
+  // is what the acquire needed.
   mgr.begin_step();
   Handle h0 = mgr.acquire(0, Tier::device, Mode::read), h1 = mgr.acquire(1, Tier::device, Mode::read);
-  EXPECT_THROW(mgr.acquire(2, Tier::device, Mode::read), BudgetError);
+  try {
+    mgr.acquire(2, Tier::device, Mode::read);
+    FAIL() << "acquire past the device budget";
+  } catch (const BudgetError& e) {
+    EXPECT_EQ(e.minimum(), 9 * kAlign);
+    EXPECT_NE(std::string(e.what()).find("raise --device-mem"), std::string::npos) << e.what();
+  }
   mgr.release(h0);
   mgr.release(h1);
+}
+
+// When the host is the tier that is too small, the error names the host (not the device, whose
+// budget 0 is fine for a host-only schedule) and a real minimum.
+TEST(BlockManager, HostTooSmallIsNamedWithItsMinimum) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  Schedule s;  // three NVMe-homed blocks of 2 pages held at once on host: 6 pages needed
+  size_t a = s.acquire(0, Tier::host, Mode::read), b = s.acquire(1, Tier::host, Mode::read);
+  size_t c = s.acquire(2, Tier::host, Mode::read);
+  s.release(a);
+  s.release(b);
+  s.release(c);
+  ManagerConfig cfg;
+  cfg.device_bytes = 0;
+  cfg.host_bytes = 5 * kAlign;
+  BlockManager mgr(*rt, cfg, std::make_unique<MemStore>(64 * kAlign));
+  for (const char* name : {"w0", "w1", "w2"}) mgr.add_block(name, 2 * kAlign, Tier::nvme);
+  try {
+    mgr.set_schedule(s);
+    FAIL() << "accepted a host budget below the minimum";
+  } catch (const BudgetError& e) {
+    EXPECT_EQ(e.tier(), Tier::host);
+    EXPECT_EQ(e.minimum(), 6 * kAlign);
+    const std::string m = e.what();
+    EXPECT_NE(m.find("host budget 20.00 KiB is below the minimum 24.00 KiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("raise --host-mem"), std::string::npos) << m;
+    EXPECT_EQ(m.find("device budget"), std::string::npos) << m;
+  }
 }
 
 TEST(BlockManager, WritesOnOneTierAreSeenOnTheOther) {
