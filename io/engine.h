@@ -97,6 +97,10 @@ class IoEngine {
   // Register a long-lived (pinned) staging buffer: pieces inside it use read_fixed/write_fixed.
   // Returns false (and I/O still works, unregistered) if the kernel refuses, e.g. memlock limit.
   virtual bool register_buffer(void* p, size_t bytes) = 0;
+  // Drops the registration made for the buffer starting at p (no-op if there is none), so the
+  // kernel unpins its pages and a later buffer at the same address is registered afresh. Call
+  // before freeing the buffer, with no I/O in flight on it.
+  virtual void unregister_buffer(void* p) = 0;
 
   IoHandle read(FileId f, uint64_t offset, uint64_t length, void* buf);
   IoHandle write(FileId f, uint64_t offset, uint64_t length, const void* buf);

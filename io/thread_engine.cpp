@@ -35,6 +35,7 @@ class ThreadEngine final : public detail::EngineBase {
   }
 
   bool register_buffer(void*, size_t) override { return true; }  // nothing to register for pread/pwrite
+  void unregister_buffer(void*) override {}
 
   IoHandle submit(IoOp op, std::span<const IoSpan> spans, RequestOptions ropts) override {
     std::shared_ptr<Request> r = make_request(op, spans, std::move(ropts));

@@ -4,6 +4,7 @@
 #include <liburing.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cerrno>
 #include <condition_variable>
@@ -67,21 +68,27 @@ class UringEngine final : public detail::EngineBase, public detail::Reaper {
     std::lock_guard lk(sq_mu_);
     char* base = static_cast<char*>(p);
     for (size_t off = 0; off < bytes; off += kMaxFixedBuffer) {
-      if (buffers_.size() >= kMaxBuffers) return false;
+      const int slot = free_buffer_slot_locked();
+      int ret = -ENOBUFS;
       iovec iov{base + off, std::min(kMaxFixedBuffer, bytes - off)};
-      unsigned slot = static_cast<unsigned>(buffers_.size());
-      int ret = io_uring_register_buffers_update_tag(&ring_, slot, &iov, nullptr, 1);
+      if (slot >= 0) ret = io_uring_register_buffers_update_tag(&ring_, static_cast<unsigned>(slot), &iov, nullptr, 1);
       if (ret < 0) {
         static std::once_flag warned;
         std::call_once(warned, [ret] {
           std::fprintf(stderr, "strata: warning: io_uring buffer registration refused (%s); using unregistered I/O\n",
                        std::strerror(-ret));
         });
+        unregister_locked(base);  // all or nothing: drop the pieces already registered
         return false;
       }
-      buffers_.push_back(FixedBuffer{static_cast<char*>(iov.iov_base), iov.iov_len, static_cast<int>(slot)});
+      buffers_.push_back(FixedBuffer{base, static_cast<char*>(iov.iov_base), iov.iov_len, slot});
     }
     return true;
+  }
+
+  void unregister_buffer(void* p) override {
+    std::lock_guard lk(sq_mu_);
+    unregister_locked(static_cast<char*>(p));
   }
 
   IoHandle submit(IoOp op, std::span<const IoSpan> spans, RequestOptions ropts) override {
@@ -147,10 +154,30 @@ class UringEngine final : public detail::EngineBase, public detail::Reaper {
 
  private:
   struct FixedBuffer {
+    char* registered_as;  // the p of the register_buffer call it came from
     char* p;
     size_t bytes;
     int index;
   };
+
+  int free_buffer_slot_locked() const {
+    for (unsigned slot = 0; slot < kMaxBuffers; ++slot)
+      if (std::none_of(buffers_.begin(), buffers_.end(), [&](const FixedBuffer& b) { return b.index == int(slot); }))
+        return static_cast<int>(slot);
+    return -1;
+  }
+
+  // Empties the table slots registered for `base` (the kernel unpins those pages) and forgets them.
+  void unregister_locked(char* base) {
+    for (const FixedBuffer& b : buffers_) {
+      if (b.registered_as != base) continue;
+      iovec none{nullptr, 0};
+      int ret = io_uring_register_buffers_update_tag(&ring_, static_cast<unsigned>(b.index), &none, nullptr, 1);
+      if (ret < 0)
+        std::fprintf(stderr, "strata: warning: io_uring buffer unregister failed: %s\n", std::strerror(-ret));
+    }
+    std::erase_if(buffers_, [&](const FixedBuffer& b) { return b.registered_as == base; });
+  }
 
   int fixed_index_locked(const char* p, uint64_t len) const {
     for (const FixedBuffer& b : buffers_)

@@ -26,6 +26,7 @@ class NvmeStore {
   virtual std::shared_ptr<Waitable> write(uint64_t offset, uint64_t length, const void* buf) = 0;
   // A long-lived staging buffer the engine may register (io_uring fixed buffers). Best effort.
   virtual void register_buffer(void* /*p*/, size_t /*bytes*/) {}
+  virtual void unregister_buffer(void* /*p*/) {}  // before the buffer is freed, nothing in flight
   virtual std::string describe() const = 0;
 };
 

@@ -33,6 +33,7 @@ class SwapStore final : public NvmeStore {
     return std::make_shared<IoPart>(space_.write(extent_, offset, length, buf));
   }
   void register_buffer(void* p, size_t bytes) override { space_.engine().register_buffer(p, bytes); }
+  void unregister_buffer(void* p) override { space_.engine().unregister_buffer(p); }
   std::string describe() const override {
     auto files = space_.files();
     std::string where = files.empty() ? "?" : files.front();

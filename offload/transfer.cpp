@@ -118,6 +118,13 @@ struct TransferEngine::Impl {
     }
   }
 
+  // The staging buffer is freed after this: its registration must go first, or a later buffer at
+  // the same address would be read into through the old pinned pages. Members are destroyed
+  // after this body, and the lanes (their threads) are drained by ~TransferEngine before it.
+  ~Impl() {
+    if (store && staging.data()) store->unregister_buffer(staging.data());
+  }
+
   LinkClock& clock(Link l) { return clocks[static_cast<int>(l)]; }
 
   // device<->host: the copy stream waits for deps, copies, and records the fence's event.
