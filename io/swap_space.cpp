@@ -16,13 +16,10 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "io/aligned_buffer.h"
 #include "io/crc32c.h"
 
 namespace strata::io {
-
-namespace {
-std::atomic<uint64_t> g_buffered_fallbacks{0};
-}
 
 struct SwapSpace::Impl {
   struct Dir {
@@ -77,16 +74,15 @@ IoError path_error(const std::string& path, int err, const std::string& hint) {
 }
 
 // Writes and reads back one aligned block: some filesystems accept O_DIRECT at open and
-// reject it at the first I/O.
-bool direct_io_works(int fd) {
-  void* p = nullptr;
-  if (posix_memalign(&p, kDirectAlign, kDirectAlign) != 0) return false;
-  std::memset(p, 0x5a, kDirectAlign);
-  bool ok = ::pwrite(fd, p, kDirectAlign, 0) == static_cast<ssize_t>(kDirectAlign) &&
-            ::pread(fd, p, kDirectAlign, 0) == static_cast<ssize_t>(kDirectAlign);
-  std::free(p);
-  if (::ftruncate(fd, 0) != 0) ok = false;
-  return ok;
+// reject it at the first I/O. Returns 0, or the errno of the step that failed (a short transfer
+// counts as EIO): only EINVAL means "rejects O_DIRECT"; ENOSPC, EIO, ... are real failures.
+int direct_io_probe(int fd) {
+  AlignedBuffer buf(kDirectAlign);
+  std::memset(buf.data(), 0x5a, kDirectAlign);
+  auto failed = [](ssize_t n) { return n == static_cast<ssize_t>(kDirectAlign) ? 0 : (n < 0 ? errno : EIO); };
+  if (int err = failed(::pwrite(fd, buf.data(), kDirectAlign, 0))) return err;
+  if (int err = failed(::pread(fd, buf.data(), kDirectAlign, 0))) return err;
+  return ::ftruncate(fd, 0) == 0 ? 0 : errno;
 }
 
 }  // namespace
@@ -108,10 +104,17 @@ void SwapSpace::Impl::open_dir(Dir& d) {
     ::rmdir(d.dir.c_str());
     throw path_error(d.file, err, "cannot create the swap file");
   }
-  if (d.fd >= 0 && !direct_io_works(d.fd)) {
-    ::close(d.fd);
-    ::unlink(d.file.c_str());
-    d.fd = -1;
+  if (d.fd >= 0) {
+    const int err = direct_io_probe(d.fd);
+    if (err != 0) {
+      ::close(d.fd);
+      ::unlink(d.file.c_str());
+      d.fd = -1;
+      if (err != EINVAL) {  // not an O_DIRECT refusal: a full disk, an I/O error, ...
+        ::rmdir(d.dir.c_str());
+        throw path_error(d.file, err, "the first write/read of the swap file failed");
+      }
+    }
   }
   if (d.fd < 0) {  // the filesystem rejects O_DIRECT
     if (!opts.allow_buffered) {
@@ -122,7 +125,6 @@ void SwapSpace::Impl::open_dir(Dir& d) {
     }
     std::fprintf(stderr, "strata: warning: %s rejects O_DIRECT; using buffered I/O there (allowed by the user)\n",
                  d.root.c_str());
-    g_buffered_fallbacks.fetch_add(1);
     d.direct = false;
   }
   if (d.fd < 0) {

@@ -42,6 +42,29 @@ class SwapTest : public ::testing::TestWithParam<Config> {
   ScratchDir a_, b_;
 };
 
+// A file-size limit (and SIGXFSZ ignored: writes past it fail with EFBIG instead of killing the
+// process) for one scope, restored even when an assertion returns early.
+class FsizeLimit {
+ public:
+  explicit FsizeLimit(rlim_t bytes) {
+    if (getrlimit(RLIMIT_FSIZE, &old_) != 0) return;
+    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = old_;
+    lim.rlim_cur = bytes;
+    ok_ = setrlimit(RLIMIT_FSIZE, &lim) == 0;
+  }
+  ~FsizeLimit() {
+    if (ok_) setrlimit(RLIMIT_FSIZE, &old_);
+    std::signal(SIGXFSZ, old_handler_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  struct rlimit old_{};
+  void (*old_handler_)(int) = SIG_DFL;
+  bool ok_ = false;
+};
+
 TEST_P(SwapTest, StripedRoundTripsOfRandomSizes) {
   auto e = engine();
   SwapOptions so = two_paths();
@@ -123,23 +146,8 @@ TEST_P(SwapTest, FileSizeLimitFailsAtAllocationAndKeepsExtents) {
   fill_random(buf.data(), 4 << 20, 77);
   swap.write(keep, buf.data()).wait();
 
-  // A 6 MiB file-size limit (and SIGXFSZ ignored: EFBIG, not a signal death) for this scope only,
-  // restored even when an assertion returns early, so later tests keep the normal limit.
-  struct FsizeLimit {
-    struct rlimit old{};
-    void (*old_handler)(int) = SIG_DFL;
-    bool set = false;
-    ~FsizeLimit() {
-      if (set) setrlimit(RLIMIT_FSIZE, &old);
-      std::signal(SIGXFSZ, old_handler);
-    }
-  } limit;
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &limit.old), 0);
-  limit.old_handler = std::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit lim = limit.old;
-  lim.rlim_cur = 6 << 20;
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
-  limit.set = true;
+  FsizeLimit limit(6 << 20);
+  ASSERT_TRUE(limit.ok());
   bool threw = false;
   try {
     swap.allocate(16 << 20);
@@ -283,6 +291,27 @@ TEST_P(SwapTest, NoDirectIoIsAnErrorUnlessBufferedIsAllowed) {
   swap.write(x, a.data()).wait();
   swap.read(x, b.data()).wait();
   EXPECT_EQ(std::memcmp(a.data(), b.data(), 128 << 10), 0);
+}
+
+// A swap file whose first write fails for a reason other than O_DIRECT (here EFBIG: a 0-byte
+// file-size limit, standing in for a full disk) is that error, naming the file, even when
+// buffered I/O is allowed: it is not mistaken for "rejects O_DIRECT".
+TEST_P(SwapTest, FailedProbeWriteIsNotAnODirectRefusal) {
+  auto e = engine();
+  SwapOptions so;
+  so.paths = {a_.path()};
+  so.allow_buffered = true;
+  FsizeLimit limit(0);
+  ASSERT_TRUE(limit.ok());
+  try {
+    SwapSpace swap(so, *e);
+    FAIL() << "a failing first write was accepted";
+  } catch (const IoError& err) {
+    EXPECT_EQ(err.errno_value(), EFBIG) << err.what();
+    EXPECT_NE(std::string(err.what()).find("first write/read"), std::string::npos) << err.what();
+    EXPECT_EQ(std::string(err.what()).find("O_DIRECT"), std::string::npos) << err.what();
+  }
+  EXPECT_TRUE(fs::is_empty(a_.path())) << "the private swap directory was left behind";
 }
 
 TEST_P(SwapTest, MisalignedExtentIoIsRejected) {
