@@ -57,6 +57,12 @@ struct TensorToSave {
   std::function<void(void* dst)> fill;  // writes numel × dtype_size bytes
 };
 
+// Checks, before any work, that save_hf_model can write `out_dir` with the same rules it will
+// apply then: a trailing '/' is dropped; an existing out_dir must be a real directory (not a
+// file, not a symlink); its parent is created and a temporary sibling is made and removed
+// there. Throws std::runtime_error naming the path and the reason.
+void check_hf_save_target(const std::filesystem::path& out_dir);
+
 // Writes config.json and the tensors to `out_dir` in HF layout: one model.safetensors when the
 // total is at most `shard_bytes`, else model-0000k-of-0000n.safetensors + index. Writes into
 // a sibling temporary directory, fsyncs, then renames over `out_dir` (an existing good

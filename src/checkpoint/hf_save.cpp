@@ -90,11 +90,35 @@ void write_shard(const fs::path& path, const std::vector<TensorToSave>& tensors,
 
 }  // namespace
 
+namespace {
+// "runs/x/" has an empty filename; normalise so the temp dir is a sibling, not a child.
+fs::path normalised_out(const fs::path& out_dir) {
+  if (out_dir.empty()) throw std::invalid_argument("save_hf_model: empty output path");
+  return out_dir.has_filename() ? out_dir : out_dir.parent_path();
+}
+// Refuses what replace_directory would refuse, and creates the parent.
+void prepare_parent(const fs::path& out_dir) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(out_dir, ec);
+  if (fs::exists(st) && !fs::is_directory(st))
+    throw std::runtime_error(out_dir.string() + ": exists and is not a directory" +
+                             (fs::is_symlink(st) ? " (a symlink)" : "") + "; refusing to replace it");
+  const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
+  fs::create_directories(parent, ec);
+  if (ec) throw std::runtime_error(out_dir.string() + ": cannot create parent directory " + parent.string() + ": " +
+                                   ec.message());
+}
+}  // namespace
+
+void check_hf_save_target(const std::filesystem::path& out_dir_in) {
+  const fs::path out_dir = normalised_out(out_dir_in);
+  prepare_parent(out_dir);
+  TempDirGuard probe(make_temp_dir(out_dir, ".tmp-"));  // the sibling the save will write into
+}
+
 void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& cfg,
                    const std::vector<TensorToSave>& tensors, uint64_t shard_bytes) {
-  if (out_dir_in.empty()) throw std::invalid_argument("save_hf_model: empty output path");
-  // "runs/x/" has an empty filename; normalise so the temp dir is a sibling, not a child.
-  const fs::path out_dir = out_dir_in.has_filename() ? out_dir_in : out_dir_in.parent_path();
+  const fs::path out_dir = normalised_out(out_dir_in);
   cfg.validate();
   std::set<std::string> names;
   uint64_t total = 0;
@@ -131,11 +155,7 @@ void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& c
     }
   }
 
-  const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(parent, ec);
-  if (ec) throw std::runtime_error(out_dir.string() + ": cannot create parent directory " + parent.string() + ": " +
-                                   ec.message());
+  prepare_parent(out_dir);
   TempDirGuard tmp(make_temp_dir(out_dir, ".tmp-"));
   // mkdtemp makes 0700; a model directory is normally readable by others.
   if (::chmod(tmp.path().c_str(), 0755) != 0)

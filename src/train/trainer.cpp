@@ -4,7 +4,6 @@
 #include "src/train/trainer.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -54,21 +53,6 @@ bool has_weights(const fs::path& dir) {
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().extension() == ".safetensors") return true;
   return false;
-}
-
-// --out must be creatable before we spend time training: its parent must exist (or be
-// creatable) and be writable, and out itself must not be a file.
-void check_out_writable(const std::string& out) {
-  const fs::path p = fs::absolute(out);
-  std::error_code ec;
-  if (fs::exists(p, ec) && !fs::is_directory(p, ec))
-    throw std::runtime_error("--out " + out + ": exists and is not a directory");
-  const fs::path parent = p.parent_path();
-  fs::create_directories(parent, ec);
-  if (ec) throw std::runtime_error("--out " + out + ": cannot create " + parent.string() + " (" + ec.message() + ")");
-  if (access(parent.c_str(), W_OK) != 0)
-    throw std::runtime_error("--out " + out + ": " + parent.string() + " is not writable (" +
-                             std::error_code(errno, std::generic_category()).message() + ")");
 }
 
 }  // namespace
@@ -139,7 +123,13 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   if (o.seq > m.cfg.max_position_embeddings)
     throw std::invalid_argument("--seq " + std::to_string(o.seq) + " exceeds the model's max_position_embeddings (" +
                                 std::to_string(m.cfg.max_position_embeddings) + ")");
-  if (!o.out.empty()) check_out_writable(o.out);
+  if (!o.out.empty()) {  // the save's own rules, so a finished run is never lost at the end
+    try {
+      check_hf_save_target(o.out);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("--out " + o.out + ": " + e.what());
+    }
+  }
   // Data.
   if (o.synthetic_data) {
     m.data_source = "synthetic (fixed random tokens)";

@@ -185,7 +185,7 @@ TEST(Trainer, ZeroLrLeavesWeightsUnchanged) {
   std::FILE* devnull = std::fopen("/dev/null", "w");
   Trainer(o).save((dir / "init").string());
   o.lr = 0, o.min_lr = 0, o.steps = 3, o.weight_decay = 0.5;
-  o.out = (dir / "after").string();
+  o.out = (dir / "after").string() + "/";  // a trailing '/' names the same directory
   Trainer(o).run(devnull);
   std::fclose(devnull);
   auto a = HfCheckpoint::open(dir / "init");
@@ -279,11 +279,24 @@ TEST(Trainer, ClearErrorsBeforeTraining) {
   o.lr_schedule = "linear";
   EXPECT_THROW(Trainer{o}, std::invalid_argument);
 
-  // A run that fails to start (here: no shard matches --data) keeps an earlier metrics file.
+  // --out is checked by the save's own rules: a symlink (even to a directory) would be refused
+  // by the final rename, so it is refused before training.
+  o.lr_schedule = "cosine";
   const fs::path dir = make_temp_dir();
+  fs::create_directories(dir / "real");
+  fs::create_directory_symlink(dir / "real", dir / "link");
+  o.out = (dir / "link").string();
+  try {
+    Trainer t(o);
+    ADD_FAILURE() << "a symlinked --out was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("symlink"), std::string::npos) << e.what();
+  }
+  o.out = "";
+
+  // A run that fails to start (here: no shard matches --data) keeps an earlier metrics file.
   const fs::path metrics = dir / "run.jsonl";
   std::ofstream(metrics) << "{\"step\":1}\n";
-  o.lr_schedule = "cosine";
   o.metrics = metrics.string();
   o.data = (dir / "no-such-*.bin").string();
   EXPECT_THROW(Trainer{o}, std::runtime_error);
