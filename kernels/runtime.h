@@ -60,7 +60,7 @@ class Runtime {
   virtual ~Runtime() = default;
   virtual const DeviceInfo& info() const = 0;
   // Raw allocations; alignment at least 4096 bytes (O_DIRECT- and device-friendly). Throw
-  // std::bad_alloc-derived errors naming the size when the memory is not there.
+  // std::runtime_error naming the size when the memory is not there. Frees never throw.
   virtual void* alloc_device(size_t bytes) = 0;
   virtual void free_device(void* p) = 0;
   virtual void* alloc_pinned(size_t bytes) = 0;  // page-locked host memory (CPU: mlock where permitted)

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/runtime.h"
@@ -68,4 +69,30 @@ TEST(CudaRuntime, OversizedAllocationIsAClearError) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("cudaMalloc"), std::string::npos) << e.what();
   }
+}
+
+// A host function that throws does not terminate the process: the stream's synchronize (and an
+// event recorded after it) rethrow it, later host functions are skipped, and the stream works
+// again afterwards (as on the CPU backend).
+TEST(CudaRuntime, HostFunctionErrorSurfacesAtSynchronize) {
+  auto rt = cuda_or_skip();
+  if (!rt) GTEST_SKIP() << "no CUDA device visible (or built without CUDA)";
+  auto s = rt->create_stream();
+  auto ev = rt->create_event();
+  std::atomic<bool> later_ran{false};
+  s->host_fn([] { throw std::runtime_error("disk on fire"); });
+  s->host_fn([&] { later_ran = true; });
+  s->record(*ev);
+  EXPECT_THROW(ev->synchronize(), std::runtime_error);
+  try {
+    s->synchronize();
+    FAIL() << "synchronize did not rethrow";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "disk on fire");
+  }
+  EXPECT_FALSE(later_ran.load());
+  std::atomic<bool> ran{false};
+  s->host_fn([&] { ran = true; });
+  s->synchronize();
+  EXPECT_TRUE(ran.load());
 }
