@@ -6,9 +6,9 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string_view>
-#include <atomic>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -24,16 +24,17 @@ int available_cores() {
 }
 
 struct State {
-  std::mutex mu;
-  int n = 0;
+  std::mutex mu;  // guards arena and writes of n
+  std::atomic<int> n{0};  // 0 until first set; read without the lock on every parallel_for
   std::unique_ptr<tbb::task_arena> arena;
   void ensure() {
     if (!arena) set(0);
   }
   void set(int want) {
-    n = want > 0 ? want : available_cores();
-    arena = std::make_unique<tbb::task_arena>(n);
-    omp_set_num_threads(n);
+    const int threads = want > 0 ? want : available_cores();
+    arena = std::make_unique<tbb::task_arena>(threads);
+    omp_set_num_threads(threads);
+    n.store(threads, std::memory_order_release);
   }
 };
 State& state() {
@@ -45,9 +46,10 @@ State& state() {
 
 int num_threads() {
   State& s = state();
+  if (int n = s.n.load(std::memory_order_acquire)) return n;  // the hot path: no lock
   std::lock_guard lock(s.mu);
   s.ensure();
-  return s.n;
+  return s.n.load(std::memory_order_relaxed);
 }
 
 void set_num_threads(int n) {

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/dtype.h"
 
@@ -26,6 +27,16 @@ class DtypeIsaTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {
   void TearDown() override { cpu::set_avx512_enabled(true); }
   static DType dtype() { return std::get<0>(GetParam()); }
 };
+// Runs f with n compute threads, then restores the default (all cores), even if f throws.
+template <class F>
+void with_threads(int n, F&& f) {
+  struct Restore {
+    ~Restore() { cpu::set_num_threads(0); }
+  } restore;
+  cpu::set_num_threads(n);
+  f();
+}
+
 inline auto dtype_isa_values() {
   return ::testing::Combine(::testing::Values(DType::f32, DType::bf16, DType::f16), ::testing::Bool());
 }

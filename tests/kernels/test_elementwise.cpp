@@ -157,6 +157,17 @@ TEST_P(ElementwiseTest, AddInPlaceAndOutOfPlace) {
 
 INSTANTIATE_TEST_SUITE_P(DTypes, ElementwiseTest, dtype_isa_values(), dtype_isa_name);
 
+// bias_backward sums each column over the rows in row order, whatever the partition: the same
+// bits on 1 and on 3 threads.
+TEST(ElementwiseOps, BiasBackwardIsIndependentOfThreadCount) {
+  const int64_t rows = 777, cols = 300;
+  const auto dy = random_vec(rows * cols, 12);
+  std::vector<float> dyf(dy.begin(), dy.end()), one(cols, 0.5f), three(cols, 0.5f);
+  for (auto [db, threads] : {std::pair{&one, 1}, std::pair{&three, 3}})
+    with_threads(threads, [&] { cpu::bias_backward({.rows = rows, .cols = cols, .dy = dyf.data(), .dbias = db->data()}); });
+  EXPECT_EQ(one, three);
+}
+
 TEST(ElementwiseOps, GeluTanhIsHfGeluNewAtKnownPoints) {
   // HF gelu_new(1.0) = 0.8411919906082768, exact gelu(1.0) = 0.8413447460685429.
   float x[2] = {1.f, -2.f}, y[2];

@@ -132,7 +132,8 @@ INSTANTIATE_TEST_SUITE_P(DTypes, NormTest,
                          });
 
 TEST(NormOps, RowsAreIndependentOfThreadingAndDeterministic) {
-  // Many rows: the dweight reduction runs over several row blocks; two runs agree bitwise.
+  // Many rows: the dweight reduction runs over several row blocks; runs on 1 and on 3 threads
+  // (different partitions of the blocks) agree bitwise.
   const int64_t rows = 1000, cols = 96;
   const auto x = random_vec(rows * cols, 7), w = random_vec(cols, 8), dy = random_vec(rows * cols, 9);
   std::vector<float> xf(x.begin(), x.end()), wf(w.begin(), w.end()), dyf(dy.begin(), dy.end());
@@ -140,9 +141,11 @@ TEST(NormOps, RowsAreIndependentOfThreadingAndDeterministic) {
   cpu::layernorm({.rows = rows, .cols = cols, .x = xf.data(), .weight = wf.data(), .y = y.data(),
                   .mean = mean.data(), .rstd = rstd.data()});
   std::vector<float> dw1(cols, 0.f), dw2(cols, 0.f);
-  for (auto* dw : {&dw1, &dw2})
-    cpu::layernorm_backward({.rows = rows, .cols = cols, .x = xf.data(), .weight = wf.data(), .dy = dyf.data(),
-                             .mean = mean.data(), .rstd = rstd.data(), .dx = dx.data(), .dweight = dw->data()});
+  for (auto [dw, threads] : {std::pair{&dw1, 1}, std::pair{&dw2, 3}})
+    with_threads(threads, [&] {
+      cpu::layernorm_backward({.rows = rows, .cols = cols, .x = xf.data(), .weight = wf.data(), .dy = dyf.data(),
+                               .mean = mean.data(), .rstd = rstd.data(), .dx = dx.data(), .dweight = dw->data()});
+    });
   EXPECT_EQ(dw1, dw2);
   // And dweight equals the float64 column sums Σ_r dy·xhat.
   std::vector<double> want(cols, 0.0), got(dw1.begin(), dw1.end());
