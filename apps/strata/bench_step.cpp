@@ -29,7 +29,7 @@ struct BenchStepOptions {
 // 12·L·T·C per token), halved because causal attention only computes the lower triangle.
 double step_flops(const ModelConfig& c, int64_t n_params, int64_t batch, int64_t seq) {
   const double tokens = static_cast<double>(batch * seq);
-  const int64_t hd = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.n_heads;
+  const int64_t hd = c.effective_head_dim();
   const double attn = 6.0 * 2.0 * static_cast<double>(c.n_layers) * static_cast<double>(c.n_heads * hd) *
                       static_cast<double>(seq) * tokens / 2.0;
   return 6.0 * static_cast<double>(n_params) * tokens + attn;

@@ -102,22 +102,9 @@ void write_file_synced(const std::filesystem::path& path, std::string_view conte
   fd.close_checked(path);
 }
 
-void write_file(const std::filesystem::path& path, std::string_view contents) {
-  UniqueFd fd = open_for_write(path, false);
-  write_all(fd.get(), contents.data(), contents.size(), path, 0);
-  fd.close_checked(path);
-}
-
 std::string read_text_file(const std::filesystem::path& path) {
   MappedFile m(path);
   return std::string(reinterpret_cast<const char*>(m.data()), m.size());
-}
-
-void fsync_file(const std::filesystem::path& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) throw std::runtime_error(path.string() + ": cannot open to fsync: " + errno_text());
-  fsync_fd(fd.get(), path);
-  fd.close_checked(path);
 }
 
 std::filesystem::path make_temp_dir(const std::filesystem::path& base, const char* suffix) {

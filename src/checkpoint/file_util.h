@@ -62,12 +62,8 @@ void fsync_fd(int fd, const std::filesystem::path& path);
 void fsync_dir(const std::filesystem::path& dir);
 // Writes a whole file (created or truncated), fsyncs and closes it, all checked.
 void write_file_synced(const std::filesystem::path& path, std::string_view contents);
-// The same without the fsync (for files whose durability a later fsync_file provides).
-void write_file(const std::filesystem::path& path, std::string_view contents);
 // A whole (small) file as a string; throws naming the path.
 std::string read_text_file(const std::filesystem::path& path);
-// fsync of an existing file by path.
-void fsync_file(const std::filesystem::path& path);
 
 // mkdtemp next to `base`: "<base><suffix>XXXXXX"; throws naming `base`.
 std::filesystem::path make_temp_dir(const std::filesystem::path& base, const char* suffix);

@@ -87,14 +87,7 @@ class MappedCheckpoint final : public HfCheckpoint {
  private:
   void open_sharded(const fs::path& index) {
     const std::string file = index.string();
-    const std::string text = read_text_file(index);
-    if (safetensors::json_nesting_depth(text) > 64) throw std::runtime_error(file + ": JSON nests too deeply");
-    json j;
-    try {
-      j = json::parse(text);
-    } catch (const json::exception& e) {
-      throw std::runtime_error(file + ": not valid JSON: " + e.what());
-    }
+    const json j = safetensors::read_json_file(index);
     if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object())
       throw std::runtime_error(file + ": missing 'weight_map' object");
     std::map<std::string, std::vector<std::string>> by_file;  // shard -> tensors the index puts there

@@ -177,14 +177,7 @@ const char* architecture(const std::string& model_type) {
 
 ModelConfig read_hf_config(const std::filesystem::path& config_json) {
   const std::string file = config_json.string();
-  const std::string text = read_text_file(config_json);
-  if (safetensors::json_nesting_depth(text) > 64) throw std::runtime_error(file + ": JSON nests too deeply");
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw std::runtime_error(file + ": not valid JSON: " + e.what());
-  }
+  const json j = safetensors::read_json_file(config_json);
   if (!j.is_object()) throw std::runtime_error(file + ": expected a JSON object at top level");
   Fields f(j, file);
   if (!j.contains("model_type")) f.fail("model_type", "missing (required)");
@@ -234,7 +227,7 @@ void write_hf_config(const ModelConfig& cfg, const std::filesystem::path& config
     j["num_hidden_layers"] = cfg.n_layers;
     j["num_attention_heads"] = cfg.n_heads;
     j["num_key_value_heads"] = cfg.n_kv_heads;
-    j["head_dim"] = cfg.head_dim > 0 ? cfg.head_dim : cfg.hidden_size / cfg.n_heads;
+    j["head_dim"] = cfg.effective_head_dim();
     j["intermediate_size"] = cfg.intermediate_size;
     j["max_position_embeddings"] = cfg.max_position_embeddings;
     j["rms_norm_eps"] = cfg.norm_eps;
@@ -260,7 +253,7 @@ void write_hf_config(const ModelConfig& cfg, const std::filesystem::path& config
       j["sliding_window"] = nullptr;
     }
   }
-  write_file(config_json, j.dump(2) + "\n");  // save_hf_model fsyncs it with the rest
+  write_file_synced(config_json, j.dump(2) + "\n");
 }
 
 }  // namespace strata

@@ -172,7 +172,6 @@ void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& c
     write_file_synced(tmp.path() / "model.safetensors.index.json", index.dump(2) + "\n");
   }
   write_hf_config(cfg, tmp.path() / "config.json");
-  fsync_file(tmp.path() / "config.json");
   fsync_dir(tmp.path());
   replace_directory(tmp.path(), out_dir);
   tmp.release();

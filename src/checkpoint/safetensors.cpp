@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "src/checkpoint/file_util.h"
+
 namespace strata::safetensors {
 
 namespace {
@@ -84,6 +86,17 @@ Entry parse_entry(const std::string& name, const json& v, uint64_t data_size, co
 }
 
 }  // namespace
+
+nlohmann::json read_json_file(const std::filesystem::path& path) {
+  const std::string file = path.string();
+  const std::string text = read_text_file(path);
+  if (json_nesting_depth(text) > 64) throw std::runtime_error(file + ": JSON nests too deeply");
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(file + ": not valid JSON: " + e.what());
+  }
+}
 
 int json_nesting_depth(std::string_view text) {
   const char* p = text.data();

@@ -3,6 +3,8 @@
 // header parser and the header writer. Internal to src/checkpoint.
 #pragma once
 #include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +35,11 @@ Parsed parse(const void* bytes, uint64_t size, const std::string& file);
 // Deepest nesting of [ and { outside strings. Checked before parsing untrusted JSON so a hostile
 // file cannot exhaust the stack in recursive JSON code (a safetensors header needs depth 3).
 int json_nesting_depth(std::string_view text);
+
+// A small JSON file (config.json, the shard index) read, depth-checked (at most 64) and parsed;
+// throws std::runtime_error naming the file when it cannot be read, nests too deeply or is not
+// valid JSON.
+nlohmann::json read_json_file(const std::filesystem::path& path);
 
 // "F32", "BF16", "F16".
 std::string_view dtype_tag(kernels::DType t);

@@ -10,8 +10,6 @@ namespace strata {
 
 namespace {
 
-int64_t effective_head_dim(const ModelConfig& c) { return c.head_dim > 0 ? c.head_dim : c.hidden_size / c.n_heads; }
-
 void require(bool ok, const char* field, const std::string& why) {
   if (!ok) throw std::invalid_argument(std::string("model config: ") + field + ": " + why);
 }
@@ -25,7 +23,7 @@ int64_t ModelConfig::n_params() const {
     const int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * F + F) + (F * C + C);
     return V * C + max_position_embeddings * C + L * per_layer + 2 * C;
   }
-  const int64_t D = effective_head_dim(*this);
+  const int64_t D = effective_head_dim();
   const int64_t q = n_heads * D, kv = n_kv_heads * D;
   int64_t attn = C * q + 2 * C * kv + q * C;
   if (attention_bias) attn += q + 2 * kv;
@@ -59,7 +57,7 @@ void ModelConfig::validate() const {
     require(activation == "gelu_new" || activation == "gelu_pytorch_tanh" || activation == "gelu",
             "activation_function", "expected gelu_new, gelu_pytorch_tanh or gelu, got '" + activation + "'");
     require(n_kv_heads == n_heads, "n_head", "gpt2 has no grouped-query attention");
-    require(effective_head_dim(*this) * n_heads == hidden_size, "head_dim", "gpt2 needs n_embd / n_head");
+    require(effective_head_dim() * n_heads == hidden_size, "head_dim", "gpt2 needs n_embd / n_head");
     require(tie_word_embeddings, "tie_word_embeddings", "gpt2's LM head is always tied to wte");
     require(rope_scaling.type.empty(), "rope_scaling", "gpt2 has no rotary embeddings");
     return;
@@ -69,7 +67,7 @@ void ModelConfig::validate() const {
           "family llama needs model_type llama, mistral or qwen2, got '" + model_type + "'");
   require(activation == "silu", "hidden_act", "expected silu, got '" + activation + "'");
   require(rope_theta > 0, "rope_theta", "must be positive");
-  require(effective_head_dim(*this) % 2 == 0, "head_dim", "rotary embeddings need an even head_dim");
+  require(effective_head_dim() % 2 == 0, "head_dim", "rotary embeddings need an even head_dim");
   if (model_type == "llama") {
     require(o_bias == attention_bias, "attention_bias", "llama puts biases on q, k, v and o together");
   } else if (model_type == "qwen2") {

@@ -47,6 +47,8 @@ struct ModelConfig {
   // Throws std::invalid_argument naming the field when the config is inconsistent
   // (e.g. n_heads not dividing hidden_size without head_dim, n_heads % n_kv_heads != 0).
   void validate() const;
+  // head_dim when given, else hidden_size / n_heads (HF's default for every family).
+  int64_t effective_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / n_heads; }
   bool operator==(const ModelConfig&) const = default;
 };
 

@@ -113,7 +113,7 @@ void llama_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, 
 
 // HF transformers' ROPE_INIT_FUNCTIONS["default"] and ["llama3"], in fp32 as torch computes them.
 std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
-  const int64_t D = cfg.head_dim > 0 ? cfg.head_dim : cfg.hidden_size / cfg.n_heads;
+  const int64_t D = cfg.effective_head_dim();
   const float base = static_cast<float>(cfg.rope_theta);
   std::vector<float> inv(static_cast<size_t>(D / 2));
   for (int64_t i = 0; i < D / 2; ++i) {

@@ -71,7 +71,7 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int
   d.V = cfg_.vocab_size;
   d.Hq = cfg_.n_heads;
   d.Hkv = cfg_.family == Family::gpt2 ? cfg_.n_heads : cfg_.n_kv_heads;
-  d.D = cfg_.head_dim > 0 ? cfg_.head_dim : d.C / d.Hq;
+  d.D = cfg_.effective_head_dim();
   d.Q = d.Hq * d.D;
   d.QKV = (d.Hq + 2 * d.Hkv) * d.D;
   d.I = cfg_.intermediate_size > 0 ? cfg_.intermediate_size : 4 * d.C;

@@ -47,6 +47,7 @@ class GradNorm {
  public:
   explicit GradNorm(kernels::Runtime& rt);
   double compute(kernels::Stream& s, const float* grads, int64_t n);
+  size_t bytes_allocated() const { return acc_.bytes(); }
 
  private:
   kernels::Runtime& rt_;

@@ -173,7 +173,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.host_tokens.assign(static_cast<size_t>(o.grad_accum * 2 * n), 0);
   m.host_losses.assign(static_cast<size_t>(o.grad_accum * n), 0.f);
   m.dev_tokens = kernels::DeviceBuffer(*m.rt, m.host_tokens.size() * sizeof(int32_t));
-  m.extra_bytes = m.dev_tokens.bytes() + 64;
+  m.extra_bytes = m.dev_tokens.bytes() + m.grad_norm->bytes_allocated();
   if (o.synthetic_data) {  // fixed tokens, uniform over the vocab, from the seed
     uint64_t s = o.seed * 0x9e3779b97f4a7c15ull + 1;
     for (int32_t& t : m.host_tokens) {

@@ -107,7 +107,7 @@ TEST_F(TrainCli, SameSeedSameMetrics) {
   for (size_t s = 0; s < 4; ++s) {
     nlohmann::json a = runs[0][s], b = runs[1][s];
     for (const char* k : {"step", "loss", "grad_norm", "lr", "tokens", "step_ms", "tokens_per_s", "device_bytes",
-                          "host_bytes", "bytes_moved"})
+                          "host_bytes", "nvme_bytes", "bytes_moved"})
       EXPECT_TRUE(a.contains(k)) << k;
     EXPECT_EQ(a["step"], s + 1);
     EXPECT_EQ(a["tokens"], (s + 1) * 2 * 32 * 2);

@@ -63,7 +63,7 @@ ModelConfig tiny_gpt2() {
 
 // HF's inverse frequencies, in float64 (the model computes them in fp32).
 Vec ref_inv_freq(const ModelConfig& c) {
-  const int64_t D = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.n_heads;
+  const int64_t D = c.effective_head_dim();
   Vec inv(static_cast<size_t>(D / 2));
   for (int64_t i = 0; i < D / 2; ++i) inv[static_cast<size_t>(i)] = 1.0 / std::pow(c.rope_theta, 2.0 * i / D);
   if (c.rope_scaling.type != "llama3") return inv;
@@ -154,7 +154,7 @@ struct Ref {
   double loss(const std::vector<int32_t>& ids, const std::vector<int32_t>& tg) const {
     const bool gpt2 = c.family == Family::gpt2;
     const int64_t N = B * T, C = c.hidden_size, V = c.vocab_size, Hq = c.n_heads;
-    const int64_t Hkv = gpt2 ? Hq : c.n_kv_heads, D = c.head_dim > 0 ? c.head_dim : C / Hq, I = c.intermediate_size;
+    const int64_t Hkv = gpt2 ? Hq : c.n_kv_heads, D = c.effective_head_dim(), I = c.intermediate_size;
     const double eps = c.norm_eps;
     const std::string pre = gpt2 ? "transformer." : "model.";
     Vec x(static_cast<size_t>(N * C));

@@ -30,13 +30,13 @@ fs::path make_temp_dir() {
 }
 
 TEST(Schedule, WarmupCosineConstant) {
-  LrScheduleConfig c{LrSchedule::cosine, 1e-3, 1e-4, 10, 110};
+  LrScheduleConfig c{LrSchedule::cosine, 1e-3, 1e-4, 10, 111};  // cosine over steps 10..110
   EXPECT_DOUBLE_EQ(lr_at(c, 0), 1e-4);
   EXPECT_DOUBLE_EQ(lr_at(c, 4), 5e-4);
   EXPECT_DOUBLE_EQ(lr_at(c, 9), 1e-3);
   EXPECT_DOUBLE_EQ(lr_at(c, 10), 1e-3);                    // cosine starts at the peak
-  EXPECT_NEAR(lr_at(c, 10 + 99 / 2.0), 5.5e-4, 1e-5);      // half way: the mean of peak and floor
-  EXPECT_DOUBLE_EQ(lr_at(c, 109), 1e-4);                   // last step: the floor
+  EXPECT_NEAR(lr_at(c, 60), 5.5e-4, 1e-15);                // half way: the mean of peak and floor
+  EXPECT_DOUBLE_EQ(lr_at(c, 110), 1e-4);                   // last step: the floor
   c.kind = LrSchedule::constant;
   EXPECT_DOUBLE_EQ(lr_at(c, 50), 1e-3);
   EXPECT_DOUBLE_EQ(lr_at(c, 2), 3e-4);
