@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <utility>
 
 namespace strata {
 
@@ -67,6 +69,24 @@ std::string read_text_file(const std::filesystem::path& path);
 
 // mkdtemp next to `base`: "<base><suffix>XXXXXX"; throws naming `base`.
 std::filesystem::path make_temp_dir(const std::filesystem::path& base, const char* suffix);
+
+// Owns a directory tree: removed (best effort) on destruction unless released.
+class TempDir {
+ public:
+  TempDir() = default;
+  explicit TempDir(std::filesystem::path p) : path_(std::move(p)) {}
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  void release() { path_.clear(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
 // Puts the complete directory `tmp` at `out`, replacing the directory there, if any: an atomic
 // RENAME_EXCHANGE where the filesystem has it (use_exchange), else old aside -> new in -> old
 // removed. On failure `out` is left as it was (or restored) and `tmp` is still there for the

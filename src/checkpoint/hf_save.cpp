@@ -34,23 +34,6 @@ uint64_t tensor_bytes(const TensorToSave& t) {
   return n * kernels::dtype_size(t.dtype);
 }
 
-// Removes the directory tree on scope exit unless released.
-class TempDirGuard {
- public:
-  explicit TempDirGuard(fs::path p) : path_(std::move(p)) {}
-  ~TempDirGuard() {
-    if (!path_.empty()) {
-      std::error_code ec;
-      fs::remove_all(path_, ec);
-    }
-  }
-  void release() { path_.clear(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
 void write_shard(const fs::path& path, const std::vector<TensorToSave>& tensors, const Shard& shard,
                  std::vector<std::byte>& buffer) {
   std::vector<safetensors::Entry> entries;
@@ -113,7 +96,7 @@ void prepare_parent(const fs::path& out_dir) {
 void check_hf_save_target(const std::filesystem::path& out_dir_in) {
   const fs::path out_dir = normalised_out(out_dir_in);
   prepare_parent(out_dir);
-  TempDirGuard probe(make_temp_dir(out_dir, ".tmp-"));  // the sibling the save will write into
+  TempDir probe(make_temp_dir(out_dir, ".tmp-"));  // the sibling the save will write into
 }
 
 void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& cfg,
@@ -156,7 +139,7 @@ void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& c
   }
 
   prepare_parent(out_dir);
-  TempDirGuard tmp(make_temp_dir(out_dir, ".tmp-"));
+  TempDir tmp(make_temp_dir(out_dir, ".tmp-"));
   // mkdtemp makes 0700; a model directory is normally readable by others.
   if (::chmod(tmp.path().c_str(), 0755) != 0)
     throw std::runtime_error(tmp.path().string() + ": chmod failed: " + errno_text());

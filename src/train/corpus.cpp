@@ -2,10 +2,7 @@
 // generator, so a small model has real structure to learn (grammar, agreement, simple sums).
 #include "src/train/corpus.h"
 
-#include <unistd.h>
-
 #include <array>
-#include <cstdlib>
 #include <stdexcept>
 #include <vector>
 
@@ -87,23 +84,15 @@ std::string embedded_corpus_text(size_t bytes) {
   return out;
 }
 
-EmbeddedCorpusShard::EmbeddedCorpusShard() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "strata-corpus-XXXXXX").string();
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (!mkdtemp(buf.data())) throw std::runtime_error("embedded corpus: cannot create a directory like " + tmpl);
-  dir_ = buf.data();
-  path_ = dir_ / "corpus_bytes.bin";
+// The directory is a member: if writing the shard throws, it is removed with the half-built object.
+EmbeddedCorpusShard::EmbeddedCorpusShard()
+    : dir_(make_temp_dir(std::filesystem::temp_directory_path() / "strata-corpus", "-")),
+      path_(dir_.path() / "corpus_bytes.bin") {
   const std::string text = embedded_corpus_text();
   std::vector<uint32_t> tokens(text.begin(), text.end());
   for (uint32_t& t : tokens) t &= 0xffu;  // bytes (char may be signed)
   n_tokens_ = static_cast<int64_t>(tokens.size());
   write_token_shard(path_, tokens, 1);
-}
-
-EmbeddedCorpusShard::~EmbeddedCorpusShard() {
-  std::error_code ec;
-  std::filesystem::remove_all(dir_, ec);
 }
 
 }  // namespace strata

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <string>
 
+#include "src/checkpoint/file_util.h"
+
 namespace strata {
 
 // The embedded corpus: the same text on every machine and every run (~`bytes` long).
@@ -16,14 +18,14 @@ std::string embedded_corpus_text(size_t bytes = 300 * 1024);
 class EmbeddedCorpusShard {
  public:
   EmbeddedCorpusShard();
-  ~EmbeddedCorpusShard();
   EmbeddedCorpusShard(const EmbeddedCorpusShard&) = delete;
   EmbeddedCorpusShard& operator=(const EmbeddedCorpusShard&) = delete;
   const std::filesystem::path& path() const { return path_; }
   int64_t n_tokens() const { return n_tokens_; }
 
  private:
-  std::filesystem::path dir_, path_;
+  TempDir dir_;  // removed on destruction
+  std::filesystem::path path_;
   int64_t n_tokens_ = 0;
 };
 
