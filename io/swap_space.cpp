@@ -32,22 +32,17 @@ struct SwapSpace::Impl {
     uint64_t end = 0;                     // bytes preallocated (file size)
     std::map<uint64_t, uint64_t> free;    // offset -> bytes, coalesced
   };
-  // A contiguous piece of an extent: ext_off..ext_off+bytes of the extent lives at file_off of dirs[dir].
-  struct Run {
-    uint32_t dir;
-    uint64_t file_off;
-    uint64_t ext_off;
-    uint64_t bytes;
-  };
   struct Region {
     uint32_t dir;
     uint64_t off;
     uint64_t bytes;
   };
+  // Stripe k (extent bytes k·stripe ..) lives in regions[k % regions.size()] at
+  // off + (k / regions.size())·stripe. One region: the whole extent, contiguous (stripe = bytes).
   struct Info {
     uint64_t bytes = 0;
+    uint64_t stripe = 0;
     std::vector<Region> regions;
-    std::vector<Run> runs;
     bool has_crc = false;
     uint32_t crc = 0;
   };
@@ -248,14 +243,7 @@ Extent SwapSpace::allocate(uint64_t bytes) {
     for (const Impl::Region& r : info.regions) m.free_region(m.dirs[r.dir], r.off, r.bytes);
     throw;
   }
-  if (n_used == 1) {
-    info.runs.push_back({info.regions[0].dir, info.regions[0].off, 0, bytes});
-  } else {
-    for (uint64_t k = 0; k < n_stripes; ++k) {
-      const Impl::Region& r = info.regions[k % n_used];
-      info.runs.push_back({r.dir, r.off + (k / n_used) * stripe, k * stripe, std::min(stripe, bytes - k * stripe)});
-    }
-  }
+  info.stripe = n_used == 1 ? bytes : stripe;
   Extent e{m.next_id++, bytes};
   m.bytes_allocated += bytes;
   m.extents.emplace(e.id, std::move(info));
@@ -301,12 +289,17 @@ IoHandle SwapSpace::extent_io(IoOp op, const Extent& e, uint64_t offset, uint64_
     if (offset + length > info.bytes)
       throw std::out_of_range("extent " + std::to_string(e.id) + " holds " + std::to_string(info.bytes) +
                               " bytes; I/O asks for " + std::to_string(length) + " at " + std::to_string(offset));
-    for (const Impl::Run& r : info.runs) {
-      uint64_t lo = std::max(offset, r.ext_off), hi = std::min(offset + length, r.ext_off + r.bytes);
-      if (lo >= hi) continue;
-      spans.push_back({m.dirs[r.dir].id, r.file_off + (lo - r.ext_off), hi - lo, static_cast<char*>(buf) + (lo - offset)});
+    // Only the stripes [offset, offset + length) touches are visited, not every stripe of a
+    // large extent under the lock. (Neighbouring stripes are on different paths, and a one-path
+    // extent is a single stripe, so no two spans are ever contiguous in one file.)
+    const uint64_t n = info.regions.size(), stripe = info.stripe, end = offset + length;
+    for (uint64_t k = offset / stripe; k * stripe < end; ++k) {
+      const Impl::Region& r = info.regions[k % n];
+      const uint64_t lo = std::max(offset, k * stripe), hi = std::min(end, (k + 1) * stripe);
+      spans.push_back({m.dirs[r.dir].id, r.off + (k / n) * stripe + (lo - k * stripe), hi - lo,
+                       static_cast<char*>(buf) + (lo - offset)});
     }
-    where = "path " + m.dirs[info.runs[0].dir].root + (info.regions.size() > 1 ? " (striped)" : "");
+    where = "path " + m.dirs[info.regions[0].dir].root + (n > 1 ? " (striped)" : "");
     if (m.opts.checksums && op == IoOp::write) {
       info.has_crc = whole;
       if (whole) info.crc = crc32c(buf, length);
