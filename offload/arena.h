@@ -24,8 +24,6 @@ class Arena {
   uint64_t largest_free() const;
   // 1 - largest hole / free bytes: 0 when the free space is one hole, near 1 when it is dust.
   double fragmentation() const;
-  void reset_peak() { peak_ = used_; }
-  bool operator==(const Arena& o) const { return capacity_ == o.capacity_ && free_ == o.free_; }
 
  private:
   void check() const;

@@ -75,7 +75,6 @@ class Fence {
   // failed move must not fail the next, unrelated owner of its memory).
   Fence quiet() const;
   bool empty() const { return parts_.empty(); }
-  size_t size() const { return parts_.size(); }
 
  private:
   std::vector<std::shared_ptr<Waitable>> parts_;

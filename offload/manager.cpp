@@ -32,7 +32,7 @@ std::array<uint64_t, kNumTiers> budgets_of(const ManagerConfig& cfg, const NvmeS
 }  // namespace
 
 BlockManager::BlockManager(kernels::Runtime& rt, ManagerConfig cfg, std::unique_ptr<NvmeStore> store)
-    : rt_(rt), cfg_(cfg), store_(std::move(store)), res_(budgets_of(cfg, store_.get())) {
+    : rt_(rt), store_(std::move(store)), res_(budgets_of(cfg, store_.get())) {
   for (int t = 0; t < kNumTiers; ++t) pools_[t] = TierPool(rt, static_cast<Tier>(t), res_.budget(static_cast<Tier>(t)));
   transfer_ = std::make_unique<TransferEngine>(rt, store_.get(), cfg.transfer);
 }

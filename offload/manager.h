@@ -115,7 +115,6 @@ class BlockManager {
   RtCopy& rt_copy(BlockId b, Tier t) { return copies_[b][index(t)]; }
 
   kernels::Runtime& rt_;
-  ManagerConfig cfg_;
   std::unique_ptr<NvmeStore> store_;
   std::array<TierPool, kNumTiers> pools_;
   Residency res_;

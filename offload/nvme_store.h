@@ -27,7 +27,6 @@ class NvmeStore {
   // A long-lived staging buffer the engine may register (io_uring fixed buffers). Best effort.
   virtual void register_buffer(void* /*p*/, size_t /*bytes*/) {}
   virtual void unregister_buffer(void* /*p*/) {}  // before the buffer is freed, nothing in flight
-  virtual std::string describe() const = 0;
 };
 
 // The production store: one extent of `bytes` in `space` (fallocated now, so a full disk fails

@@ -90,7 +90,6 @@ class Residency {
   // Victims (in eviction order) that make room for `bytes` in t, chosen by policy among unpinned
   // non-home copies whose next use is later than `after` (Belady) — nullopt if none suffice.
   std::optional<std::vector<BlockId>> choose_victims(Tier t, uint64_t bytes, Policy p, int64_t after) const;
-  bool fits(Tier t, uint64_t bytes) const { return arenas_[index(t)].can_alloc(bytes); }
   // Bytes that must be resident in t right now: home copies and pinned copies.
   uint64_t pinned_bytes(Tier t) const;
 

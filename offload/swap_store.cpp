@@ -34,11 +34,6 @@ class SwapStore final : public NvmeStore {
   }
   void register_buffer(void* p, size_t bytes) override { space_.engine().register_buffer(p, bytes); }
   void unregister_buffer(void* p) override { space_.engine().unregister_buffer(p); }
-  std::string describe() const override {
-    auto files = space_.files();
-    std::string where = files.empty() ? "?" : files.front();
-    return "swap extent of " + format_size(extent_.bytes) + " in " + where;
-  }
 
  private:
   io::SwapSpace& space_;

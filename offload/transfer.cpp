@@ -303,6 +303,5 @@ std::array<LinkStats, kNumLinks> TransferEngine::link_stats() const {
   return out;
 }
 
-uint64_t TransferEngine::staging_bytes() const { return impl_->staging.bytes(); }
 
 }  // namespace strata::offload

@@ -44,7 +44,6 @@ class TransferEngine {
   Fence move(const Place& src, const Place& dst, uint64_t bytes, const Fence& deps);
   void drain();  // host waits for every move issued so far (errors are left to their fences)
   std::array<LinkStats, kNumLinks> link_stats() const;
-  uint64_t staging_bytes() const;
 
  private:
   struct Impl;

@@ -134,7 +134,6 @@ class MemStore final : public NvmeStore {
   std::shared_ptr<Waitable> write(uint64_t off, uint64_t len, const void* buf) override {
     return submit(true, off, len, const_cast<void*>(buf));
   }
-  std::string describe() const override { return "memory store"; }
   void fail_reads_at(uint64_t off) {
     std::lock_guard lock(mu_);
     fail_read_offset_ = off;
