@@ -3,7 +3,6 @@
 
 #include "io/swap_space.h"
 #include "offload/nvme_store.h"
-#include "offload/size.h"
 
 namespace strata::offload {
 namespace {
