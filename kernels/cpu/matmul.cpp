@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/cpu/act_types.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/parallel.h"
@@ -169,28 +170,22 @@ void execute(const Entry& e, const void* a, const void* b, void* c) {
   dnnl_stream().wait();
 }
 
-// Per-thread scratch that only grows; fp16 operands are widened into it.
-float* scratch(size_t floats) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < floats) buf.resize(floats);
-  return buf.data();
-}
+// Per-thread scratch that only grows (fp16 operands widened into it; split-k's fp32 C).
+float* scratch(size_t floats) { return thread_scratch<struct MatmulScratch>(floats); }
 
 constexpr int64_t kF16TileFloats = int64_t{1} << 22;  // 16 MiB of widened A and B per k-tile
 
-// Copies `rows` x `cols` fp16 elements (row stride ld) into packed fp32 (row stride cols).
+// Converts a rows x cols matrix (row strides ld_src / ld_dst, in elements): one cast when both
+// are packed, else one per row.
+void cast_rows(const void* src, DType st, int64_t ld_src, void* dst, DType dt, int64_t ld_dst, int64_t rows,
+               int64_t cols) {
+  if (ld_src == cols && ld_dst == cols) return cast(CastArgs{rows * cols, src, st, dst, dt});
+  for (int64_t r = 0; r < rows; ++r)
+    cast(CastArgs{cols, static_cast<const char*>(src) + r * ld_src * dtype_size(st), st,
+                  static_cast<char*>(dst) + r * ld_dst * dtype_size(dt), dt});
+}
 void widen_f16(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
-  CastArgs c;
-  c.src_dtype = DType::f16, c.dst_dtype = DType::f32, c.n = cols;
-  if (ld == cols) {
-    c.n = rows * cols, c.src = src, c.dst = dst;
-    cast(c);
-    return;
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    c.src = src + r * ld, c.dst = dst + r * cols;
-    cast(c);
-  }
+  cast_rows(src, DType::f16, ld, dst, DType::f32, cols, rows, cols);
 }
 
 // fp16 inputs: per batch item and k-tile, widen op(A)[:, k0:k1] and op(B)[k0:k1, :] to fp32
@@ -211,11 +206,7 @@ void matmul_f16(const MatmulArgs& a, const Key& key) {
     int64_t ldc = key.ldc;
     if (c_f16) {
       c_out = tc, ldc = a.n;
-      if (a.beta != 0.f)
-        for (int64_t r = 0; r < a.m; ++r) {
-          CastArgs c{a.n, static_cast<const uint16_t*>(C) + r * key.ldc, DType::f16, tc + r * a.n, DType::f32};
-          cast(c);
-        }
+      if (a.beta != 0.f) cast_rows(C, DType::f16, key.ldc, tc, DType::f32, a.n, a.m, a.n);
     }
     for (int64_t k0 = 0; k0 < a.k; k0 += kt) {
       const int64_t kk = std::min(kt, a.k - k0);
@@ -229,11 +220,7 @@ void matmul_f16(const MatmulArgs& a, const Key& key) {
       t.alpha = a.alpha, t.beta = k0 == 0 ? a.beta : 1.f;
       execute(cache().get(resolve(t)), ta, tb, c_out);
     }
-    if (c_f16)
-      for (int64_t r = 0; r < a.m; ++r) {
-        CastArgs c{a.n, tc + r * a.n, DType::f32, static_cast<uint16_t*>(C) + r * key.ldc, DType::f16};
-        cast(c);
-      }
+    if (c_f16) cast_rows(tc, DType::f32, a.n, C, DType::f16, key.ldc, a.m, a.n);
   }
 }
 
@@ -262,10 +249,7 @@ void matmul_split_k(const MatmulArgs& a, const Key& key) {
   if (narrow) {  // fp32 C for the partial sums (the caller's beta applied by the first block)
     c32 = scratch(static_cast<size_t>(a.m * a.n));
     ldc = a.n;
-    if (a.beta != 0.f)
-      for (int64_t r = 0; r < a.m; ++r)
-        cast(CastArgs{a.n, static_cast<const char*>(a.c) + r * key.ldc * dtype_size(a.c_dtype), a.c_dtype,
-                      c32 + r * a.n, DType::f32});
+    if (a.beta != 0.f) cast_rows(a.c, a.c_dtype, key.ldc, c32, DType::f32, a.n, a.m, a.n);
   }
   for (int64_t k0 = 0; k0 < a.k; k0 += kb) {
     MatmulArgs t = a;
@@ -277,10 +261,7 @@ void matmul_split_k(const MatmulArgs& a, const Key& key) {
     const char* B = static_cast<const char*>(a.b) + (a.trans_b ? k0 : k0 * key.ldb) * ab;
     execute(cache().get(resolve(t)), A, B, c32);
   }
-  if (narrow)
-    for (int64_t r = 0; r < a.m; ++r)
-      cast(CastArgs{a.n, c32 + r * a.n, DType::f32, static_cast<char*>(a.c) + r * key.ldc * dtype_size(a.c_dtype),
-                    a.c_dtype});
+  if (narrow) cast_rows(c32, DType::f32, a.n, a.c, a.c_dtype, key.ldc, a.m, a.n);
 }
 
 void matmul_split_m(const MatmulArgs& a, const Key& key) {
