@@ -31,6 +31,8 @@ bool cuda_available() {
 #endif
 }
 
+bool backend_trains(Backend b) { return b == Backend::cpu; }
+
 std::unique_ptr<Runtime> make_runtime(Backend b, int device) {
   if (b == Backend::cpu) return cpu::make_cpu_runtime();
 #ifdef STRATA_HAVE_CUDA

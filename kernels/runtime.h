@@ -75,6 +75,9 @@ class Runtime {
 std::unique_ptr<Runtime> make_runtime(Backend b, int device = 0);
 // True when strata was built with CUDA and at least one device is visible.
 bool cuda_available();
+// True when backend b implements the whole op set, so a model can train on it. The CUDA op set
+// is still being written (kernels/cuda/ops_todo.cpp): the trainer refuses it up front.
+bool backend_trains(Backend b);
 
 // RAII holders for raw allocations of a runtime.
 class DeviceBuffer {

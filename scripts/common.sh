@@ -3,6 +3,8 @@
 STRATA_PACKAGES=(
   g++ cmake make pkg-config git
   liburing-dev libtbb-dev libdnnl-dev libopenmpi-dev openmpi-bin
+  # oneDNN's CMake config calls find_package(OpenCL REQUIRED); libdnnl-dev only Recommends these.
+  ocl-icd-opencl-dev opencl-c-headers
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )

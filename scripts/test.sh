@@ -8,5 +8,7 @@ BUILD_DIR="${BUILD_DIR:-$STRATA_ROOT/build}"
 
 strata_install_deps
 strata_build "$BUILD_DIR" -DSTRATA_WERROR=ON -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCH=ON
+# Every system file the build used must come from the install list (what a fresh machine gets).
+bash "$STRATA_ROOT/scripts/check_packages.sh" "$BUILD_DIR"
 cd "$BUILD_DIR"
 ctest --output-on-failure -j "$(nproc)" "$@"

@@ -101,6 +101,9 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   if (o.grad_clip < 0) throw std::invalid_argument("--grad-clip must be >= 0 (0 = off)");
   m.dtype = kernels::parse_dtype(o.dtype);
   m.backend = kernels::parse_backend(o.backend);
+  if (!kernels::backend_trains(m.backend))
+    throw std::invalid_argument("--backend " + o.backend +
+                                ": the CUDA op set is not built yet (only the CUDA runtime is); use --backend cpu");
   const LrSchedule schedule = parse_lr_schedule(o.lr_schedule);
 
   // Model config: --model DIR, --preset NAME or the embedded default.

@@ -83,6 +83,15 @@ TEST_F(TrainCli, UnwritableOutIsOneLineError) {
   EXPECT_EQ(r.out.find("step 1"), std::string::npos);
 }
 
+// The CUDA op set is not written yet: --backend cuda stops before the header, in one line.
+TEST_F(TrainCli, CudaBackendIsRefusedBeforeTraining) {
+  const Result r = run("train " + tiny() + "--seq 16 --steps 1 --backend cuda");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("CUDA op set is not built yet"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.out.find("strata train"), std::string::npos) << r.out;  // no header
+}
+
 std::vector<nlohmann::json> read_metrics(const fs::path& p) {
   std::vector<nlohmann::json> v;
   std::ifstream f(p);
