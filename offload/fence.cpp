@@ -51,9 +51,21 @@ bool Fence::ready() const {
   return true;
 }
 
+bool Fence::host_ready() const {
+  for (const auto& p : parts_)
+    if (!p->is_stream_event() && !p->ready()) return false;
+  return true;
+}
+
+void Fence::wait_host() const {
+  for (const auto& p : parts_)
+    if (!p->is_stream_event()) p->wait();
+}
+
 void Fence::enqueue_wait(kernels::Stream& s) const {
   for (const auto& p : parts_) {
     if (p->enqueue_wait(s)) continue;
+    if (p->ready()) continue;  // complete: nothing to order (its error is the host's to see)
     std::shared_ptr<Waitable> keep = p;  // alive until the stream runs the wait
     s.host_fn([keep] {
       try {
@@ -75,6 +87,10 @@ class QuietPart final : public Waitable {
     }
   }
   bool ready() override { return w_->ready(); }
+  // A stream event stays one when only its completion is asked for: the stream waits on it
+  // directly (a stream wait carries no error), never through the host.
+  bool enqueue_wait(kernels::Stream& s) override { return w_->enqueue_wait(s); }
+  bool is_stream_event() const override { return w_->is_stream_event(); }
 
  private:
   std::shared_ptr<Waitable> w_;
@@ -90,7 +106,7 @@ Fence Fence::quiet() const {
 
 void Fence::carry_errors(const Fence& f) {
   for (const auto& p : f.parts_)
-    if (!dynamic_cast<EventPart*>(p.get()) && !(p->ready() && [&] {
+    if (!p->is_stream_event() && !(p->ready() && [&] {
           try {
             p->wait();
             return true;

@@ -22,8 +22,10 @@ class Waitable {
   virtual void wait() = 0;
   virtual bool ready() = 0;
   // Orders later work on s after this without the host; false if this kind cannot (then the
-  // fence enqueues a host function on s that waits, which blocks s meanwhile).
+  // host must wait for it: see Fence::wait_host).
   virtual bool enqueue_wait(kernels::Stream&) { return false; }
+  // True for work a stream can wait on by itself (a recorded stream event).
+  virtual bool is_stream_event() const { return false; }
 };
 
 // Set once by whoever finishes the work (any thread), with the work's error or none.
@@ -48,6 +50,7 @@ class EventPart final : public Waitable {
   void wait() override;
   bool ready() override;
   bool enqueue_wait(kernels::Stream& s) override;
+  bool is_stream_event() const override { return true; }
   kernels::Event& event() { return *event_; }
 
  private:
@@ -62,6 +65,10 @@ class Fence {
   void add(const Fence& f);
   void wait() const;                              // host waits; rethrows the first error
   bool ready() const;                             // never blocks
+  // The parts that are not stream events (I/O, host signals): complete? / wait for them on the
+  // host, rethrowing the first error. After wait_host, enqueue_wait only orders by events.
+  bool host_ready() const;
+  void wait_host() const;
   // s waits for every part: events in stream order, other parts by a host function on s that
   // waits and swallows their errors (a host function must not throw on CUDA). Errors do not
   // travel through streams: work ordered this way carries its inputs' errors in its own fence

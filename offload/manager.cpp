@@ -53,6 +53,12 @@ BlockId BlockManager::add_block(const std::string& name, uint64_t bytes, Tier ho
 
 const BlockSpec& BlockManager::block(BlockId b) const { return res_.block(b); }
 
+void* BlockManager::home_data(BlockId b) const {
+  const BlockSpec& spec = res_.block(b);
+  if (spec.home == Tier::nvme) throw std::invalid_argument("offload: block '" + spec.name + "' lives on NVMe");
+  return pools_[index(spec.home)].base() + res_.copy(b, spec.home).offset;
+}
+
 void BlockManager::set_schedule(Schedule s) {
   if (in_step_) throw std::logic_error("offload: set_schedule inside a step");
   s.validate(res_.n_blocks());
@@ -166,11 +172,12 @@ void BlockManager::choose_plan() {
   stats_.lru_bytes = lru;
 }
 
-void BlockManager::begin_step() {
+void BlockManager::begin_step(bool program) {
   if (in_step_) throw std::logic_error("offload: begin_step inside a step");
   cursor_ = 0;
   recording_.clear();
-  planned_ = !schedule_.empty();
+  aside_ = !program;
+  planned_ = program && !schedule_.empty();
   if (planned_) {
     choose_plan();  // may throw BudgetError: the step has not begun
     apply_all(plan_->start);
@@ -197,7 +204,9 @@ void BlockManager::end_step() {
     if (open_handles_[b] != 0)
       throw std::logic_error("offload: end_step with block '" + res_.block(b).name + "' still acquired");
   if (planned_ && cursor_ != schedule_.size()) diverge();  // the step ended early
-  if (!planned_) {
+  if (aside_) {
+    recording_ = Schedule{};
+  } else if (!planned_) {
     recording_.validate(res_.n_blocks());
     if (!(recording_ == schedule_)) {
       schedule_ = std::move(recording_);
@@ -206,6 +215,7 @@ void BlockManager::end_step() {
     recording_ = Schedule{};
   }
   in_step_ = false;
+  if (aside_) return;
   std::lock_guard lock(stats_mu_);
   ++stats_.steps;
 }

@@ -35,7 +35,7 @@ struct ManagerConfig {
 class BlockManager;
 
 // An acquired block: data() is valid from acquire to release; its bytes are current once
-// ready() (wait() on the host, or wait_on() a compute stream).
+// ready() (wait() on the host, or wait_host() and then wait_on() a compute stream).
 class Handle {
  public:
   Handle() = default;
@@ -49,6 +49,11 @@ class Handle {
   // Host blocks until the bytes are there; the time blocked is counted as stall. Rethrows the
   // error of the move that was to bring them (e.g. an NVMe read error with path and offset).
   void wait();
+  // The parts of ready() that are not stream events (NVMe I/O, host-side signals): a stream
+  // cannot wait for them without blocking, so the host does (rethrowing their errors), and
+  // then wait_on() orders the stream behind the events alone.
+  bool host_ready() const { return ready_.host_ready(); }
+  void wait_host() const { ready_.wait_host(); }
   void wait_on(kernels::Stream& s) const { ready_.enqueue_wait(s); }
 
  private:
@@ -78,6 +83,9 @@ class BlockManager {
   // Registers a block and places its home copy (BudgetError when the home tier is full).
   BlockId add_block(const std::string& name, uint64_t bytes, Tier home);
   const BlockSpec& block(BlockId b) const;
+  // The home copy's memory of a block homed on device or host: it never moves, so a block that
+  // only ever lives there (a workspace) can be used through this pointer at any time.
+  void* home_data(BlockId b) const;
 
   // Declares the step's schedule; validates it and throws BudgetError naming the minimum when a
   // budget is too small to run it. Without one, the first step is recorded (online, LRU) and
@@ -85,7 +93,10 @@ class BlockManager {
   void set_schedule(Schedule s);
   const Schedule& schedule() const { return schedule_; }
 
-  void begin_step();
+  // A step of the declared (or recorded) program. begin_step(false) starts an aside instead —
+  // accesses outside the program (initialising, loading or saving the blocks): served online
+  // (demand loads, LRU), not recorded, so the program's schedule and plan stay as they were.
+  void begin_step(bool program = true);
   void end_step();  // every handle must have been released
   Handle acquire(BlockId b, Tier t, Mode m);
   // done_on: the stream whose enqueued work uses the block (null: the host is done with it).
@@ -124,6 +135,7 @@ class BlockManager {
   Schedule schedule_;              // the step's program (declared or recorded)
   std::optional<Plan> plan_;       // for schedule_ from the residency state it starts at
   bool in_step_ = false;
+  bool aside_ = false;             // this "step" is an aside: online and not recorded
   bool planned_ = false;           // this step follows plan_ (else online, recording)
   size_t cursor_ = 0;              // next event of schedule_ expected
   Schedule recording_;             // online: what the client did this step

@@ -293,9 +293,9 @@ std::array<uint64_t, kNumTiers> budgets_of(const Residency& state) {
   for (int k = 0; k < kNumTiers; ++k) b[k] = state.budget(static_cast<Tier>(k));
   return b;
 }
-// Tier t's budget at which nothing need be evicted from it: every home copy plus every copy the
-// schedule touches there.
-uint64_t no_eviction_bytes(const Residency& state, const Schedule& s, Tier t) {
+}  // namespace
+
+uint64_t working_set_bytes(const Residency& state, const Schedule& s, Tier t) {
   std::vector<bool> touched(state.n_blocks(), false);
   for (const auto& e : s.events())
     if (e.tier == t) touched[e.block] = true;
@@ -304,7 +304,6 @@ uint64_t no_eviction_bytes(const Residency& state, const Schedule& s, Tier t) {
     if (touched[b] || state.block(b).home == t) bytes += align_up(state.block(b).bytes);
   return bytes;
 }
-}  // namespace
 
 uint64_t min_budget(const Residency& state, const Schedule& s, Tier t) {
   std::array<uint64_t, kNumTiers> budgets = budgets_of(state);
@@ -313,7 +312,7 @@ uint64_t min_budget(const Residency& state, const Schedule& s, Tier t) {
     return runs(state, s, budgets);
   };
   uint64_t lo = peak_pinned_bytes(state, s, t);
-  uint64_t hi = no_eviction_bytes(state, s, t);
+  uint64_t hi = working_set_bytes(state, s, t);
   if (runs_at(lo)) return lo;
   if (!runs_at(hi))  // another tier is what is too small: no budget of t alone makes it run
     throw BudgetError("offload: no " + std::string(tier_name(t)) + " budget runs this schedule with the other " +
@@ -334,7 +333,7 @@ void check_budgets(const Residency& state, const Schedule& s) {
   // that they evict nothing (so the blame is never put on a tier that is not short).
   std::array<uint64_t, kNumTiers> roomy = budgets_of(state);
   for (int k = 0; k < kNumTiers; ++k)
-    roomy[k] = std::max(roomy[k], no_eviction_bytes(state, s, static_cast<Tier>(k)));
+    roomy[k] = std::max(roomy[k], working_set_bytes(state, s, static_cast<Tier>(k)));
   std::string what;
   Tier first = Tier::device;
   uint64_t first_need = 0;

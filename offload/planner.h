@@ -60,6 +60,10 @@ uint64_t min_budget(const Residency& state, const Schedule& s, Tier t);
 // bound of min_budget.
 uint64_t peak_pinned_bytes(const Residency& state, const Schedule& s, Tier t);
 
+// Tier t's budget at which nothing need ever be evicted from it: every home copy there plus
+// every copy the schedule touches there. Budgets above it buy nothing.
+uint64_t working_set_bytes(const Residency& state, const Schedule& s, Tier t);
+
 // Throws BudgetError naming the tier, its budget and the minimum when no candidate runs `s`
 // from a cold start under the budgets of `state`.
 void check_budgets(const Residency& state, const Schedule& s);

@@ -36,6 +36,20 @@ void register_train(CLI::App& app, Run& run) {
   cmd->add_option("--out", o.out, "save the final model here (HF layout: config.json + safetensors)");
   cmd->add_option("--log-every", o.log_every, "print a progress line every n steps");
   cmd->add_option("--threads", o.threads, "CPU compute threads (0 = all available cores)");
+  cmd->add_option("--offload-params", o.offload_params,
+                  "where the working weights live: none (the compute device) | cpu (pinned host RAM) | nvme");
+  cmd->add_option("--offload-grads", o.offload_grads, "where the fp32 gradients live: none | cpu | nvme");
+  cmd->add_option("--offload-optimizer", o.offload_optimizer,
+                  "where the fp32 master weights and AdamW state live (AdamW runs next to them): none | cpu | nvme");
+  cmd->add_option("--offload-activations", o.offload_activations,
+                  "where checkpointed blocks' kept inputs live: none | cpu | nvme");
+  cmd->add_option("--checkpoint-activations", o.checkpoint_activations,
+                  "none | full (every block keeps only its input and recomputes in backward) | every:N (blocks 0, N, "
+                  "2N, ...)");
+  cmd->add_option("--nvme-path", o.nvme_paths, "directory for NVMe swap files (repeat: one per SSD, striped)");
+  cmd->add_option("--device-mem", o.device_mem, "device memory budget, e.g. 24G (empty: what the plan needs)");
+  cmd->add_option("--host-mem", o.host_mem,
+                  "pinned host memory budget, e.g. 64G (empty: what the plan needs, within physical RAM)");
   cmd->callback([&run, opts] {
     run = [opts]() -> int {
       Trainer trainer(*opts);

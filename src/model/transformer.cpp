@@ -1,9 +1,10 @@
-// The Transformer's units, parameter table, buffers (planned and allocated once) and the
-// whole-model forward/backward: embedding, blocks, final norm, then the LM head and
+// The Transformer's units, parameter table and workspace plan, and its per-unit phases:
+// embedding, blocks (with recompute for checkpointed ones), final norm, then the LM head and
 // cross-entropy chunked over rows so the (N, V) logits never exist at once.
 #include "src/model/transformer.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -53,15 +54,39 @@ void normal_pair(uint64_t key, uint64_t pair, float* out) {
 
 }  // namespace
 
+Checkpointing parse_checkpointing(const std::string& text) {
+  if (text == "none") return {0};
+  if (text == "full") return {1};
+  if (text.rfind("every:", 0) == 0) {
+    const std::string n = text.substr(6);
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(n, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == n.size() && !n.empty() && v >= 1) return {v};
+  }
+  throw std::invalid_argument("--checkpoint-activations '" + text + "': expected none, full or every:N (N >= 1)");
+}
+
+std::string checkpointing_name(const Checkpointing& c) {
+  if (c.every == 0) return "none";
+  if (c.every == 1) return "full";
+  return "every:" + std::to_string(c.every);
+}
+
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
-                         int64_t logits_chunk_bytes)
-    : cfg_(cfg), dtype_(dtype), rt_(rt) {
+                         Checkpointing ckpt, int64_t logits_chunk_bytes)
+    : cfg_(cfg), dtype_(dtype), rt_(rt), ckpt_(ckpt) {
   cfg_.validate();
   if (batch <= 0) throw std::invalid_argument("batch must be positive, got " + std::to_string(batch));
   if (seq <= 0) throw std::invalid_argument("seq must be positive, got " + std::to_string(seq));
   if (seq > cfg_.max_position_embeddings)
     throw std::invalid_argument("--seq " + std::to_string(seq) + " exceeds the model's max_position_embeddings " +
                                 std::to_string(cfg_.max_position_embeddings));
+  if (ckpt_.every < 0) throw std::invalid_argument("checkpointing: every must be >= 0");
   ModelDims& d = dims_;
   d.B = batch;
   d.T = seq;
@@ -88,7 +113,7 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int
   const int64_t n_chunks = (d.N + max_rows - 1) / max_rows;
   d.chunk_rows = (d.N + n_chunks - 1) / n_chunks;
   build_layout();
-  allocate();
+  plan_workspace(nullptr);  // sizes workspace_bytes_
 }
 
 Transformer::~Transformer() = default;
@@ -97,30 +122,29 @@ void Transformer::build_layout() {
   const ModelDims& d = dims_;
   const bool gpt2 = cfg_.family == Family::gpt2;
   int64_t flat = 0;
-  auto begin_unit = [&](std::string name) {
-    units_.push_back(Unit{std::move(name), flat, 0, {}});
-  };
+  auto begin_unit = [&](std::string name) { units_.push_back(Unit{std::move(name), flat, 0, 0, {}, {}, {}}); };
   // Adds a tensor to the current unit; returns its offset relative to the unit's start.
   auto add = [&](const std::string& name, std::vector<int64_t> shape, char init) -> int64_t {
     Unit& u = units_.back();
     ParamInfo p;
     p.name = name;
     p.numel = 1;
-    for (int64_t s : shape) p.numel *= s;
+    for (int64_t sz : shape) p.numel *= sz;
     p.shape = std::move(shape);
     p.unit = static_cast<int>(units_.size() - 1);
-    p.offset = u.offset + u.numel;
+    p.unit_offset = u.n_real;
+    p.offset = u.offset + u.n_real;
     p.decay = p.shape.size() == 2;
     p.ones = init == '1';
     p.zeros = init == '0';
-    u.numel += p.numel;
+    u.n_real += p.numel;
     u.params.push_back(static_cast<int>(params_.size()));
     params_.push_back(p);
-    return p.offset - u.offset;
+    return p.unit_offset;
   };
   auto end_unit = [&] {
     Unit& u = units_.back();
-    u.numel = round_up(u.numel, kUnitAlignElems);
+    u.numel = round_up(u.n_real, kUnitAlignElems);
     flat += u.numel;
   };
 
@@ -132,8 +156,6 @@ void Transformer::build_layout() {
   } else {
     wte_ = add(pre + "embed_tokens.weight", {d.V, d.C}, 'n');
   }
-  wte_ += units_.back().offset;
-  if (wpe_ >= 0) wpe_ += units_.back().offset;
   end_unit();
 
   for (int64_t l = 0; l < d.L; ++l) {
@@ -178,137 +200,135 @@ void Transformer::build_layout() {
       if (cfg_.mlp_bias) b.proj_b = add(h + "mlp.down_proj.bias", {d.C}, '0');
     }
     if (l == 0) layout_ = b;
-    block_units_.push_back(static_cast<int>(units_.size() - 1));
     end_unit();
   }
 
   begin_unit("final_norm");
-  const int64_t u0 = units_.back().offset;
   if (gpt2) {
-    lnf_w_ = u0 + add(pre + "ln_f.weight", {d.C}, '1');
-    lnf_b_ = u0 + add(pre + "ln_f.bias", {d.C}, '0');
+    lnf_w_ = add(pre + "ln_f.weight", {d.C}, '1');
+    lnf_b_ = add(pre + "ln_f.bias", {d.C}, '0');
   } else {
-    lnf_w_ = u0 + add(pre + "norm.weight", {d.C}, '1');
+    lnf_w_ = add(pre + "norm.weight", {d.C}, '1');
   }
   end_unit();
 
   if (!gpt2 && !cfg_.tie_word_embeddings) {
     begin_unit("lm_head");
-    head_ = units_.back().offset + add("lm_head.weight", {d.V, d.C}, 'n');
+    head_ = add("lm_head.weight", {d.V, d.C}, 'n');
+    head_unit_ = static_cast<int>(units_.size() - 1);
     end_unit();
   } else {
     head_ = wte_;  // tied
+    head_unit_ = 0;
   }
   n_flat_ = flat;
 
-  // The grads that matmuls write whole (dW with beta = 0 in a non-accumulating backward): each
-  // block's fused qkv, o, fc and proj matrices and the head. Everything else only accumulates.
-  std::vector<std::pair<int64_t, int64_t>> by_matmul{{head_, d.V * d.C}};
-  for (int unit : block_units_) {
-    const int64_t u = units_[static_cast<size_t>(unit)].offset;
-    by_matmul.insert(by_matmul.end(), {{u + layout_.qkv_w, d.QKV * d.C},
-                                       {u + layout_.o_w, d.C * d.Q},
-                                       {u + layout_.fc_w, d.FC * d.C},
-                                       {u + layout_.proj_w, d.I * d.C}});
-  }
-  for (const ParamInfo& p : params_) {
-    const bool written = std::any_of(by_matmul.begin(), by_matmul.end(), [&](const auto& r) {
-      return p.offset >= r.first && p.offset + p.numel <= r.first + r.second;
-    });
-    if (written) continue;
-    if (!accum_only_grads_.empty() && accum_only_grads_.back().first + accum_only_grads_.back().second == p.offset)
-      accum_only_grads_.back().second += p.numel;
+  // Per unit: AdamW ranges (decay runs merged) and the grads no matmul writes whole. Matmuls
+  // write each block's fused qkv, o, fc and proj matrices and the head; the rest accumulates.
+  auto add_range = [](std::vector<UnitRange>& v, UnitRange r) {
+    if (!v.empty() && v.back().decay == r.decay && v.back().offset + v.back().numel == r.offset)
+      v.back().numel += r.numel;
     else
-      accum_only_grads_.emplace_back(p.offset, p.numel);
+      v.push_back(r);
+  };
+  for (size_t ui = 0; ui < units_.size(); ++ui) {
+    Unit& u = units_[ui];
+    std::vector<std::pair<int64_t, int64_t>> by_matmul;  // (unit offset, numel)
+    if (static_cast<int>(ui) == head_unit_) by_matmul.emplace_back(head_, d.V * d.C);
+    if (ui >= 1 && static_cast<int64_t>(ui) <= d.L)
+      by_matmul.insert(by_matmul.end(), {{layout_.qkv_w, d.QKV * d.C},
+                                         {layout_.o_w, d.C * d.Q},
+                                         {layout_.fc_w, d.FC * d.C},
+                                         {layout_.proj_w, d.I * d.C}});
+    for (int pi : u.params) {
+      const ParamInfo& p = params_[static_cast<size_t>(pi)];
+      add_range(u.adamw_ranges, {p.unit_offset, p.numel, p.decay});
+      const bool written = std::any_of(by_matmul.begin(), by_matmul.end(), [&](const auto& r) {
+        return p.unit_offset >= r.first && p.unit_offset + p.numel <= r.first + r.second;
+      });
+      if (!written) add_range(u.accum_only, {p.unit_offset, p.numel, false});
+    }
   }
 }
 
-void Transformer::allocate() {
+// Carves the workspace out of `base` (null: only sizes it, into workspace_bytes_).
+void Transformer::plan_workspace(char* base) {
   const ModelDims& d = dims_;
   const DType dt = dtype_;
   const bool gpt2 = cfg_.family == Family::gpt2;
-  const size_t flat_f32 = static_cast<size_t>(n_flat_) * 4;
-  auto alloc = [&](kernels::DeviceBuffer& b, size_t bytes) {
-    b = kernels::DeviceBuffer(rt_, std::max<size_t>(bytes, 64));
-    bytes_allocated_ += b.bytes();
+  Carver cv{base};
+  auto plan_acts = [&](BlockActs& a) {
+    a.ln1 = cv.take_dt(d.N * d.C, dt);
+    if (gpt2) a.mean1 = cv.take_f32(d.N);
+    a.rstd1 = cv.take_f32(d.N);
+    a.qkv = cv.take_dt(d.N * d.QKV, dt);
+    a.att = cv.take_dt(d.N * d.Q, dt);
+    a.lse = cv.take_f32(d.B * d.Hq * d.T);
+    a.res_mid = cv.take_dt(d.N * d.C, dt);
+    a.ln2 = cv.take_dt(d.N * d.C, dt);
+    if (gpt2) a.mean2 = cv.take_f32(d.N);
+    a.rstd2 = cv.take_f32(d.N);
+    a.fc = cv.take_dt(d.N * d.FC, dt);
+    a.act = cv.take_dt(d.N * d.I, dt);
   };
-  alloc(master_, flat_f32);
-  if (dt != DType::f32) alloc(working_, static_cast<size_t>(n_flat_) * kernels::dtype_size(dt));
-  alloc(grads_, flat_f32);
+  acts_.assign(static_cast<size_t>(d.L), BlockActs{});
+  for (int64_t l = 0; l < d.L; ++l)
+    if (!ckpt_.at(l)) plan_acts(acts_[static_cast<size_t>(l)]);
+  shared_acts_ = BlockActs{};
+  if (ckpt_.any()) {
+    plan_acts(shared_acts_);
+    recompute_out_ = cv.take_dt(d.N * d.C, dt);
+  }
+  scratch_.tmp_c = cv.take_dt(d.N * d.C, dt);
+  scratch_.d_c = cv.take_dt(d.N * d.C, dt);
+  scratch_.d_q = cv.take_dt(d.N * d.Q, dt);
+  scratch_.d_fc = cv.take_dt(d.N * std::max(d.FC, d.QKV), dt);
+  scratch_.d_act = cv.take_dt(d.N * d.I, dt);
+  final_res_ = cv.take_dt(d.N * d.C, dt);
+  lnf_ = cv.take_dt(d.N * d.C, dt);
+  lnf_mean_ = cv.take_f32(d.N);
+  lnf_rstd_ = cv.take_f32(d.N);
+  dres_ = cv.take_dt(d.N * d.C, dt);
+  dlnf_ = cv.take_dt(d.N * d.C, dt);
+  logits_ = cv.take_dt(d.chunk_rows * d.V, logits_dtype_);
+  dlogits_lp_ = dt == DType::f16 ? cv.take_dt(d.chunk_rows * d.V, dt) : nullptr;
+  losses_ = cv.take_f32(d.N);
+  if (gpt2)
+    pos_ids_ = static_cast<int32_t*>(cv.take(static_cast<size_t>(d.N) * sizeof(int32_t)));
+  else
+    rope_ = cv.take_f32(2 * d.T * (d.D / 2));
+  workspace_bytes_ = (cv.off + 4095) / 4096 * 4096;
+}
 
-  // Activations: L+1 residual streams, then each block's saved tensors.
-  auto plan_acts = [&](Carver& cv) {
-    residual_.assign(static_cast<size_t>(d.L + 1), nullptr);
-    for (auto& r : residual_) r = cv.take_dt(d.N * d.C, dt);
-    acts_.assign(static_cast<size_t>(d.L), BlockActs{});
-    for (BlockActs& a : acts_) {
-      a.ln1 = cv.take_dt(d.N * d.C, dt);
-      if (gpt2) a.mean1 = cv.take_f32(d.N);
-      a.rstd1 = cv.take_f32(d.N);
-      a.qkv = cv.take_dt(d.N * d.QKV, dt);
-      a.att = cv.take_dt(d.N * d.Q, dt);
-      a.lse = cv.take_f32(d.B * d.Hq * d.T);
-      a.res_mid = cv.take_dt(d.N * d.C, dt);
-      a.ln2 = cv.take_dt(d.N * d.C, dt);
-      if (gpt2) a.mean2 = cv.take_f32(d.N);
-      a.rstd2 = cv.take_f32(d.N);
-      a.fc = cv.take_dt(d.N * d.FC, dt);
-      a.act = cv.take_dt(d.N * d.I, dt);
-    }
-  };
-  auto plan_scratch = [&](Carver& cv) {
-    scratch_.tmp_c = cv.take_dt(d.N * d.C, dt);
-    scratch_.d_c = cv.take_dt(d.N * d.C, dt);
-    scratch_.d_q = cv.take_dt(d.N * d.Q, dt);
-    scratch_.d_fc = cv.take_dt(d.N * std::max(d.FC, d.QKV), dt);
-    scratch_.d_act = cv.take_dt(d.N * d.I, dt);
-    lnf_ = cv.take_dt(d.N * d.C, dt);
-    lnf_mean_ = cv.take_f32(d.N);
-    lnf_rstd_ = cv.take_f32(d.N);
-    dres_ = cv.take_dt(d.N * d.C, dt);
-    dlnf_ = cv.take_dt(d.N * d.C, dt);
-    logits_ = cv.take_dt(d.chunk_rows * d.V, logits_dtype_);
-    dlogits_lp_ = dt == DType::f16 ? cv.take_dt(d.chunk_rows * d.V, dt) : nullptr;
-  };
-  Carver size_acts, size_scratch;
-  plan_acts(size_acts);
-  plan_scratch(size_scratch);
-  alloc(acts_buf_, size_acts.off);
-  alloc(scratch_buf_, size_scratch.off);
-  Carver ca{static_cast<char*>(acts_buf_.data())}, cs{static_cast<char*>(scratch_buf_.data())};
-  plan_acts(ca);
-  plan_scratch(cs);
-  alloc(losses_, static_cast<size_t>(d.N) * 4);
-
-  // Fault every page in now (DESIGN.md "Memory is allocated once") and zero the grads.
-  auto s = rt_.create_stream();
-  s->memset_async(master_.data(), 0, master_.bytes());
-  if (working_.data()) s->memset_async(working_.data(), 0, working_.bytes());
-  s->memset_async(grads_.data(), 0, grads_.bytes());
-  s->memset_async(acts_buf_.data(), 0, acts_buf_.bytes());
-  s->memset_async(scratch_buf_.data(), 0, scratch_buf_.bytes());
-  s->memset_async(losses_.data(), 0, losses_.bytes());
-
-  if (gpt2) {  // position ids (N): t for row b·T + t
-    std::vector<int32_t> pos(static_cast<size_t>(d.N));
-    for (int64_t i = 0; i < d.N; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i % d.T);
-    alloc(pos_ids_, pos.size() * 4);
-    s->memcpy_async(pos_ids_.data(), pos.data(), pos.size() * 4);
-    s->synchronize();
-  } else {  // RoPE tables (T, D/2): cos/sin of fp32 t · inv_freq, as HF computes them
+void Transformer::bind_workspace(kernels::Stream& s, void* base) {
+  if (!base) throw std::invalid_argument("bind_workspace: null workspace");
+  plan_workspace(static_cast<char*>(base));
+  bound_ = true;
+  const ModelDims& d = dims_;
+  // Constants: gpt2 position ids (N): t for row b·T + t; llama RoPE tables (2, T, D/2): cos/sin
+  // of fp32 t · inv_freq, as HF computes them. Uploaded from a host copy the model keeps alive.
+  if (cfg_.family == Family::gpt2) {
+    constants_.resize(static_cast<size_t>(d.N) * sizeof(int32_t));
+    auto* pos = reinterpret_cast<int32_t*>(constants_.data());
+    for (int64_t i = 0; i < d.N; ++i) pos[i] = static_cast<int32_t>(i % d.T);
+    s.memcpy_async(pos_ids_, constants_.data(), constants_.size());
+  } else {
     const std::vector<float> inv = rope_inv_freq(cfg_);
     const int64_t half = d.D / 2;
-    std::vector<float> table(static_cast<size_t>(2 * d.T * half));
+    constants_.resize(static_cast<size_t>(2 * d.T * half) * sizeof(float));
+    auto* table = reinterpret_cast<float*>(constants_.data());
     for (int64_t t = 0; t < d.T; ++t)
       for (int64_t i = 0; i < half; ++i) {
         const float angle = static_cast<float>(t) * inv[static_cast<size_t>(i)];
-        table[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(static_cast<double>(angle)));
-        table[static_cast<size_t>((d.T + t) * half + i)] = static_cast<float>(std::sin(static_cast<double>(angle)));
+        table[t * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+        table[(d.T + t) * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
       }
-    alloc(rope_, table.size() * 4);
-    s->memcpy_async(rope_.data(), table.data(), table.size() * 4);
-    s->synchronize();
+    s.memcpy_async(rope_, constants_.data(), constants_.size());
   }
+}
+
+size_t Transformer::input_bytes() const {
+  return static_cast<size_t>(dims_.N * dims_.C) * kernels::dtype_size(dtype_);
 }
 
 const ParamInfo* Transformer::find_param(const std::string& name) const {
@@ -323,21 +343,16 @@ int64_t Transformer::n_params() const {
   return n;
 }
 
-void* Transformer::weights() const { return dtype_ == DType::f32 ? master_.data() : working_.data(); }
-
-void Transformer::init_random(uint64_t seed) {
-  // Host-visible master weights: the CPU backend's device memory is host memory.
-  if (rt_.info().backend != kernels::Backend::cpu)
-    throw std::runtime_error("init_random: only the cpu backend is supported for now");
-  float* w = master();
-  for (size_t pi = 0; pi < params_.size(); ++pi) {
-    const ParamInfo& p = params_[pi];
-    float* dst = w + p.offset;
+void Transformer::init_unit(int u, uint64_t seed, float* master) const {
+  const Unit& unit = units_.at(static_cast<size_t>(u));
+  for (int pi : unit.params) {
+    const ParamInfo& p = params_[static_cast<size_t>(pi)];
+    float* dst = master + p.unit_offset;
     if (p.ones || p.zeros) {
       std::fill(dst, dst + p.numel, p.ones ? 1.f : 0.f);
       continue;
     }
-    const uint64_t key = splitmix64(seed * 0x100000001b3ull + pi);
+    const uint64_t key = splitmix64(seed * 0x100000001b3ull + static_cast<uint64_t>(pi));
     kernels::cpu::parallel_for(0, (p.numel + 1) / 2, 1 << 15, [&](int64_t lo, int64_t hi) {
       float z[2];
       for (int64_t j = lo; j < hi; ++j) {
@@ -347,97 +362,88 @@ void Transformer::init_random(uint64_t seed) {
       }
     });
   }
+  std::fill(master + unit.n_real, master + unit.numel, 0.f);
 }
 
-void Transformer::load(const HfCheckpoint& ckpt) {
-  if (rt_.info().backend != kernels::Backend::cpu)
-    throw std::runtime_error("load: only the cpu backend is supported for now");
-  for (const ParamInfo& p : params_) {
+void Transformer::load_unit(int u, const HfCheckpoint& ckpt, float* master) const {
+  const Unit& unit = units_.at(static_cast<size_t>(u));
+  for (int pi : unit.params) {
+    const ParamInfo& p = params_[static_cast<size_t>(pi)];
     std::string name = p.name;
     // gpt2 checkpoints on the Hub often omit the "transformer." prefix.
     if (!ckpt.find(name) && name.rfind("transformer.", 0) == 0 && ckpt.find(name.substr(12))) name = name.substr(12);
-    ckpt.read_into(name, p.shape, master() + p.offset, DType::f32);
+    ckpt.read_into(name, p.shape, master + p.unit_offset, DType::f32);
   }
+  std::fill(master + unit.n_real, master + unit.numel, 0.f);
 }
 
-std::vector<TensorToSave> Transformer::tensors_to_save() const {
-  std::vector<TensorToSave> out;
-  for (const ParamInfo& p : params_) {
-    const float* src = master() + p.offset;
-    const size_t bytes = static_cast<size_t>(p.numel) * 4;
-    out.push_back({p.name, p.shape, DType::f32, [src, bytes](void* dst) { std::memcpy(dst, src, bytes); }});
-  }
-  return out;
+const BlockActs& Transformer::acts_for(int64_t layer) const {
+  return ckpt_.at(layer) ? shared_acts_ : acts_[static_cast<size_t>(layer)];
 }
 
-void Transformer::sync_weights(kernels::Stream& s) {
-  if (dtype_ == DType::f32) return;
-  rt_.ops().cast(s, {.n = n_flat_, .src = master(), .src_dtype = DType::f32, .dst = working_.data(),
-                     .dst_dtype = dtype_});
-}
-
-void Transformer::zero_grads(kernels::Stream& s) { s.memset_async(grads_.data(), 0, grads_.bytes()); }
-
-BlockCtx Transformer::block_ctx(kernels::Stream& s, int layer) const {
-  const Unit& u = units_[static_cast<size_t>(block_units_[static_cast<size_t>(layer)])];
+BlockCtx Transformer::block_ctx(kernels::Stream& s, int64_t layer, const void* w, float* g) const {
+  (void)layer;
   BlockCtx c;
   c.ops = &rt_.ops();
   c.stream = &s;
   c.cfg = &cfg_;
   c.dims = &dims_;
   c.dtype = dtype_;
-  c.w = at(static_cast<const void*>(weights()), u.offset, dtype_);
-  c.g = grads() + u.offset;
+  c.w = w;
+  c.g = g;
   c.layout = &layout_;
-  if (rope_.data()) {
-    c.rope_cos = rope_.as<float>();
-    c.rope_sin = rope_.as<float>() + dims_.T * (dims_.D / 2);
+  if (rope_) {
+    c.rope_cos = rope_;
+    c.rope_sin = rope_ + dims_.T * (dims_.D / 2);
   }
   c.scratch = &scratch_;
   return c;
 }
 
-void Transformer::forward(kernels::Stream& s, const int32_t* ids, const int32_t* targets) {
-  run(s, ids, targets, false, 1.f, true);
+void Transformer::zero_ranges(kernels::Stream& s, const std::vector<UnitRange>& ranges, float* g) const {
+  for (const UnitRange& r : ranges) s.memset_async(g + r.offset, 0, static_cast<size_t>(r.numel) * sizeof(float));
 }
 
-void Transformer::forward_backward(kernels::Stream& s, const int32_t* ids, const int32_t* targets,
-                                   float grad_scale, bool accumulate) {
-  run(s, ids, targets, true, grad_scale, accumulate);
+void Transformer::embed_forward(kernels::Stream& s, const int32_t* ids, const void* w, void* x0) {
+  assert(bound_);
+  const ModelDims& d = dims_;
+  const DType dt = dtype_;
+  kernels::Ops& ops = rt_.ops();
+  ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = d.V, .ids = ids, .table = at(w, wte_, dt),
+                    .out = x0});
+  if (wpe_ >= 0)
+    ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = cfg_.max_position_embeddings,
+                      .ids = pos_ids_, .table = at(w, wpe_, dt), .out = x0, .accumulate = true});
 }
 
-void Transformer::run(kernels::Stream& s, const int32_t* ids, const int32_t* targets, bool backward,
-                      float grad_scale, bool accumulate) {
+void Transformer::block_forward(kernels::Stream& s, int64_t layer, const void* w, const void* x, void* y) {
+  assert(bound_);
+  const BlockCtx c = block_ctx(s, layer, w, nullptr);
+  if (cfg_.family == Family::gpt2)
+    gpt2_block_forward(c, x, acts_for(layer), y);
+  else
+    llama_block_forward(c, x, acts_for(layer), y);
+}
+
+void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w_fn, const void* w_head_unit,
+                       float* g_fn, float* g_head_unit, float grad_scale, bool first) {
+  assert(bound_);
   const ModelDims& d = dims_;
   const DType dt = dtype_;
   const bool gpt2 = cfg_.family == Family::gpt2;
+  const bool backward = g_fn != nullptr;
   kernels::Ops& ops = rt_.ops();
-  const void* w = weights();
-  float* g = grads();
   const float eps = static_cast<float>(cfg_.norm_eps);
-
-  // residual[0] (N, C) = wte[ids] (+ wpe[t])
-  ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = d.V, .ids = ids, .table = at(w, wte_, dt),
-                    .out = residual_[0]});
-  if (gpt2)
-    ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = cfg_.max_position_embeddings,
-                      .ids = pos_ids_.as<int32_t>(), .table = at(w, wpe_, dt), .out = residual_[0],
-                      .accumulate = true});
-  if (backward && !accumulate)  // the grads no matmul overwrites (this stream runs them in order)
-    for (const auto& [off, n] : accum_only_grads_) s.memset_async(g + off, 0, static_cast<size_t>(n) * sizeof(float));
-  for (int l = 0; l < d.L; ++l) {
-    const BlockCtx c = block_ctx(s, l);
-    const size_t i = static_cast<size_t>(l);
-    if (gpt2)
-      gpt2_block_forward(c, residual_[i], acts_[i], residual_[i + 1]);
-    else
-      llama_block_forward(c, residual_[i], acts_[i], residual_[i + 1]);
+  const void* w_head = at(w_head_unit, head_, dt);
+  if (backward && first) {  // this step's first writes of these units' grads
+    zero_ranges(s, units_[static_cast<size_t>(final_norm_unit())].accum_only, g_fn);
+    zero_ranges(s, units_[static_cast<size_t>(head_unit_)].accum_only, g_head_unit);
   }
-  // lnf (N, C) = final norm of residual[L]
-  const void* x_last = residual_[static_cast<size_t>(d.L)];
-  kernels::NormArgs nf{.dtype = dt, .rows = d.N, .cols = d.C, .eps = eps, .x = x_last, .weight = at(w, lnf_w_, dt),
-                       .bias = lnf_b_ >= 0 ? at(w, lnf_b_, dt) : nullptr, .y = lnf_, .mean = lnf_mean_,
-                       .rstd = lnf_rstd_};
+
+  // lnf (N, C) = final norm of the last residual
+  kernels::NormArgs nf{.dtype = dt, .rows = d.N, .cols = d.C, .eps = eps, .x = final_res_,
+                       .weight = at(w_fn, lnf_w_, dt), .bias = lnf_b_ >= 0 ? at(w_fn, lnf_b_, dt) : nullptr,
+                       .y = lnf_, .mean = lnf_mean_, .rstd = lnf_rstd_};
   if (gpt2)
     ops.layernorm(s, nf);
   else
@@ -448,7 +454,7 @@ void Transformer::run(kernels::Stream& s, const int32_t* ids, const int32_t* tar
     const int64_t R = std::min(d.chunk_rows, d.N - r0);
     kernels::MatmulArgs mm;
     mm.a = at(static_cast<const void*>(lnf_), r0 * d.C, dt);
-    mm.b = at(w, head_, dt);
+    mm.b = w_head;
     mm.c = logits_;
     mm.ab_dtype = dt;
     mm.c_dtype = logits_dtype_;
@@ -458,7 +464,7 @@ void Transformer::run(kernels::Stream& s, const int32_t* ids, const int32_t* tar
     mm.trans_b = true;
     ops.matmul(s, mm);
     ops.cross_entropy(s, {.dtype = logits_dtype_, .rows = R, .vocab = d.V, .logits = logits_, .targets = targets + r0,
-                          .losses = loss_rows() + r0, .dlogits = backward ? logits_ : nullptr,
+                          .losses = losses_ + r0, .dlogits = backward ? logits_ : nullptr,
                           .grad_scale = grad_scale});
     if (!backward) continue;
     const void* dl = logits_;
@@ -469,7 +475,7 @@ void Transformer::run(kernels::Stream& s, const int32_t* ids, const int32_t* tar
     // dlnf[r] (R, C) = dlogits (R, V) · Whead (V, C)
     kernels::MatmulArgs dx;
     dx.a = dl;
-    dx.b = at(w, head_, dt);
+    dx.b = w_head;
     dx.c = at(dlnf_, r0 * d.C, dt);
     dx.ab_dtype = dt;
     dx.c_dtype = dt;
@@ -477,45 +483,68 @@ void Transformer::run(kernels::Stream& s, const int32_t* ids, const int32_t* tar
     dx.n = d.C;
     dx.k = d.V;
     ops.matmul(s, dx);
-    // dWhead (V, C) += dlogitsᵀ · lnf[r] (the first chunk writes it when not accumulating; a
-    // head tied to wte comes before the embedding backward, which then adds to it)
+    // dWhead (V, C) += dlogitsᵀ · lnf[r] (the step's first chunk writes it; a head tied to wte
+    // comes before the embedding backward, which then adds to it)
     kernels::MatmulArgs dw;
     dw.a = dl;
     dw.b = at(static_cast<const void*>(lnf_), r0 * d.C, dt);
-    dw.c = g + head_;
+    dw.c = g_head_unit + head_;
     dw.ab_dtype = dt;
     dw.c_dtype = DType::f32;
     dw.m = d.V;
     dw.n = d.C;
     dw.k = R;
     dw.trans_a = true;
-    dw.beta = accumulate || r0 > 0 ? 1.f : 0.f;
+    dw.beta = !first || r0 > 0 ? 1.f : 0.f;
     ops.matmul(s, dw);
   }
   if (!backward) return;
 
   // dres (N, C) = final norm backward (overwrites)
-  kernels::NormBackwardArgs nb{.dtype = dt, .rows = d.N, .cols = d.C, .x = x_last, .weight = at(w, lnf_w_, dt),
-                               .dy = dlnf_, .mean = lnf_mean_, .rstd = lnf_rstd_, .dx = dres_,
-                               .dweight = g + lnf_w_, .dbias = lnf_b_ >= 0 ? g + lnf_b_ : nullptr};
+  kernels::NormBackwardArgs nb{.dtype = dt, .rows = d.N, .cols = d.C, .x = final_res_,
+                               .weight = at(w_fn, lnf_w_, dt), .dy = dlnf_, .mean = lnf_mean_, .rstd = lnf_rstd_,
+                               .dx = dres_, .dweight = g_fn + lnf_w_, .dbias = lnf_b_ >= 0 ? g_fn + lnf_b_ : nullptr};
   if (gpt2)
     ops.layernorm_backward(s, nb);
   else
     ops.rmsnorm_backward(s, nb);
-  for (int l = static_cast<int>(d.L) - 1; l >= 0; --l) {
-    BlockCtx c = block_ctx(s, l);
-    c.accumulate_grads = accumulate;
-    const size_t i = static_cast<size_t>(l);
+}
+
+void Transformer::block_backward(kernels::Stream& s, int64_t layer, const void* w, const void* x, float* g,
+                                 bool first) {
+  assert(bound_);
+  const bool gpt2 = cfg_.family == Family::gpt2;
+  if (first) zero_ranges(s, units_[static_cast<size_t>(block_unit(layer))].accum_only, g);
+  BlockCtx c = block_ctx(s, layer, w, g);
+  const BlockActs& a = acts_for(layer);
+  if (ckpt_.at(layer)) {  // recompute the activations this block did not keep
     if (gpt2)
-      gpt2_block_backward(c, residual_[i], acts_[i], dres_);
+      gpt2_block_forward(c, x, a, recompute_out_);
     else
-      llama_block_backward(c, residual_[i], acts_[i], dres_);
+      llama_block_forward(c, x, a, recompute_out_);
   }
+  c.accumulate_grads = !first;
+  if (gpt2)
+    gpt2_block_backward(c, x, a, dres_);
+  else
+    llama_block_backward(c, x, a, dres_);
+}
+
+void Transformer::embed_backward(kernels::Stream& s, const int32_t* ids, float* g, bool first) {
+  assert(bound_);
+  const ModelDims& d = dims_;
+  const DType dt = dtype_;
+  kernels::Ops& ops = rt_.ops();
+  if (first && !tied_head()) zero_ranges(s, units_[0].accum_only, g);
   ops.embedding_backward(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = d.V, .ids = ids, .dout = dres_,
                              .dtable = g + wte_});
-  if (gpt2)
+  if (wpe_ >= 0)
     ops.embedding_backward(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = cfg_.max_position_embeddings,
-                               .ids = pos_ids_.as<int32_t>(), .dout = dres_, .dtable = g + wpe_});
+                               .ids = pos_ids_, .dout = dres_, .dtable = g + wpe_});
+}
+
+void Transformer::grad_sum_squares(kernels::Stream& s, int u, const float* g, double* out) const {
+  rt_.ops().sum_squares(s, {.dtype = DType::f32, .n = units_.at(static_cast<size_t>(u)).n_real, .x = g, .out = out});
 }
 
 }  // namespace strata

@@ -1,7 +1,7 @@
 // The decoder-only transformer (llama/mistral/qwen2 and gpt2 families) as units of flat
-// parameter buffers (DESIGN.md "unit of movement") with an explicit llm.c-style forward and
-// backward per block. Every buffer (parameters, grads, activations, workspace) is sized from
-// the config and the batch shape and allocated once, at construction; a step allocates nothing.
+// parameter buffers (DESIGN.md "The unit of movement") and per-unit phases with an explicit
+// llm.c-style forward and backward per block. The model sees units, never a whole-model buffer:
+// whoever sequences a step hands each phase the units it needs, from wherever they live.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -29,20 +29,45 @@ struct ParamInfo {
   std::string name;
   std::vector<int64_t> shape;
   int unit = 0;
-  int64_t offset = 0;  // elements from the start of the whole flat parameter buffer
+  int64_t offset = 0;       // elements from the start of the whole flat numbering (all units)
+  int64_t unit_offset = 0;  // elements from the start of its unit
   int64_t numel = 0;
   bool decay = false;  // AdamW weight decay: 2-D tensors only (embeddings included)
   bool ones = false;   // random init: norm gains start at 1, biases at 0, matrices ~ N(0, 0.02)
   bool zeros = false;
 };
 
-// A unit: a contiguous, padded range of the flat parameter (and grad, m, v) buffers.
+// A contiguous range of one unit's flat buffers, in elements from the unit's start.
+struct UnitRange {
+  int64_t offset = 0, numel = 0;
+  bool decay = false;
+};
+
+// A unit: the padded flat buffer of a group of tensors (DESIGN.md "The unit of movement"). Its
+// parameters are contiguous from element 0 (n_real of them); padding follows, up to numel.
 struct Unit {
   std::string name;    // "embed", "block.3", "final_norm", "lm_head"
-  int64_t offset = 0;  // elements, multiple of kUnitAlignElems
+  int64_t offset = 0;  // elements in the whole flat numbering, multiple of kUnitAlignElems
   int64_t numel = 0;   // padded length
+  int64_t n_real = 0;  // parameters (no padding)
   std::vector<int> params;
+  std::vector<UnitRange> adamw_ranges;  // [0, n_real) split where the decay flag changes
+  // Ranges whose gradient only accumulating ops write (norm gains, biases, embeddings not tied
+  // to the head): zeroed when a step's first micro-batch first writes the unit's grads. Every
+  // other grad element is a matmul's dW, written with beta = 0.
+  std::vector<UnitRange> accum_only;
 };
+
+// Activation checkpointing: which blocks keep only their input and recompute their forward
+// inside their backward, into one shared set of activation buffers.
+struct Checkpointing {
+  int64_t every = 0;  // 0: none; 1: every block ("full"); N: blocks 0, N, 2N, ... ("every:N")
+  bool at(int64_t layer) const { return every > 0 && layer % every == 0; }
+  bool any() const { return every > 0; }
+};
+// "none" | "full" | "every:N" (N >= 1); throws naming the text.
+Checkpointing parse_checkpointing(const std::string& text);
+std::string checkpointing_name(const Checkpointing& c);
 
 // Where each tensor of a block lives, in elements from the start of its unit (-1 = absent).
 // llama: qkv_w is HF's q_proj, k_proj, v_proj stacked ((Hq+2·Hkv)·D, C); fc_w is gate_proj then
@@ -117,14 +142,22 @@ void gpt2_block_backward(const BlockCtx& ctx, const void* x, const BlockActs& ac
 // RoPE inverse frequencies exactly as HF computes them in fp32 (default and "llama3" scaling).
 std::vector<float> rope_inv_freq(const ModelConfig& cfg);
 
+// The model as per-unit phases on the op set. It owns no parameter memory: every phase is handed
+// the units it reads (working weights, dtype) and writes (fp32 grads), acquired by whoever
+// sequences the step (src/train/step_driver.h), and it never holds a pointer to them after the
+// call returns. It keeps what it needs besides its units in one workspace the caller places:
+// non-checkpointed blocks' activations, one shared set for recomputed blocks, backward
+// scratch, the final residual, the head's logits chunk, per-row losses and constant tables.
+// Each block's input x_l (N, C) is a separate buffer the caller gives (it may live on another
+// tier: the kept input of a checkpointed block). Phases are enqueued on a stream and allocate
+// nothing.
 class Transformer {
  public:
-  // Allocates everything for micro-batches of (batch, seq) in working dtype `dtype`.
-  // Throws std::invalid_argument when seq exceeds max_position_embeddings.
-  // logits_chunk_bytes bounds the LM-head chunk: at most that many bytes of logits exist at
-  // once (whole rows; at least one row).
+  // Sizes everything for micro-batches of (batch, seq) in working dtype `dtype`. Throws
+  // std::invalid_argument when seq exceeds max_position_embeddings. logits_chunk_bytes bounds
+  // the LM-head chunk: at most that many bytes of logits exist at once (whole rows, >= 1 row).
   Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
-              int64_t logits_chunk_bytes = kLogitsChunkBytes);
+              Checkpointing ckpt = {}, int64_t logits_chunk_bytes = kLogitsChunkBytes);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -132,76 +165,97 @@ class Transformer {
   const ModelConfig& config() const { return cfg_; }
   const ModelDims& dims() const { return dims_; }
   DType dtype() const { return dtype_; }
+  const Checkpointing& checkpointing() const { return ckpt_; }
   const std::vector<ParamInfo>& params() const { return params_; }
   const std::vector<Unit>& units() const { return units_; }
   const ParamInfo* find_param(const std::string& name) const;
-  int64_t n_params() const;          // real parameters (no padding)
-  int64_t n_flat() const { return n_flat_; }  // padded length of the flat buffers
-  size_t bytes_allocated() const { return bytes_allocated_; }
+  int64_t n_params() const;                   // real parameters (no padding)
+  int64_t n_flat() const { return n_flat_; }  // all units' padded lengths together
 
-  float* master() const { return master_.as<float>(); }  // (n_flat) fp32 master weights
-  void* weights() const;                                   // (n_flat) working weights (dtype)
-  float* grads() const { return grads_.as<float>(); }      // (n_flat) fp32
-  float* loss_rows() const { return losses_.as<float>(); } // (N) per-row losses of the last forward
+  // The units by role. The head lives in head_unit() (the embedding unit when tied).
+  int embed_unit() const { return 0; }
+  int block_unit(int64_t layer) const { return static_cast<int>(1 + layer); }
+  int final_norm_unit() const { return static_cast<int>(1 + dims_.L); }
+  int head_unit() const { return head_unit_; }
+  bool tied_head() const { return head_unit_ == 0; }
 
-  // GPT-2-style init from `seed`: matrices ~ N(0, 0.02), norm gains 1, biases 0. Deterministic
-  // and independent of the thread count. Host work; call before any stream work.
-  void init_random(uint64_t seed);
-  // Loads every parameter from an HF checkpoint (missing tensor or shape mismatch throws).
-  void load(const HfCheckpoint& ckpt);
-  // The master weights as HF tensors (fp32), for save_hf_model.
-  std::vector<TensorToSave> tensors_to_save() const;
-  // Working weights <- master weights (a cast; no-op in fp32). Enqueued on s.
-  void sync_weights(kernels::Stream& s);
-  void zero_grads(kernels::Stream& s);
+  // Workspace: bytes, then the memory (device memory of the runtime, 4 KiB aligned, alive while
+  // the model is used). bind_workspace enqueues the constant tables' upload on s.
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  void bind_workspace(kernels::Stream& s, void* base);
+  size_t input_bytes() const;  // one block's input x_l: (N, C) in dtype
 
-  // One micro-batch: ids, targets (N) int32 in runtime memory. Forward writes loss_rows();
-  // with backward, d loss / d params · grad_scale accumulates (+=) into grads(), where the loss
-  // is Σ rows' cross-entropy (so grad_scale = 1 / targets-in-global-batch gives the mean).
-  // accumulate = false makes it the first micro-batch of a step: grads() is overwritten and its
-  // old contents never read, which saves zeroing the whole buffer and the read-modify-write of
-  // every weight gradient (the big matmuls write dW with beta = 0; only the few tensors reduced
-  // by accumulating ops — norms, biases, embedding tables not tied to the head — are zeroed).
-  void forward(kernels::Stream& s, const int32_t* ids, const int32_t* targets);
-  void forward_backward(kernels::Stream& s, const int32_t* ids, const int32_t* targets, float grad_scale,
-                        bool accumulate = true);
+  // GPT-2-style init of unit u's fp32 master weights into `master` (host memory, numel
+  // elements, padding zeroed) from `seed`: matrices ~ N(0, 0.02), norm gains 1, biases 0.
+  // The same values whatever the thread count or the other units.
+  void init_unit(int u, uint64_t seed, float* master) const;
+  // Unit u's parameters from an HF checkpoint into `master` (host, fp32, padding zeroed); a
+  // missing tensor or a shape mismatch throws naming it.
+  void load_unit(int u, const HfCheckpoint& ckpt, float* master) const;
+
+  // Phases of one micro-batch (ids, targets: (N) int32 in runtime memory). Unit pointers are
+  // the unit's start (working weights `w`, dtype; fp32 grads `g`). `first`: the step's first
+  // micro-batch — its backward overwrites the grads instead of adding to them (the matmuls
+  // write dW with beta 0, the accumulate-only ranges are zeroed first), so grads never need
+  // a zeroing pass and their old bytes are never read.
+  // x0 (N, C) = wte[ids] (+ wpe[t])
+  void embed_forward(kernels::Stream& s, const int32_t* ids, const void* w_embed, void* x0);
+  // y (N, C) = block l (x); y is x_{l+1}, or final_residual() after the last block.
+  void block_forward(kernels::Stream& s, int64_t layer, const void* w, const void* x, void* y);
+  void* final_residual() const { return final_res_; }
+  // Final norm, then LM head + cross-entropy in row chunks: loss_rows() gets each row's loss.
+  // With g_fn/g_head non-null it back-propagates too: grads of the final norm and the head
+  // (scaled by grad_scale) and d x_L into the residual gradient that block_backward continues.
+  void head(kernels::Stream& s, const int32_t* targets, const void* w_fn, const void* w_head_unit, float* g_fn,
+            float* g_head_unit, float grad_scale, bool first);
+  // Backward of block l (its forward recomputed first when it is checkpointed): grads into g,
+  // d x_l into the residual gradient.
+  void block_backward(kernels::Stream& s, int64_t layer, const void* w, const void* x, float* g, bool first);
+  // Embedding backward: dwte (and dwpe) += the residual gradient. With a tied head the head
+  // phase has already written this unit's grads this step; otherwise `first` zeroes them.
+  void embed_backward(kernels::Stream& s, const int32_t* ids, float* g_embed, bool first);
+  // *out += Σ g² over unit u's parameters (padding excluded), fp64.
+  void grad_sum_squares(kernels::Stream& s, int u, const float* g, double* out) const;
+  float* loss_rows() const { return losses_; }  // (N) per-row losses of the last head()
 
  private:
   void build_layout();
-  void allocate();
-  BlockCtx block_ctx(kernels::Stream& s, int layer) const;
-  void run(kernels::Stream& s, const int32_t* ids, const int32_t* targets, bool backward, float grad_scale,
-           bool accumulate);
+  void plan_workspace(char* base);
+  BlockCtx block_ctx(kernels::Stream& s, int64_t layer, const void* w, float* g) const;
+  const BlockActs& acts_for(int64_t layer) const;
+  void zero_ranges(kernels::Stream& s, const std::vector<UnitRange>& r, float* g) const;
 
   ModelConfig cfg_;
   DType dtype_;
   ModelDims dims_;
   kernels::Runtime& rt_;
+  Checkpointing ckpt_;
   std::vector<ParamInfo> params_;
   std::vector<Unit> units_;
-  BlockLayout layout_;           // same relative layout for every block
-  std::vector<int> block_units_; // unit index per layer
+  BlockLayout layout_;  // same relative layout for every block
+  int head_unit_ = 0;
   int64_t n_flat_ = 0;
-  // Element offsets (into the flat buffers) of the non-block tensors (-1 = absent).
+  // Offsets within their units (-1 = absent).
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
-  // Grad ranges (offset, numel; adjacent ones merged) that only accumulating ops write: zeroed
-  // before a non-accumulating backward. Every other grad element is a matmul's dW (beta = 0)
-  // or unit padding (zero from allocation, never written).
-  std::vector<std::pair<int64_t, int64_t>> accum_only_grads_;
 
-  size_t bytes_allocated_ = 0;
-  kernels::DeviceBuffer master_, working_, grads_;
-  kernels::DeviceBuffer acts_buf_, scratch_buf_, losses_, rope_, pos_ids_;
-  std::vector<BlockActs> acts_;   // per layer
-  std::vector<void*> residual_;   // L+1 residual streams (N, C): input of each block, then final
+  size_t workspace_bytes_ = 0;
+  bool bound_ = false;
+  std::vector<BlockActs> acts_;  // per layer (unused for checkpointed layers)
+  BlockActs shared_acts_;        // checkpointed layers, forward and recompute
   BlockScratch scratch_;
-  void* lnf_ = nullptr;           // (N, C) final norm output
-  float* lnf_mean_ = nullptr;     // (N)
-  float* lnf_rstd_ = nullptr;     // (N)
-  void* dres_ = nullptr;          // (N, C) gradient of the residual stream
-  void* dlnf_ = nullptr;          // (N, C)
-  void* logits_ = nullptr;        // (chunk_rows, V) logits / dlogits in logits_dtype_
-  void* dlogits_lp_ = nullptr;    // (chunk_rows, V) fp16 dlogits (fp16 runs only)
+  void* final_res_ = nullptr;    // (N, C) output of the last block
+  void* recompute_out_ = nullptr;  // (N, C) discarded output of a recomputed forward
+  void* lnf_ = nullptr;          // (N, C) final norm output
+  float* lnf_mean_ = nullptr;    // (N)
+  float* lnf_rstd_ = nullptr;    // (N)
+  void* dres_ = nullptr;         // (N, C) gradient of the residual stream
+  void* dlnf_ = nullptr;         // (N, C)
+  void* logits_ = nullptr;       // (chunk_rows, V) logits / dlogits in logits_dtype_
+  void* dlogits_lp_ = nullptr;   // (chunk_rows, V) fp16 dlogits (fp16 runs only)
+  float* losses_ = nullptr;      // (N)
+  float* rope_ = nullptr;        // (2, T, D/2) cos then sin (llama)
+  int32_t* pos_ids_ = nullptr;   // (N) position of each row (gpt2)
+  std::vector<char> constants_;  // host copy of the rope table / position ids, uploaded at bind
   DType logits_dtype_ = DType::f32;  // bf16 runs keep logits in bf16 (as llm.c); fp32 and fp16 in fp32
 };
 

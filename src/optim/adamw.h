@@ -1,9 +1,8 @@
-// AdamW over fp32 master weights in flat buffers (DESIGN.md: torch.optim.AdamW semantics,
-// decoupled weight decay on 2-D tensors only), global-norm gradient clipping as
+// AdamW over fp32 master weights, one contiguous range at a time (DESIGN.md: torch.optim.AdamW
+// semantics, decoupled weight decay on 2-D tensors only), global-norm gradient clipping as
 // torch.nn.utils.clip_grad_norm_, and a dynamic loss scaler for fp16 training.
 #pragma once
 #include <cstdint>
-#include <vector>
 
 #include "kernels/ops.h"
 #include "kernels/runtime.h"
@@ -14,45 +13,20 @@ struct AdamWConfig {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
 };
 
-// A contiguous range of the flat buffers with one weight-decay setting.
-struct ParamRange {
-  int64_t offset = 0, numel = 0;
-  bool decay = false;
+// One optimizer step's scalars: step counts from 1; grad_scale folds clipping, 1/accumulation
+// and 1/loss-scale into the gradient.
+struct AdamWStep {
+  AdamWConfig cfg;
+  int64_t step = 1;
+  float lr = 0.f;
+  float grad_scale = 1.f;
 };
 
-class AdamW {
- public:
-  // Allocates (and zeroes) the m and v states of n_flat elements. Adjacent ranges with the
-  // same decay flag are merged into one update.
-  AdamW(kernels::Runtime& rt, const std::vector<ParamRange>& ranges, int64_t n_flat, const AdamWConfig& cfg);
-  // One optimizer step over every range (enqueued on s): g = grads · grad_scale, update master,
-  // and write the updated weights to `working` in working_dtype when working is non-null.
-  void step(kernels::Stream& s, float* master, const float* grads, void* working, kernels::DType working_dtype,
-            float lr, float grad_scale);
-  int64_t steps_taken() const { return t_; }
-  size_t bytes_allocated() const { return m_.bytes() + v_.bytes(); }
-  const float* m() const { return m_.as<float>(); }
-  const float* v() const { return v_.as<float>(); }
-
- private:
-  kernels::Runtime& rt_;
-  std::vector<ParamRange> ranges_;
-  AdamWConfig cfg_;
-  kernels::DeviceBuffer m_, v_;
-  int64_t t_ = 0;
-};
-
-// Global L2 norm of n fp32 values (Σ in fp64). Enqueues on s, then synchronises s.
-class GradNorm {
- public:
-  explicit GradNorm(kernels::Runtime& rt);
-  double compute(kernels::Stream& s, const float* grads, int64_t n);
-  size_t bytes_allocated() const { return acc_.bytes(); }
-
- private:
-  kernels::Runtime& rt_;
-  kernels::DeviceBuffer acc_;  // one double
-};
+// AdamW over one contiguous range of n fp32 master parameters with its m and v (enqueued on s):
+// g = grad · grad_scale, decoupled decay only when `decay`; the updated weights are also
+// written to `working` in working_dtype when working is non-null.
+void adamw_range(kernels::Ops& ops, kernels::Stream& s, const AdamWStep& st, bool decay, int64_t n, float* master,
+                 float* m, float* v, const float* grads, void* working, kernels::DType working_dtype);
 
 // torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6)); max_norm <= 0 = no clipping.
 inline float clip_coefficient(double norm, double max_norm) {

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -19,9 +20,13 @@
 #include "src/checkpoint/hf.h"
 #include "src/data/token_shards.h"
 #include "src/model/transformer.h"
+#include "kernels/dtype.h"
+#include "offload/size.h"
 #include "src/optim/adamw.h"
 #include "src/optim/schedule.h"
 #include "src/train/corpus.h"
+#include "src/train/step_driver.h"
+#include "src/train/tiered_memory.h"
 
 namespace strata {
 namespace fs = std::filesystem;
@@ -55,6 +60,53 @@ bool has_weights(const fs::path& dir) {
   return false;
 }
 
+uint64_t parse_size_flag(const std::string& text, const std::string& flag) {
+  try {
+    const uint64_t v = offload::parse_size(text);
+    if (v == 0) throw std::invalid_argument("must be positive");
+    return v;
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(flag + " '" + text + "': " + e.what() + " (a size such as 512M, 8G, 1.5T)");
+  }
+}
+
+// dst (n, dtype) = src (n, fp32), round to nearest even, on the host.
+void cast_on_host(const float* src, void* dst, int64_t n, DType dt) {
+  if (dt == DType::f32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+    return;
+  }
+  auto* d = static_cast<uint16_t*>(dst);
+  kernels::cpu::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) d[i] = dt == DType::bf16 ? kernels::f32_to_bf16(src[i]) : kernels::f32_to_f16(src[i]);
+  });
+}
+
+// The placement table of the header: each tier's pool and what lives there, the bytes the plan
+// moves per step by link, and how long start-up took.
+void print_placement(std::FILE* out, const MemoryPlan& p, kernels::Backend backend, double startup_s) {
+  static const char* const kTier[3] = {"device", "host", "nvme"};
+  fmt::print(out, "  memory     {:<7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}{}\n", "tier", "pool", "weights",
+             "master", "adam", "grads", "inputs", "buffers",
+             backend == kernels::Backend::cpu ? "   (cpu backend: device and host are both RAM)" : "");
+  for (int t = 0; t < 3; ++t) {
+    auto cell = [&](size_t role) {
+      const uint64_t b = p.homed[static_cast<size_t>(t)][role];
+      return b ? human_bytes(static_cast<double>(b)) : std::string("-");
+    };
+    fmt::print(out, "             {:<7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", kTier[t],
+               p.budget[static_cast<size_t>(t)] ? human_bytes(static_cast<double>(p.budget[static_cast<size_t>(t)]))
+                                                : std::string("-"),
+               cell(0), cell(1), cell(2), cell(3), cell(4), cell(5));
+  }
+  std::string links;
+  for (int l = 0; l < offload::kNumLinks; ++l)
+    links += fmt::format("{}{} {}", l ? ", " : "", offload::link_name(static_cast<offload::Link>(l)),
+                         human_bytes(static_cast<double>(p.link_bytes[static_cast<size_t>(l)])));
+  fmt::print(out, "  moves      per step: {} (plan: {})\n", links, p.policy.empty() ? "none" : p.policy);
+  fmt::print(out, "  start-up   {:.1f} s (allocation, swap files, weights into their tiers)\n", startup_s);
+}
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -64,30 +116,82 @@ struct Trainer::Impl {
   std::string data_source;
   DType dtype = DType::f32;
   kernels::Backend backend = kernels::Backend::cpu;
+  Placement placement;
   std::unique_ptr<kernels::Runtime> rt;
   std::unique_ptr<kernels::Stream> stream;
+  std::unique_ptr<kernels::Runtime> cpu_rt;      // CUDA runs with the optimizer on the CPU
+  std::unique_ptr<kernels::Stream> cpu_stream;
   std::unique_ptr<Transformer> model;
-  std::unique_ptr<AdamW> adamw;
-  std::unique_ptr<GradNorm> grad_norm;
+  std::unique_ptr<TieredMemory> mem;
+  std::unique_ptr<StepDriver> driver;
+  AdamWConfig adamw;
   LossScaler scaler{false};
   LrScheduleConfig sched;
   std::unique_ptr<EmbeddedCorpusShard> corpus;
   std::unique_ptr<DataLoader> loader;
   std::vector<int32_t> host_tokens;   // (accum, 2, N): inputs then targets per micro-batch
   std::vector<float> host_losses;     // (accum, N)
-  kernels::DeviceBuffer dev_tokens;   // same layout as host_tokens
+  std::vector<double> host_norm2;     // (units) Σ g² per unit
+  int32_t* dev_tokens = nullptr;      // same layout as host_tokens, in the step buffers
+  double* dev_norm2 = nullptr;        // (units)
   std::ofstream metrics;
   int64_t steps_done = 0;
   int64_t tokens_done = 0;
-  size_t extra_bytes = 0;
+  int64_t skipped_steps = 0;          // fp16 overflows: AdamW's step count does not advance
+  double startup_s = 0;
+  offload::OffloadStats last_stats;   // cumulative, at the end of the previous step
+  double last_stall = 0;
 
   int64_t N() const { return o.batch * o.seq; }
+  kernels::Stream& opt_stream() { return cpu_stream ? *cpu_stream : *stream; }
+  void init_weights(bool load_weights);
 };
 
-Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
-  m.o = opts;
-  const TrainOptions& o = m.o;
+// Every unit's master weights (random init or the checkpoint), its working weights and zeroed
+// AdamW state, written unit by unit straight to the tiers they live in.
+void Trainer::Impl::init_weights(bool load_weights) {
+  std::unique_ptr<HfCheckpoint> ckpt;
+  if (load_weights) ckpt = HfCheckpoint::open(o.model);
+  const bool aliased = mem->master_is_weights();
+  mem->begin_step(/*program=*/false);
+  for (size_t ui = 0; ui < model->units().size(); ++ui) {
+    const int u = static_cast<int>(ui);
+    const Unit& unit = model->units()[ui];
+    float* master = static_cast<float*>(mem->acquire(Role::master, u, offload::Mode::write, Side::host));
+    if (ckpt)
+      model->load_unit(u, *ckpt, master);
+    else
+      model->init_unit(u, o.seed, master);
+    if (!aliased) {
+      void* w = mem->acquire(Role::weights, u, offload::Mode::write, Side::host);
+      cast_on_host(master, w, unit.numel, dtype);
+      mem->release(Role::weights, u);
+    }
+    void* adam = mem->acquire(Role::adam, u, offload::Mode::write, Side::host);
+    std::memset(adam, 0, static_cast<size_t>(unit.numel) * 8);
+    mem->release(Role::adam, u);
+    mem->release(Role::master, u);
+  }
+  mem->end_step();
+}
+
+namespace {
+
+// Everything a run's options determine before any data or memory: validated flags, the model
+// config and where it comes from, precision, placement. Shared by the trainer and `strata plan`.
+struct ResolvedRun {
+  ModelConfig cfg;
+  std::string model_source;
+  bool load_weights = false;
+  DType dtype = DType::f32;
+  kernels::Backend backend = kernels::Backend::cpu;
+  LrSchedule schedule = LrSchedule::cosine;
+  Checkpointing ckpt;
+  Placement placement;
+};
+
+ResolvedRun resolve_run(const TrainOptions& o) {
+  ResolvedRun r;
   if (o.batch <= 0) throw std::invalid_argument("--batch must be positive, got " + std::to_string(o.batch));
   if (o.seq <= 0) throw std::invalid_argument("--seq must be positive, got " + std::to_string(o.seq));
   if (o.grad_accum <= 0) throw std::invalid_argument("--grad-accum must be positive, got " + std::to_string(o.grad_accum));
@@ -99,33 +203,86 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   if (!(o.lr >= 0)) throw std::invalid_argument("--lr must be >= 0, got " + std::to_string(o.lr));
   if (!(o.min_lr >= 0)) throw std::invalid_argument("--min-lr must be >= 0, got " + std::to_string(o.min_lr));
   if (o.grad_clip < 0) throw std::invalid_argument("--grad-clip must be >= 0 (0 = off)");
-  m.dtype = kernels::parse_dtype(o.dtype);
-  m.backend = kernels::parse_backend(o.backend);
-  if (!kernels::backend_trains(m.backend))
+  r.dtype = kernels::parse_dtype(o.dtype);
+  r.backend = kernels::parse_backend(o.backend);
+  if (!kernels::backend_trains(r.backend))
     throw std::invalid_argument("--backend " + o.backend +
                                 ": the CUDA op set is not built yet (only the CUDA runtime is); use --backend cpu");
-  const LrSchedule schedule = parse_lr_schedule(o.lr_schedule);
+  r.schedule = parse_lr_schedule(o.lr_schedule);
+  r.ckpt = parse_checkpointing(o.checkpoint_activations);
+  Placement& pl = r.placement;
+  pl.params = parse_offload(o.offload_params, "--offload-params");
+  pl.grads = parse_offload(o.offload_grads, "--offload-grads");
+  pl.optimizer = parse_offload(o.offload_optimizer, "--offload-optimizer");
+  pl.activations = parse_offload(o.offload_activations, "--offload-activations");
+  if (pl.activations != offload::Tier::device && !r.ckpt.any())
+    throw std::invalid_argument("--offload-activations " + o.offload_activations +
+                                " moves the kept inputs of checkpointed blocks: it needs --checkpoint-activations "
+                                "full or every:N");
+  pl.nvme_paths = o.nvme_paths;
+  if (pl.uses_nvme() && pl.nvme_paths.empty())
+    throw std::invalid_argument("an --offload-* flag is nvme but no --nvme-path DIR was given (a directory on the SSD "
+                                "for swap files)");
+  if (!o.device_mem.empty()) pl.device_mem = parse_size_flag(o.device_mem, "--device-mem");
+  if (!o.host_mem.empty()) pl.host_mem = parse_size_flag(o.host_mem, "--host-mem");
 
   // Model config: --model DIR, --preset NAME or the embedded default.
-  bool load_weights = false;
   if (!o.model.empty()) {
     const fs::path dir(o.model);
     if (!fs::is_directory(dir)) throw std::runtime_error("--model " + o.model + ": not a directory");
     if (!fs::exists(dir / "config.json")) throw std::runtime_error("--model " + o.model + ": no config.json in it");
-    m.cfg = read_hf_config(dir / "config.json");
-    load_weights = has_weights(dir);
-    m.model_source = o.model + (load_weights ? " (safetensors)" : " (config only: random init)");
+    r.cfg = read_hf_config(dir / "config.json");
+    r.load_weights = has_weights(dir);
+    r.model_source = o.model + (r.load_weights ? " (safetensors)" : " (config only: random init)");
   } else if (!o.preset.empty()) {
-    m.cfg = preset_model_config(o.preset);
-    m.model_source = "preset " + o.preset + " (random init)";
+    r.cfg = preset_model_config(o.preset);
+    r.model_source = "preset " + o.preset + " (random init)";
   } else {
-    m.cfg = default_model_config();
-    m.model_source = "embedded default (random init)";
+    r.cfg = default_model_config();
+    r.model_source = "embedded default (random init)";
   }
-  m.cfg.validate();
-  if (o.seq > m.cfg.max_position_embeddings)
+  r.cfg.validate();
+  if (o.seq > r.cfg.max_position_embeddings)
     throw std::invalid_argument("--seq " + std::to_string(o.seq) + " exceeds the model's max_position_embeddings (" +
-                                std::to_string(m.cfg.max_position_embeddings) + ")");
+                                std::to_string(r.cfg.max_position_embeddings) + ")");
+  return r;
+}
+
+// The step buffers beside the model: the micro-batches' tokens, then one fp64 per unit.
+size_t token_buffer_bytes(const TrainOptions& o) {
+  return (static_cast<size_t>(o.grad_accum * 2 * o.batch * o.seq) * sizeof(int32_t) + 63) / 64 * 64;
+}
+size_t step_buffer_bytes(const TrainOptions& o, size_t n_units) {
+  return token_buffer_bytes(o) + n_units * sizeof(double);
+}
+
+}  // namespace
+
+RunPlan plan_run(const TrainOptions& o, bool minimums) {
+  const ResolvedRun r = resolve_run(o);
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);  // sizes only: no device needed
+  Transformer model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt);
+  RunPlan p;
+  p.memory = TieredMemory::plan(model, r.backend, r.placement, o.grad_accum,
+                                step_buffer_bytes(o, model.units().size()), minimums);
+  p.cfg = r.cfg;
+  p.n_params = model.n_params();
+  p.tokens_per_step = o.batch * o.seq * o.grad_accum;
+  return p;
+}
+
+Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
+  const auto t_start = Clock::now();
+  Impl& m = *impl_;
+  m.o = opts;
+  const TrainOptions& o = m.o;
+  ResolvedRun r = resolve_run(o);
+  m.cfg = r.cfg;
+  m.model_source = r.model_source;
+  m.dtype = r.dtype;
+  m.backend = r.backend;
+  m.placement = r.placement;
+  const Placement& pl = m.placement;
   if (!o.out.empty()) {  // the save's own rules, so a finished run is never lost at the end
     try {
       check_hf_save_target(o.out);
@@ -150,33 +307,38 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     m.data_source = fmt::format("{} ({} shard{})", o.data, shards.size(), shards.size() == 1 ? "" : "s");
   }
 
-  // Runtime, model, optimizer: everything allocated here, once.
+  // Runtime, model, the tiered memory of its blocks (budgets checked before anything big is
+  // allocated), then the weights, written unit by unit to their tiers.
   if (m.backend == kernels::Backend::cpu) kernels::cpu::set_num_threads(o.threads);
   m.rt = kernels::make_runtime(m.backend);
   m.stream = m.rt->create_stream();
-  m.model = std::make_unique<Transformer>(m.cfg, m.dtype, o.batch, o.seq, *m.rt);
-  if (load_weights)
-    m.model->load(*HfCheckpoint::open(o.model));
-  else
-    m.model->init_random(o.seed);
-  m.model->sync_weights(*m.stream);
-  std::vector<ParamRange> ranges;
-  for (const ParamInfo& p : m.model->params()) ranges.push_back({p.offset, p.numel, p.decay});
-  AdamWConfig ac;
-  ac.beta1 = static_cast<float>(o.beta1);
-  ac.beta2 = static_cast<float>(o.beta2);
-  ac.eps = static_cast<float>(o.eps);
-  ac.weight_decay = static_cast<float>(o.weight_decay);
-  m.adamw = std::make_unique<AdamW>(*m.rt, ranges, m.model->n_flat(), ac);
-  m.grad_norm = std::make_unique<GradNorm>(*m.rt);
-  m.scaler = LossScaler(m.dtype == DType::f16);
-  m.sched = LrScheduleConfig{schedule, o.lr, o.min_lr, o.warmup, o.steps};
-
+  kernels::Runtime* opt_rt = m.rt.get();
+  if (m.backend != kernels::Backend::cpu && pl.optimizer != offload::Tier::device) {  // AdamW next to its state
+    kernels::cpu::set_num_threads(o.threads);
+    m.cpu_rt = kernels::make_runtime(kernels::Backend::cpu);
+    m.cpu_stream = m.cpu_rt->create_stream();
+    opt_rt = m.cpu_rt.get();
+  }
+  m.model = std::make_unique<Transformer>(m.cfg, m.dtype, o.batch, o.seq, *m.rt, r.ckpt);
   const int64_t n = m.N();
+  const size_t n_units = m.model->units().size();
+  m.mem = std::make_unique<TieredMemory>(*m.model, *m.rt, *m.stream, *opt_rt, m.opt_stream(), pl, o.grad_accum,
+                                         step_buffer_bytes(o, n_units));
+  m.dev_tokens = static_cast<int32_t*>(m.mem->extra_device());
+  m.dev_norm2 = reinterpret_cast<double*>(static_cast<char*>(m.mem->extra_device()) + token_buffer_bytes(o));
+  m.driver = std::make_unique<StepDriver>(*m.model, *m.mem);
+  m.init_weights(r.load_weights);
+
+  m.adamw.beta1 = static_cast<float>(o.beta1);
+  m.adamw.beta2 = static_cast<float>(o.beta2);
+  m.adamw.eps = static_cast<float>(o.eps);
+  m.adamw.weight_decay = static_cast<float>(o.weight_decay);
+  m.scaler = LossScaler(m.dtype == DType::f16);
+  m.sched = LrScheduleConfig{r.schedule, o.lr, o.min_lr, o.warmup, o.steps};
+
   m.host_tokens.assign(static_cast<size_t>(o.grad_accum * 2 * n), 0);
   m.host_losses.assign(static_cast<size_t>(o.grad_accum * n), 0.f);
-  m.dev_tokens = kernels::DeviceBuffer(*m.rt, m.host_tokens.size() * sizeof(int32_t));
-  m.extra_bytes = m.dev_tokens.bytes() + m.grad_norm->bytes_allocated();
+  m.host_norm2.assign(n_units, 0.0);
   if (o.synthetic_data) {  // fixed tokens, uniform over the vocab, from the seed
     uint64_t s = o.seed * 0x9e3779b97f4a7c15ull + 1;
     for (int32_t& t : m.host_tokens) {
@@ -185,11 +347,14 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     }
   }
   m.stream->synchronize();
+  m.opt_stream().synchronize();
+  m.last_stats = m.mem->stats();
   // Last, after every check: a run that fails to start leaves an earlier metrics file intact.
   if (!o.metrics.empty()) {
     m.metrics.open(o.metrics, std::ios::out | std::ios::trunc);
     if (!m.metrics) throw std::runtime_error("--metrics " + o.metrics + ": cannot open for writing");
   }
+  m.startup_s = ms_since(t_start) / 1e3;
 }
 
 Trainer::~Trainer() = default;
@@ -197,9 +362,9 @@ Trainer::~Trainer() = default;
 const ModelConfig& Trainer::config() const { return impl_->cfg; }
 int64_t Trainer::n_params() const { return impl_->model->n_params(); }
 int64_t Trainer::tokens_per_step() const { return impl_->N() * impl_->o.grad_accum; }
-size_t Trainer::device_bytes() const {
-  return impl_->model->bytes_allocated() + impl_->adamw->bytes_allocated() + impl_->extra_bytes;
-}
+size_t Trainer::device_bytes() const { return impl_->mem->memory_plan().budget[0]; }
+size_t Trainer::host_bytes() const { return impl_->mem->memory_plan().budget[1]; }
+size_t Trainer::nvme_bytes() const { return impl_->mem->memory_plan().budget[2]; }
 
 StepStats Trainer::step() {
   Impl& m = *impl_;
@@ -218,35 +383,52 @@ StepStats Trainer::step() {
       int32_t* base = m.host_tokens.data() + k * 2 * n;
       m.loader->next(base, base + n);
     }
-  s.memcpy_async(m.dev_tokens.data(), m.host_tokens.data(), m.host_tokens.size() * sizeof(int32_t));
+  m.mem->begin_step();
+  s.memcpy_async(m.dev_tokens, m.host_tokens.data(), m.host_tokens.size() * sizeof(int32_t));
+  s.memset_async(m.dev_norm2, 0, m.host_norm2.size() * sizeof(double));
   // d(mean loss over the global batch) = Σ rows' CE / (N · accum), times the fp16 loss scale.
   // The first micro-batch overwrites the grads (no zeroing pass), the others add to them.
   const float grad_scale = m.scaler.scale() / static_cast<float>(n * o.grad_accum);
   for (int64_t k = 0; k < o.grad_accum; ++k) {
-    const int32_t* ids = m.dev_tokens.as<int32_t>() + k * 2 * n;
-    m.model->forward_backward(s, ids, ids + n, grad_scale, /*accumulate=*/k > 0);
+    const int32_t* ids = m.dev_tokens + k * 2 * n;
+    m.driver->forward_backward(ids, ids + n, grad_scale, k == 0, k + 1 == o.grad_accum, m.dev_norm2);
     s.memcpy_async(m.host_losses.data() + k * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
   }
-  const double norm = m.grad_norm->compute(s, m.model->grads(), m.model->n_flat()) / m.scaler.scale();
-  st.grad_norm = norm;
-  const bool apply = m.scaler.update(std::isfinite(norm));
-  st.skipped = !apply;
-  if (apply) {
-    // AdamW sees grads · clip / loss_scale: clipped, unscaled.
-    const float clip = clip_coefficient(norm, o.grad_clip);
-    m.adamw->step(s, m.model->master(), m.model->grads(),
-                  m.dtype == DType::f32 ? nullptr : m.model->weights(), m.dtype, static_cast<float>(st.lr),
-                  clip / static_cast<float>(st.loss_scale));
-  }
+  s.memcpy_async(m.host_norm2.data(), m.dev_norm2, m.host_norm2.size() * sizeof(double));
   s.synchronize();
   double sum = 0;
   for (float l : m.host_losses) sum += l;
   st.loss = sum / static_cast<double>(m.host_losses.size());
+  // The global norm: the units' sums of squares, added in unit order (a fixed order, whatever
+  // the placement), then unscaled.
+  double norm2 = 0;
+  for (double u : m.host_norm2) norm2 += u;
+  const double norm = std::sqrt(norm2) / m.scaler.scale();
+  st.grad_norm = norm;
+  const bool apply = m.scaler.update(std::isfinite(norm));
+  st.skipped = !apply;
+  // AdamW sees grads · clip / loss_scale: clipped, unscaled.
+  const float clip = apply ? clip_coefficient(norm, o.grad_clip) : 1.f;
+  AdamWStep as{m.adamw, m.steps_done + 1 - m.skipped_steps, static_cast<float>(st.lr),
+               clip / static_cast<float>(st.loss_scale)};
+  m.driver->optimizer(as, apply);
+  m.mem->end_step();
+  s.synchronize();
+  m.opt_stream().synchronize();
+  if (!apply) ++m.skipped_steps;
   ++m.steps_done;
   m.tokens_done += n * o.grad_accum;
   st.tokens = m.tokens_done;
   st.step_ms = ms_since(t0);
   st.tokens_per_s = static_cast<double>(n * o.grad_accum) / (st.step_ms / 1e3);
+  const offload::OffloadStats now = m.mem->stats();
+  for (int l = 0; l < offload::kNumLinks; ++l) {
+    st.link_bytes[static_cast<size_t>(l)] = now.links[l].bytes - m.last_stats.links[l].bytes;
+    st.link_ms[static_cast<size_t>(l)] = now.links[l].ms_busy - m.last_stats.links[l].ms_busy;
+  }
+  st.stall_ms = m.mem->stall_ms() - m.last_stall;
+  m.last_stats = now;
+  m.last_stall = m.mem->stall_ms();
   return st;
 }
 
@@ -273,16 +455,21 @@ void Trainer::print_header(std::FILE* out) const {
              o.grad_clip > 0 ? fmt::format("{:g}", o.grad_clip) : std::string("off"));
   fmt::print(out, "  precision  {} weights and activations, fp32 grads, fp32 master{}\n", kernels::dtype_name(m.dtype),
              m.dtype == DType::f16 ? ", dynamic loss scaling" : "");
-  fmt::print(out, "  backend    {} ({} threads), {} allocated at start-up\n", kernels::backend_name(m.backend),
-             m.rt->info().n_threads, human_bytes(static_cast<double>(device_bytes())));
+  fmt::print(out, "  backend    {} ({} threads); activation checkpointing {}\n", kernels::backend_name(m.backend),
+             m.rt->info().n_threads, checkpointing_name(m.model->checkpointing()));
+  print_placement(out, m.mem->memory_plan(), m.backend, m.startup_s);
+  std::string nvme;
+  for (const auto& p : o.nvme_paths) nvme += " --nvme-path '" + p + "'";
   fmt::print(out,
              "  flags      --model '{}' --data '{}' --backend {} --dtype {} --batch {} --seq {} --grad-accum {} "
              "--steps {} --lr {:g} --lr-schedule {} --warmup {} --min-lr {:g} --weight-decay {:g} --beta1 {:g} "
              "--beta2 {:g} --eps {:g} --grad-clip {:g} --seed {} --metrics '{}' --out '{}' --log-every {} "
-             "--threads {}\n",
+             "--threads {} --offload-params {} --offload-grads {} --offload-optimizer {} --offload-activations {} "
+             "--checkpoint-activations {}{} --device-mem '{}' --host-mem '{}'\n",
              o.model, o.data, o.backend, o.dtype, o.batch, o.seq, o.grad_accum, o.steps, o.lr, o.lr_schedule, o.warmup,
              o.min_lr, o.weight_decay, o.beta1, o.beta2, o.eps, o.grad_clip, o.seed, o.metrics, o.out, o.log_every,
-             o.threads);
+             o.threads, o.offload_params, o.offload_grads, o.offload_optimizer, o.offload_activations,
+             o.checkpoint_activations, nvme, o.device_mem, o.host_mem);
   std::fflush(out);
 }
 
@@ -293,7 +480,7 @@ int Trainer::run(std::FILE* out) {
   const auto t_start = Clock::now();
   double first_loss = 0, last_loss = 0, min_loss = INFINITY, ms_after_first = 0;
   int64_t skipped = 0;
-  const double mem = static_cast<double>(device_bytes());
+  uint64_t moved_total = 0;
   for (int64_t i = 0; i < o.steps; ++i) {
     const StepStats st = step();
     if (i == 0) first_loss = st.loss;
@@ -301,6 +488,8 @@ int Trainer::run(std::FILE* out) {
     last_loss = st.loss;
     min_loss = std::min(min_loss, st.loss);
     skipped += st.skipped;
+    moved_total += st.bytes_moved();
+    const offload::OffloadStats& os = m.last_stats;
     if (m.metrics.is_open()) {
       nlohmann::json j;
       j["step"] = st.step;
@@ -310,18 +499,32 @@ int Trainer::run(std::FILE* out) {
       j["tokens"] = st.tokens;
       j["step_ms"] = st.step_ms;
       j["tokens_per_s"] = st.tokens_per_s;
-      j["device_bytes"] = device_bytes();  // bytes in use per tier (CPU backend: the device is host RAM)
-      j["host_bytes"] = 0;                 // pinned host tier (no offload yet)
-      j["nvme_bytes"] = 0;                 // NVMe tier
-      j["bytes_moved"] = 0;                // bytes moved between tiers this step
+      // Bytes in use per tier (the pools are allocated once: their budgets), moved this step.
+      j["device_bytes"] = os.tiers[0].bytes_in_use;
+      j["host_bytes"] = os.tiers[1].bytes_in_use;
+      j["nvme_bytes"] = os.tiers[2].bytes_in_use;
+      j["bytes_moved"] = st.bytes_moved();
+      for (int l = 0; l < offload::kNumLinks; ++l) {
+        const std::string name(offload::link_name(static_cast<offload::Link>(l)));
+        j[name + "_bytes"] = st.link_bytes[static_cast<size_t>(l)];
+      }
+      j["io_ms"] = st.link_ms[2] + st.link_ms[3];
+      j["stall_ms"] = st.stall_ms;
+      j["device_peak_bytes"] = os.tiers[0].bytes_peak;
+      j["host_peak_bytes"] = os.tiers[1].bytes_peak;
+      j["nvme_peak_bytes"] = os.tiers[2].bytes_peak;
       m.metrics << j.dump() << '\n';
       m.metrics.flush();
       if (!m.metrics) throw std::runtime_error("--metrics " + o.metrics + ": write failed");
     }
     if (st.step == 1 || st.step == o.steps || st.step % o.log_every == 0) {
-      fmt::print(out, "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | {:.1f} ms | mem {}{}\n",
+      std::string io;
+      if (m.placement.uses_nvme() || st.bytes_moved() > 0)
+        io = fmt::format(" | moved {} | stall {:.0f} ms", human_bytes(static_cast<double>(st.bytes_moved())),
+                         st.stall_ms);
+      fmt::print(out, "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | {:.1f} ms{}{}\n",
                  st.step, std::to_string(o.steps).size(), o.steps, st.loss, st.lr, st.grad_norm, st.tokens_per_s,
-                 st.step_ms, human_bytes(mem),
+                 st.step_ms, io,
                  st.skipped ? fmt::format(" | fp16 overflow: step skipped, loss scale {:g}", m.scaler.scale()) : "");
       std::fflush(out);
     }
@@ -333,6 +536,7 @@ int Trainer::run(std::FILE* out) {
                static_cast<double>(tokens_per_step() * (o.steps - 1)) / (ms_after_first / 1e3),
                ms_after_first / static_cast<double>(o.steps - 1));
   fmt::print(out, "; loss {:.4f} -> {:.4f} (min {:.4f})", first_loss, last_loss, min_loss);
+  if (moved_total) fmt::print(out, "; {} moved between tiers", human_bytes(static_cast<double>(moved_total)));
   if (skipped) fmt::print(out, "; {} fp16 steps skipped", skipped);
   fmt::print(out, "\n");
   if (!o.out.empty()) {
@@ -343,11 +547,35 @@ int Trainer::run(std::FILE* out) {
   return 0;
 }
 
+// The master weights, unit by unit from wherever they live, through the save's per-tensor
+// callbacks: no more than one tensor's bytes are staged at once.
 void Trainer::save(const std::string& out_dir) const {
-  ModelConfig c = impl_->cfg;
+  Impl& m = *impl_;
+  ModelConfig c = m.cfg;
   c.torch_dtype = "float32";
-  impl_->stream->synchronize();
-  save_hf_model(out_dir, c, impl_->model->tensors_to_save());
+  m.stream->synchronize();
+  m.opt_stream().synchronize();
+  std::vector<TensorToSave> tensors;
+  TieredMemory* mem = m.mem.get();
+  for (const ParamInfo& p : m.model->params()) {
+    const size_t bytes = static_cast<size_t>(p.numel) * 4;
+    const int unit = p.unit;
+    const int64_t off = p.unit_offset;
+    tensors.push_back({p.name, p.shape, DType::f32, [mem, unit, off, bytes](void* dst) {
+                         const float* master =
+                             static_cast<const float*>(mem->acquire(Role::master, unit, offload::Mode::read, Side::host));
+                         std::memcpy(dst, master + off, bytes);
+                         mem->release(Role::master, unit);
+                       }});
+  }
+  m.mem->begin_step(/*program=*/false);
+  try {
+    save_hf_model(out_dir, c, tensors);
+  } catch (...) {
+    m.mem->end_step();  // every fill releases what it acquired
+    throw;
+  }
+  m.mem->end_step();
 }
 
 double Trainer::matmul_gflops_probe(int64_t mm, int64_t nn, int64_t kk, int reps) {

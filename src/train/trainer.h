@@ -5,10 +5,13 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <array>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "src/model/config.h"
+#include "src/train/tiered_memory.h"
 
 namespace strata {
 
@@ -37,6 +40,16 @@ struct TrainOptions {
   std::string out;             // save the final model here, HF layout ("" = don't)
   int64_t log_every = 1;       // progress line every n steps (and the first and last)
   int threads = 0;             // CPU compute threads (0 = all available cores)
+  // Placement (DESIGN.md "One training step"): none = the compute device, cpu = pinned host
+  // RAM, nvme = swap files under --nvme-path. Budgets "" = what the plan needs.
+  std::string offload_params = "none";      // working weights (compute dtype)
+  std::string offload_grads = "none";       // fp32 gradients
+  std::string offload_optimizer = "none";   // fp32 master + AdamW m, v
+  std::string offload_activations = "none"; // kept inputs of checkpointed blocks
+  std::string checkpoint_activations = "none";  // none | full | every:N
+  std::vector<std::string> nvme_paths;      // swap directories (one per SSD)
+  std::string device_mem;                   // device budget, e.g. 24G
+  std::string host_mem;                     // pinned host budget
 };
 
 // What one optimizer step did (also one line of --metrics).
@@ -50,7 +63,24 @@ struct StepStats {
   double tokens_per_s = 0;
   bool skipped = false;      // fp16 overflow: update skipped, loss scale halved
   double loss_scale = 1;
+  // Offload: bytes moved per link during this step, time compute waited for blocks, and
+  // the time each link was busy.
+  std::array<uint64_t, 4> link_bytes{};   // h2d, d2h, host_to_nvme, nvme_to_host
+  std::array<double, 4> link_ms{};
+  double stall_ms = 0;
+  uint64_t bytes_moved() const { return link_bytes[0] + link_bytes[1] + link_bytes[2] + link_bytes[3]; }
 };
+
+// What a run would hold and move, computed from its options without allocating the model:
+// the per-tier budgets and homes, the bytes per link per step (`strata plan`). Throws the
+// same errors a Trainer would (invalid flags, a budget that cannot fit).
+struct RunPlan {
+  ModelConfig cfg;
+  int64_t n_params = 0;
+  int64_t tokens_per_step = 0;
+  MemoryPlan memory;
+};
+RunPlan plan_run(const TrainOptions& opts, bool minimums = false);
 
 class Trainer {
  public:
@@ -66,7 +96,9 @@ class Trainer {
   const ModelConfig& config() const;
   int64_t n_params() const;
   int64_t tokens_per_step() const;   // B·T·grad_accum
-  size_t device_bytes() const;       // bytes this run allocated from the runtime
+  size_t device_bytes() const;       // device pool (CPU backend: RAM standing in for the device)
+  size_t host_bytes() const;         // pinned host pool
+  size_t nvme_bytes() const;         // swap space in use
   void save(const std::string& out_dir) const;
   double matmul_gflops_probe(int64_t m, int64_t n, int64_t k, int reps);  // bare fp32 GEMM, for bench
 

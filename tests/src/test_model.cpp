@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -15,6 +16,7 @@
 
 #include "kernels/runtime.h"
 #include "src/model/transformer.h"
+#include "tests/src/model_test_util.h"
 
 using namespace strata;
 
@@ -224,7 +226,7 @@ struct Ref {
 };
 
 // Random weights large enough that every path carries signal (std 0.02 would hide bugs).
-void randomize(Transformer& m, uint64_t seed) {
+void randomize(TestModel& m, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   for (const ParamInfo& p : m.params()) {
@@ -234,7 +236,7 @@ void randomize(Transformer& m, uint64_t seed) {
   }
 }
 
-Weights weights_of(const Transformer& m) {
+Weights weights_of(const TestModel& m) {
   Weights w;
   for (const ParamInfo& p : m.params()) w[p.name] = Vec(m.master() + p.offset, m.master() + p.offset + p.numel);
   return w;
@@ -255,7 +257,7 @@ Batch random_batch(int64_t n, int64_t vocab, uint64_t seed) {
 
 // Every parameter's grad elements set to NaN (unit padding stays zero): a backward that does
 // not accumulate must overwrite all of them, so a grad it forgets shows up as NaN.
-void poison_grads(Transformer& m) {
+void poison_grads(TestModel& m) {
   for (const ParamInfo& p : m.params())
     std::fill(m.grads() + p.offset, m.grads() + p.offset + p.numel, std::numeric_limits<float>::quiet_NaN());
 }
@@ -263,20 +265,20 @@ void poison_grads(Transformer& m) {
 // Runs forward+backward with grad_scale 1/N (mean loss); returns the mean loss. The grads are
 // written by a non-accumulating backward over poisoned grads, or (accumulate) zeroed and then
 // accumulated into.
-double model_loss_and_grads(Transformer& m, kernels::Runtime& rt, const Batch& b, bool backward = true,
+double model_loss_and_grads(TestModel& m, kernels::Runtime& rt, const Batch& b, bool backward = true,
                             bool accumulate = false) {
-  auto s = rt.create_stream();
+  (void)rt;
   const int64_t N = m.dims().N;
-  m.sync_weights(*s);
+  m.sync_weights();
   if (accumulate)
-    m.zero_grads(*s);
+    m.zero_grads();
   else
     poison_grads(m);
   if (backward)
-    m.forward_backward(*s, b.ids.data(), b.tg.data(), 1.f / static_cast<float>(N), accumulate);
+    m.forward_backward(b.ids.data(), b.tg.data(), 1.f / static_cast<float>(N), accumulate);
   else
-    m.forward(*s, b.ids.data(), b.tg.data());
-  s->synchronize();
+    m.forward(b.ids.data(), b.tg.data());
+  m.synchronize();
   double sum = 0;
   for (int64_t i = 0; i < N; ++i) sum += m.loss_rows()[i];
   return sum / static_cast<double>(N);
@@ -285,7 +287,7 @@ double model_loss_and_grads(Transformer& m, kernels::Runtime& rt, const Batch& b
 // Loss and every gradient element against the float64 model and central differences.
 void check_against_float64(const ModelConfig& cfg, int64_t B, int64_t T) {
   auto rt = kernels::make_runtime(kernels::Backend::cpu);
-  Transformer m(cfg, DType::f32, B, T, *rt);
+  TestModel m(cfg, DType::f32, B, T, *rt);
   randomize(m, 7);
   const Batch b = random_batch(B * T, cfg.vocab_size, 11);
   const double loss = model_loss_and_grads(m, *rt, b);
@@ -358,7 +360,7 @@ TEST(Model, RopeInvFreqMatchesHf) {
 TEST(Model, Bf16TracksFp32) {
   for (const ModelConfig& cfg : {tiny_llama(false), tiny_gpt2()}) {
     auto rt = kernels::make_runtime(kernels::Backend::cpu);
-    Transformer a(cfg, DType::f32, 2, 7, *rt), b(cfg, DType::bf16, 2, 7, *rt);
+    TestModel a(cfg, DType::f32, 2, 7, *rt), b(cfg, DType::bf16, 2, 7, *rt);
     randomize(a, 3);
     randomize(b, 3);
     const Batch batch = random_batch(14, cfg.vocab_size, 5);
@@ -380,17 +382,16 @@ TEST(Model, Bf16TracksFp32) {
 TEST(Model, GradAccumulationEqualsBigBatch) {
   const ModelConfig cfg = tiny_llama(false);
   auto rt = kernels::make_runtime(kernels::Backend::cpu);
-  Transformer big(cfg, DType::f32, 4, 5, *rt), small(cfg, DType::f32, 2, 5, *rt);
+  TestModel big(cfg, DType::f32, 4, 5, *rt), small(cfg, DType::f32, 2, 5, *rt);
   randomize(big, 9);
   randomize(small, 9);
   const Batch b = random_batch(20, cfg.vocab_size, 13);
   model_loss_and_grads(big, *rt, b);
-  auto s = rt->create_stream();
-  small.sync_weights(*s);
+  small.sync_weights();
   poison_grads(small);
   for (int k = 0; k < 2; ++k)
-    small.forward_backward(*s, b.ids.data() + 10 * k, b.tg.data() + 10 * k, 1.f / 20, /*accumulate=*/k > 0);
-  s->synchronize();
+    small.forward_backward(b.ids.data() + 10 * k, b.tg.data() + 10 * k, 1.f / 20, /*accumulate=*/k > 0);
+  small.synchronize();
   for (int64_t i = 0; i < big.n_flat(); ++i)
     ASSERT_NEAR(big.grads()[i], small.grads()[i], 1e-5 * (1 + std::abs(big.grads()[i]))) << i;
 }
@@ -402,7 +403,7 @@ TEST(Model, ChunkedHeadMatchesOneChunk) {
     const ModelConfig cfg = tiny_llama(false);
     auto rt = kernels::make_runtime(kernels::Backend::cpu);
     const int64_t row_bytes = cfg.vocab_size * static_cast<int64_t>(kernels::dtype_size(dt));
-    Transformer one(cfg, dt, 2, 7, *rt), chunked(cfg, dt, 2, 7, *rt, 3 * row_bytes);
+    TestModel one(cfg, dt, 2, 7, *rt), chunked(cfg, dt, 2, 7, *rt, 3 * row_bytes);
     EXPECT_EQ(one.dims().chunk_rows, 14);
     EXPECT_EQ(chunked.dims().chunk_rows, 3);
     randomize(one, 21);
@@ -430,7 +431,7 @@ TEST(Model, OverwritingBackwardEqualsZeroThenAccumulate) {
         auto rt = kernels::make_runtime(kernels::Backend::cpu);
         const int64_t row_bytes = cfg.vocab_size * 4;
         const int64_t budget = chunk_rows ? chunk_rows * row_bytes : kLogitsChunkBytes;
-        Transformer a(cfg, dt, 2, 7, *rt, budget), b(cfg, dt, 2, 7, *rt, budget);
+        TestModel a(cfg, dt, 2, 7, *rt, budget), b(cfg, dt, 2, 7, *rt, budget);
         randomize(a, 31);
         randomize(b, 31);
         const Batch batch = random_batch(14, cfg.vocab_size, 17);
@@ -446,6 +447,56 @@ TEST(Model, OverwritingBackwardEqualsZeroThenAccumulate) {
   }
 }
 
+// Activation checkpointing (full, every:2, every:3) recomputes each checkpointed block's
+// forward inside its backward into one shared set of buffers: loss and every gradient bit for
+// bit as without, for every family, in fp32 and bf16, first and accumulating micro-batches.
+// The per-unit sums of squares (the global norm's parts) match a float64 sum of the grads.
+TEST(Model, CheckpointingIsBitwiseIdentical) {
+  for (const ModelConfig& base : {tiny_llama(false), tiny_llama(true), tiny_gpt2()}) {
+    ModelConfig cfg = base;
+    cfg.n_layers = 4;
+    for (DType dt : {DType::f32, DType::bf16}) {
+      auto rt = kernels::make_runtime(kernels::Backend::cpu);
+      TestModel ref(cfg, dt, 2, 7, *rt);
+      randomize(ref, 41);
+      const Batch b0 = random_batch(14, cfg.vocab_size, 43), b1 = random_batch(14, cfg.vocab_size, 47);
+      auto run = [&](TestModel& m) {
+        m.sync_weights();
+        poison_grads(m);
+        m.forward_backward(b0.ids.data(), b0.tg.data(), 0.5f / 14, false);
+        m.forward_backward(b1.ids.data(), b1.tg.data(), 0.5f / 14, true);
+        m.synchronize();
+      };
+      run(ref);
+      for (const char* policy : {"full", "every:2", "every:3"}) {
+        SCOPED_TRACE(cfg.model_type + (cfg.tie_word_embeddings ? " tied " : " ") + policy + " " +
+                     std::string(kernels::dtype_name(dt)));
+        TestModel m(cfg, dt, 2, 7, *rt, kLogitsChunkBytes, parse_checkpointing(policy));
+        randomize(m, 41);
+        run(m);
+        EXPECT_LT(m.model().workspace_bytes(), ref.model().workspace_bytes());
+        for (int64_t r = 0; r < 14; ++r) ASSERT_EQ(m.loss_rows()[r], ref.loss_rows()[r]) << r;
+        for (const ParamInfo& p : m.params())
+          ASSERT_EQ(std::memcmp(m.grads() + p.offset, ref.grads() + p.offset, static_cast<size_t>(p.numel) * 4), 0)
+              << p.name;
+        for (size_t u = 0; u < m.units().size(); ++u) {
+          ASSERT_EQ(m.unit_norm2()[u], ref.unit_norm2()[u]) << u;
+          double want = 0;
+          for (int pi : m.units()[u].params) {
+            const ParamInfo& p = m.params()[static_cast<size_t>(pi)];
+            for (int64_t i = 0; i < p.numel; ++i) want += static_cast<double>(m.grads()[p.offset + i]) * m.grads()[p.offset + i];
+          }
+          EXPECT_NEAR(m.unit_norm2()[u], want, 1e-9 * want) << u;
+          EXPECT_GT(want, 0) << u;
+        }
+      }
+    }
+  }
+  EXPECT_THROW(parse_checkpointing("every:0"), std::invalid_argument);
+  EXPECT_THROW(parse_checkpointing("sometimes"), std::invalid_argument);
+  EXPECT_EQ(parse_checkpointing("every:4").every, 4);
+}
+
 TEST(Model, SeqBeyondMaxPositionsThrows) {
   auto rt = kernels::make_runtime(kernels::Backend::cpu);
   EXPECT_THROW(Transformer(tiny_gpt2(), DType::f32, 1, 17, *rt), std::invalid_argument);
@@ -454,13 +505,13 @@ TEST(Model, SeqBeyondMaxPositionsThrows) {
 // Parameter table: HF names and shapes, units 4 KiB aligned, decay exactly on 2-D tensors.
 TEST(Model, UnitsAndParamTable) {
   auto rt = kernels::make_runtime(kernels::Backend::cpu);
-  Transformer g(tiny_gpt2(), DType::f32, 1, 4, *rt);
+  TestModel g(tiny_gpt2(), DType::f32, 1, 4, *rt);
   const ParamInfo* c_attn = g.find_param("transformer.h.1.attn.c_attn.weight");
   ASSERT_NE(c_attn, nullptr);
   EXPECT_EQ(c_attn->shape, (std::vector<int64_t>{12, 36}));  // Conv1D (in, out)
   EXPECT_EQ(g.find_param("lm_head.weight"), nullptr);        // tied
   EXPECT_EQ(g.units().size(), 2u + 2u);                       // embed, 2 blocks, final norm
-  Transformer l(tiny_llama(false), DType::f32, 1, 4, *rt);
+  TestModel l(tiny_llama(false), DType::f32, 1, 4, *rt);
   EXPECT_EQ(l.n_params(), tiny_llama(false).n_params());
   EXPECT_EQ(g.n_params(), tiny_gpt2().n_params());
   for (const Unit& u : l.units()) EXPECT_EQ(u.offset % kUnitAlignElems, 0) << u.name;

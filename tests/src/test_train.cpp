@@ -64,7 +64,7 @@ TEST(Optim, LossScalerSkipsAndRegrows) {
 }
 
 // AdamW over two ranges (a 2-D one with decay, a 1-D one without), three steps with a grad scale,
-// against torch.optim.AdamW's update in float64; and the global norm against float64.
+// against torch.optim.AdamW's update in float64.
 TEST(Optim, AdamWMatchesTorchFormulaInFloat64) {
   auto rt = kernels::make_runtime(kernels::Backend::cpu);
   auto s = rt->create_stream();
@@ -75,11 +75,16 @@ TEST(Optim, AdamWMatchesTorchFormulaInFloat64) {
   std::vector<double> rp(n), rm(n, 0), rv(n, 0);
   for (int64_t i = 0; i < n; ++i) rp[static_cast<size_t>(i)] = p.as<float>()[i] = nd(rng);
   AdamWConfig cfg{0.9f, 0.95f, 1e-8f, 0.1f};
-  AdamW opt(*rt, {{0, split, true}, {split, n - split, false}}, n, cfg);
+  std::vector<float> m(n, 0.f), v(n, 0.f);
   const float lr = 1e-2f, gs = 0.5f;
   for (int step = 1; step <= 3; ++step) {
     for (int64_t i = 0; i < n; ++i) g.as<float>()[i] = nd(rng);
-    opt.step(*s, p.as<float>(), g.as<float>(), copy.data(), kernels::DType::bf16, lr, gs);
+    const AdamWStep st{cfg, step, lr, gs};
+    auto* c16 = static_cast<uint16_t*>(copy.data());
+    adamw_range(rt->ops(), *s, st, true, split, p.as<float>(), m.data(), v.data(), g.as<float>(), c16,
+                kernels::DType::bf16);
+    adamw_range(rt->ops(), *s, st, false, n - split, p.as<float>() + split, m.data() + split, v.data() + split,
+                g.as<float>() + split, c16 + split, kernels::DType::bf16);
     s->synchronize();
     for (int64_t i = 0; i < n; ++i) {
       const size_t k = static_cast<size_t>(i);
@@ -95,12 +100,6 @@ TEST(Optim, AdamWMatchesTorchFormulaInFloat64) {
     ASSERT_NEAR(p.as<float>()[i], rp[static_cast<size_t>(i)], 2e-6 * (1 + std::abs(rp[static_cast<size_t>(i)]))) << i;
     ASSERT_EQ(reinterpret_cast<uint16_t*>(copy.data())[i], kernels::f32_to_bf16(p.as<float>()[i])) << i;
   }
-  EXPECT_EQ(opt.steps_taken(), 3);
-
-  GradNorm gn(*rt);
-  double want = 0;
-  for (int64_t i = 0; i < n; ++i) want += static_cast<double>(g.as<float>()[i]) * g.as<float>()[i];
-  EXPECT_NEAR(gn.compute(*s, g.as<float>(), n), std::sqrt(want), 1e-9 * std::sqrt(want));
 }
 
 TEST(Corpus, DeterministicByteText) {

@@ -1,0 +1,39 @@
+// RunMemory: where a training step's blocks live, as the step driver sees them. Each unit has
+// its working weights, fp32 master (the weights themselves in an fp32 run that keeps both in
+// one tier), AdamW state (m then v) and fp32 grads; each block layer has its kept input x_l.
+// The driver acquires a block before a phase uses it and releases it after; the memory decides
+// the tier, waits for the bytes (in stream order) and accounts for it. Implementations: the
+// tiered BlockManager (src/train/tiered_memory.h), a schedule recorder (a dry run that only
+// notes the acquires, so the declared schedule is the driver's own), and flat test buffers.
+#pragma once
+#include <cstdint>
+
+#include "kernels/ops.h"
+#include "kernels/runtime.h"
+#include "offload/tier.h"
+
+namespace strata {
+
+enum class Role : uint8_t { weights = 0, master = 1, adam = 2, grads = 3, input = 4 };
+constexpr int kNumRoles = 5;
+// Who uses an acquired block: the model's compute, the optimizer (which may run elsewhere: on
+// the CPU next to host-resident state while the model runs on the GPU), or host code
+// (initialising, loading, saving): host-visible memory, waited for on the host.
+enum class Side : uint8_t { compute = 0, optimizer = 1, host = 2 };
+
+class RunMemory {
+ public:
+  virtual ~RunMemory() = default;
+  // A dry run records acquires without memory: pointers are null and nothing may compute.
+  virtual bool dry() const { return false; }
+  // The block's bytes for `side`, usable by work enqueued on stream(side) from now until
+  // release. Mode write: every byte will be overwritten (nothing is loaded).
+  virtual void* acquire(Role r, int index, offload::Mode m, Side side) = 0;
+  virtual void release(Role r, int index) = 0;
+  // True when the master weights are the working weights (one block, fp32).
+  virtual bool master_is_weights() const = 0;
+  virtual kernels::Stream& stream(Side side) = 0;
+  virtual kernels::Ops& ops(Side side) = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,135 @@
+// The step's phase sequence. Acquire order is the schedule the offload planner plans from, so
+// keep it the same from step to step (a dry run records it before step 1).
+#include "src/train/step_driver.h"
+
+namespace strata {
+using offload::Mode;
+
+void StepDriver::embed_and_blocks_forward(const int32_t* ids) {
+  Transformer& m = model_;
+  const int64_t L = m.dims().L;
+  {
+    const void* w = mem_.acquire(Role::weights, m.embed_unit(), Mode::read, Side::compute);
+    void* x0 = L > 0 ? mem_.acquire(Role::input, 0, Mode::write, Side::compute) : nullptr;
+    compute([&] { m.embed_forward(mem_.stream(Side::compute), ids, w, L > 0 ? x0 : m.final_residual()); });
+    if (L > 0) mem_.release(Role::input, 0);
+    mem_.release(Role::weights, m.embed_unit());
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    const int li = static_cast<int>(l);
+    const void* w = mem_.acquire(Role::weights, m.block_unit(l), Mode::read, Side::compute);
+    const void* x = mem_.acquire(Role::input, li, Mode::read, Side::compute);
+    const bool last = l + 1 == L;
+    void* y = last ? m.final_residual() : mem_.acquire(Role::input, li + 1, Mode::write, Side::compute);
+    compute([&] { m.block_forward(mem_.stream(Side::compute), l, w, x, y); });
+    if (!last) mem_.release(Role::input, li + 1);
+    mem_.release(Role::input, li);
+    mem_.release(Role::weights, m.block_unit(l));
+  }
+}
+
+void StepDriver::forward(const int32_t* ids, const int32_t* targets) {
+  Transformer& m = model_;
+  embed_and_blocks_forward(ids);
+  const int fn = m.final_norm_unit(), hu = m.head_unit();
+  const void* w_fn = mem_.acquire(Role::weights, fn, Mode::read, Side::compute);
+  const void* w_head = mem_.acquire(Role::weights, hu, Mode::read, Side::compute);
+  compute([&] { m.head(mem_.stream(Side::compute), targets, w_fn, w_head, nullptr, nullptr, 1.f, false); });
+  mem_.release(Role::weights, hu);
+  mem_.release(Role::weights, fn);
+}
+
+void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, float grad_scale, bool first, bool last,
+                                  double* norm2) {
+  Transformer& m = model_;
+  const Mode gmode = first ? Mode::write : Mode::read_write;  // the first micro-batch overwrites
+  embed_and_blocks_forward(ids);
+
+  // Head: final norm, LM head, cross-entropy and their backward. A tied head is the embedding
+  // unit, acquired (weights and grads) across the whole head phase.
+  const int fn = m.final_norm_unit(), hu = m.head_unit();
+  {
+    const void* w_fn = mem_.acquire(Role::weights, fn, Mode::read, Side::compute);
+    const void* w_head = mem_.acquire(Role::weights, hu, Mode::read, Side::compute);
+    float* g_fn = static_cast<float*>(mem_.acquire(Role::grads, fn, gmode, Side::compute));
+    float* g_head = static_cast<float*>(mem_.acquire(Role::grads, hu, gmode, Side::compute));
+    compute([&] {
+      kernels::Stream& s = mem_.stream(Side::compute);
+      m.head(s, targets, w_fn, w_head, g_fn, g_head, grad_scale, first);
+      if (last) {
+        m.grad_sum_squares(s, fn, g_fn, norm2 + fn);
+        if (!m.tied_head()) m.grad_sum_squares(s, hu, g_head, norm2 + hu);  // tied: after the embedding's
+      }
+    });
+    mem_.release(Role::grads, hu);
+    mem_.release(Role::grads, fn);
+    mem_.release(Role::weights, hu);
+    mem_.release(Role::weights, fn);
+  }
+
+  for (int64_t l = m.dims().L - 1; l >= 0; --l) {
+    const int u = m.block_unit(l), li = static_cast<int>(l);
+    const void* w = mem_.acquire(Role::weights, u, Mode::read, Side::compute);
+    const void* x = mem_.acquire(Role::input, li, Mode::read, Side::compute);
+    float* g = static_cast<float*>(mem_.acquire(Role::grads, u, gmode, Side::compute));
+    compute([&] {
+      kernels::Stream& s = mem_.stream(Side::compute);
+      m.block_backward(s, l, w, x, g, first);
+      if (last) m.grad_sum_squares(s, u, g, norm2 + u);
+    });
+    mem_.release(Role::grads, u);
+    mem_.release(Role::input, li);
+    mem_.release(Role::weights, u);
+  }
+
+  {
+    const int eu = m.embed_unit();
+    // A tied head wrote this unit's grads in the head phase: they are added to, never overwritten.
+    const Mode mode = m.tied_head() ? Mode::read_write : gmode;
+    float* g = static_cast<float*>(mem_.acquire(Role::grads, eu, mode, Side::compute));
+    compute([&] {
+      kernels::Stream& s = mem_.stream(Side::compute);
+      m.embed_backward(s, ids, g, first);
+      if (last) m.grad_sum_squares(s, eu, g, norm2 + eu);
+    });
+    mem_.release(Role::grads, eu);
+  }
+}
+
+void StepDriver::optimizer(const AdamWStep& st, bool apply) {
+  Transformer& m = model_;
+  const bool aliased = mem_.master_is_weights();
+  const DType dt = m.dtype();
+  const size_t esz = kernels::dtype_size(dt);
+  for (size_t ui = 0; ui < m.units().size(); ++ui) {
+    const Unit& unit = m.units()[ui];
+    const int u = static_cast<int>(ui);
+    float* master = static_cast<float*>(mem_.acquire(Role::master, u, Mode::read_write, Side::optimizer));
+    float* adam = static_cast<float*>(mem_.acquire(Role::adam, u, Mode::read_write, Side::optimizer));
+    const float* g = static_cast<const float*>(mem_.acquire(Role::grads, u, Mode::read, Side::optimizer));
+    // The new working weights: written whole (parameters by AdamW, padding zeroed here).
+    void* w = aliased ? nullptr : mem_.acquire(Role::weights, u, Mode::write, Side::optimizer);
+    compute([&] {
+      kernels::Stream& s = mem_.stream(Side::optimizer);
+      kernels::Ops& ops = mem_.ops(Side::optimizer);
+      float* mm = adam;
+      float* vv = adam + unit.numel;
+      if (!apply) {
+        if (w) ops.cast(s, {.n = unit.numel, .src = master, .src_dtype = DType::f32, .dst = w, .dst_dtype = dt});
+        return;
+      }
+      for (const UnitRange& r : unit.adamw_ranges)
+        adamw_range(ops, s, st, r.decay, r.numel, master + r.offset, mm + r.offset, vv + r.offset, g + r.offset,
+                    w ? static_cast<char*>(w) + static_cast<size_t>(r.offset) * esz : nullptr, dt);
+      if (w && unit.numel > unit.n_real)
+        s.memset_async(static_cast<char*>(w) + static_cast<size_t>(unit.n_real) * esz, 0,
+                       static_cast<size_t>(unit.numel - unit.n_real) * esz);
+    });
+    if (!aliased) mem_.release(Role::weights, u);
+    mem_.release(Role::grads, u);
+    mem_.release(Role::adam, u);
+    mem_.release(Role::master, u);
+  }
+}
+
+}  // namespace strata

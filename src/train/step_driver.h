@@ -1,0 +1,46 @@
+// StepDriver: one training step as a sequence of per-unit phases (DESIGN.md "One training
+// step"): embedding forward, block forward × L, head forward+backward (chunked), block backward
+// × L, embedding backward — each phase between acquiring the blocks it uses and releasing them
+// — then AdamW unit by unit where the optimizer state lives. The same code runs every
+// placement: RunMemory decides where blocks are; in a dry run it only records the acquires.
+#pragma once
+#include <cstdint>
+
+#include "src/model/transformer.h"
+#include "src/optim/adamw.h"
+#include "src/train/run_memory.h"
+
+namespace strata {
+
+class StepDriver {
+ public:
+  StepDriver(Transformer& model, RunMemory& mem) : model_(model), mem_(mem) {}
+
+  // Forward and backward of one micro-batch (ids, targets: (N) int32 in compute memory).
+  // first: the step's first micro-batch (grads are overwritten, not added to). last: the
+  // step's last: each unit's Σ g² is added to norm2[u] (n_units fp64 in compute memory) as
+  // soon as its gradient is final, so the global norm needs no second pass over the grads.
+  // The per-row losses are in model.loss_rows() when the compute stream reaches the end.
+  void forward_backward(const int32_t* ids, const int32_t* targets, float grad_scale, bool first, bool last,
+                        double* norm2);
+  // Forward only: the per-row losses.
+  void forward(const int32_t* ids, const int32_t* targets);
+  // AdamW over every unit, from the embedding to the head, on the optimizer side. With apply
+  // false (an fp16 step skipped for overflow) the same blocks are visited, the state is left as
+  // it is and the working weights are rewritten from the master: the step's program (what the
+  // offload planner planned) is the same either way.
+  void optimizer(const AdamWStep& st, bool apply = true);
+
+ private:
+  // Runs fn unless this is a dry run (acquire/release still happen).
+  template <class F>
+  void compute(F&& fn) {
+    if (!mem_.dry()) fn();
+  }
+  void embed_and_blocks_forward(const int32_t* ids);
+
+  Transformer& model_;
+  RunMemory& mem_;
+};
+
+}  // namespace strata

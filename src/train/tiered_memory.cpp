@@ -1,0 +1,318 @@
+// TieredMemory: the run's block table, the dry-run schedule, budget choice and checks, and the
+// acquire path (host waits only for I/O, counted as stall; streams wait for events).
+#include "src/train/tiered_memory.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <stdexcept>
+
+#include "offload/planner.h"
+#include "offload/size.h"
+#include "src/train/step_driver.h"
+
+namespace strata {
+using offload::BlockId;
+using offload::Mode;
+using offload::Tier;
+
+bool Placement::uses_nvme() const {
+  return params == Tier::nvme || grads == Tier::nvme || optimizer == Tier::nvme || activations == Tier::nvme;
+}
+
+offload::Tier parse_offload(const std::string& text, const std::string& flag) {
+  if (text == "none") return Tier::device;
+  if (text == "cpu") return Tier::host;
+  if (text == "nvme") return Tier::nvme;
+  throw std::invalid_argument(flag + " '" + text + "': expected none, cpu or nvme");
+}
+
+std::string offload_name(offload::Tier t) {
+  switch (t) {
+    case Tier::device: return "none";
+    case Tier::host: return "cpu";
+    case Tier::nvme: return "nvme";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr uint64_t kUnbounded = uint64_t{1} << 60;
+const char* const kRoleNames[kNumRoles] = {"weights", "master", "adam", "grads", "input"};
+
+uint64_t physical_ram() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+}  // namespace
+
+// The block table: one block per (role, index), registered in this order by every user (the
+// planner's simulation and the manager), so block ids agree.
+struct TieredMemory::Layout {
+  kernels::Backend backend = kernels::Backend::cpu;
+  Placement placement;
+  bool master_is_weights = false;
+  std::vector<offload::BlockSpec> specs;
+  std::vector<int> role_of;                   // per block: its role (kNumRoles = a buffer)
+  std::array<std::vector<int>, kNumRoles> ids;  // [role][index] -> block
+  int workspace = -1, extra = -1;
+  offload::Schedule schedule;
+
+  Tier tier_of(int block, Side side) const {
+    const Tier home = specs[static_cast<size_t>(block)].home;
+    if (backend == kernels::Backend::cpu) return home == Tier::nvme ? Tier::host : home;  // the CPU reads host memory
+    if (side == Side::host) return Tier::host;
+    if (side == Side::compute) return Tier::device;
+    return placement.optimizer == Tier::device ? Tier::device : Tier::host;  // AdamW on the GPU or on the CPU
+  }
+  int add(std::string name, uint64_t bytes, Tier home, int role) {
+    specs.push_back({std::move(name), std::max<uint64_t>(bytes, offload::kAlign), home});
+    role_of.push_back(role);
+    return static_cast<int>(specs.size() - 1);
+  }
+};
+
+namespace {
+
+// A dry RunMemory: the driver's acquires and releases become the step's schedule.
+class ScheduleRecorder final : public RunMemory {
+ public:
+  ScheduleRecorder(const std::array<std::vector<int>, kNumRoles>& ids, std::function<Tier(int, Side)> tier,
+                   bool aliased, offload::Schedule& out)
+      : ids_(ids), tier_(std::move(tier)), aliased_(aliased), out_(out) {}
+  bool dry() const override { return true; }
+  void* acquire(Role r, int index, Mode m, Side side) override {
+    const int b = ids_[static_cast<int>(r)].at(static_cast<size_t>(index));
+    open_[b] = out_.acquire(static_cast<BlockId>(b), tier_(b, side), m);
+    return nullptr;
+  }
+  void release(Role r, int index) override {
+    const int b = ids_[static_cast<int>(r)].at(static_cast<size_t>(index));
+    out_.release(open_.at(b));
+    open_.erase(b);
+  }
+  bool master_is_weights() const override { return aliased_; }
+  kernels::Stream& stream(Side) override { throw std::logic_error("dry run: no stream"); }
+  kernels::Ops& ops(Side) override { throw std::logic_error("dry run: no ops"); }
+
+ private:
+  const std::array<std::vector<int>, kNumRoles>& ids_;
+  std::function<Tier(int, Side)> tier_;
+  bool aliased_;
+  offload::Schedule& out_;
+  std::map<int, size_t> open_;
+};
+
+}  // namespace
+
+namespace {
+
+uint64_t homed_sum(const TieredMemory::Layout& l, Tier t) {
+  uint64_t s = 0;
+  for (const auto& b : l.specs)
+    if (b.home == t) s += offload::align_up(b.bytes);
+  return s;
+}
+
+// The remedies for a tier that is too small, given what already lives elsewhere.
+std::string hints(Tier t, const Placement& pl, bool checkpointing) {
+  std::vector<std::string> h;
+  if (t == Tier::device) {
+    if (pl.optimizer == Tier::device) h.push_back("--offload-optimizer cpu|nvme");
+    if (pl.grads == Tier::device) h.push_back("--offload-grads cpu|nvme");
+    if (pl.params == Tier::device) h.push_back("--offload-params cpu|nvme");
+    if (!checkpointing) h.push_back("--checkpoint-activations full");
+  } else if (t == Tier::host) {
+    if (pl.optimizer == Tier::host) h.push_back("--offload-optimizer nvme");
+    if (pl.grads == Tier::host) h.push_back("--offload-grads nvme");
+    if (pl.params == Tier::host) h.push_back("--offload-params nvme");
+    if (pl.activations == Tier::host) h.push_back("--offload-activations nvme");
+  }
+  if (h.empty()) return "";
+  std::string out = "; or move state off it with ";
+  for (size_t i = 0; i < h.size(); ++i) out += (i ? ", " : "") + h[i];
+  return out;
+}
+
+}  // namespace
+
+// The block table, and one step's schedule recorded by a dry run of the driver.
+std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transformer& model, kernels::Backend backend,
+                                                                 const Placement& pl, int64_t grad_accum,
+                                                                 size_t extra_bytes) {
+  auto l = std::make_unique<TieredMemory::Layout>();
+  l->backend = backend;
+  l->placement = pl;
+  l->master_is_weights = model.dtype() == DType::f32 && pl.params == pl.optimizer;
+  const size_t esz = kernels::dtype_size(model.dtype());
+  for (auto& v : l->ids) v.clear();
+  for (const Unit& u : model.units()) {
+    const auto n = static_cast<uint64_t>(u.numel);
+    const int w = l->add(u.name + ".weights", n * esz, pl.params, static_cast<int>(Role::weights));
+    l->ids[static_cast<int>(Role::weights)].push_back(w);
+    l->ids[static_cast<int>(Role::master)].push_back(
+        l->master_is_weights ? w : l->add(u.name + ".master", n * 4, pl.optimizer, static_cast<int>(Role::master)));
+    l->ids[static_cast<int>(Role::adam)].push_back(
+        l->add(u.name + ".adam", n * 8, pl.optimizer, static_cast<int>(Role::adam)));
+    l->ids[static_cast<int>(Role::grads)].push_back(
+        l->add(u.name + ".grads", n * 4, pl.grads, static_cast<int>(Role::grads)));
+  }
+  for (int64_t layer = 0; layer < model.dims().L; ++layer)
+    l->ids[static_cast<int>(Role::input)].push_back(
+        l->add("input." + std::to_string(layer), model.input_bytes(),
+               model.checkpointing().at(layer) ? pl.activations : Tier::device, static_cast<int>(Role::input)));
+  l->workspace = l->add("workspace", model.workspace_bytes(), Tier::device, kNumRoles);
+  l->extra = l->add("step_buffers", extra_bytes, Tier::device, kNumRoles);
+
+  // The step's program, as the driver will run it: grad_accum micro-batches, then AdamW.
+  const TieredMemory::Layout& cl = *l;
+  ScheduleRecorder rec(
+      l->ids, [&cl](int b, Side side) { return cl.tier_of(b, side); }, l->master_is_weights, l->schedule);
+  StepDriver driver(const_cast<Transformer&>(model), rec);
+  for (int64_t k = 0; k < grad_accum; ++k)
+    driver.forward_backward(nullptr, nullptr, 1.f, k == 0, k + 1 == grad_accum, nullptr);
+  driver.optimizer(AdamWStep{});
+  l->schedule.validate(l->specs.size());
+  return l;
+}
+
+MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend, const Placement& pl,
+                              int64_t grad_accum, size_t extra_device_bytes, bool minimums) {
+  auto l = build_layout(model, backend, pl, grad_accum, extra_device_bytes);
+  MemoryPlan mp;
+  for (size_t b = 0; b < l->specs.size(); ++b)
+    mp.homed[offload::index(l->specs[b].home)][static_cast<size_t>(l->role_of[b])] +=
+        offload::align_up(l->specs[b].bytes);
+  // Working sets with nothing bounded: the budgets above which nothing is ever evicted.
+  const uint64_t nvme = homed_sum(*l, Tier::nvme);
+  offload::Residency roomy({kUnbounded, kUnbounded, nvme});
+  for (const auto& spec : l->specs) roomy.add_block(spec);
+  for (int t = 0; t < offload::kNumTiers; ++t)
+    mp.working_set[t] = offload::working_set_bytes(roomy, l->schedule, static_cast<Tier>(t));
+
+  // Budgets: as given, else the working set (on the CPU backend both pools are RAM: the host
+  // pool takes at most what RAM has left after the device pool, minus a quarter for the OS).
+  auto& budget = mp.budget;
+  const uint64_t align = offload::kAlign;
+  budget[0] = pl.device_mem ? pl.device_mem / align * align : mp.working_set[0];
+  if (pl.host_mem) {
+    budget[1] = pl.host_mem / align * align;
+  } else {
+    budget[1] = mp.working_set[1];
+    const uint64_t ram = physical_ram() / 4 * 3;
+    const uint64_t used = backend == kernels::Backend::cpu ? budget[0] : 0;
+    if (ram > used && budget[1] > ram - used) budget[1] = (ram - used) / align * align;
+  }
+  budget[0] = std::min(budget[0], mp.working_set[0]);  // a pool is never larger than its use
+  budget[1] = std::min(budget[1], mp.working_set[1]);
+  budget[2] = nvme;
+
+  offload::Residency cold = roomy.cold(budget);
+  try {
+    offload::check_budgets(cold, l->schedule);
+  } catch (const offload::BudgetError& e) {
+    throw offload::BudgetError(std::string("the placement does not fit: ") + e.what() +
+                                   hints(e.tier(), pl, model.checkpointing().any()),
+                               e.tier(), e.budget(), e.minimum());
+  }
+  auto cands = offload::candidate_plans(cold, l->schedule);
+  if (!cands.empty()) {
+    mp.link_bytes = cands.front().link_bytes;
+    mp.policy = cands.front().name();
+  }
+  if (minimums)  // each with the other tier at its budget
+    for (Tier t : {Tier::device, Tier::host}) mp.minimum[offload::index(t)] = offload::min_budget(cold, l->schedule, t);
+  return mp;
+}
+
+TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::Stream& compute,
+                           kernels::Runtime& opt_rt, kernels::Stream& opt_stream, const Placement& placement,
+                           int64_t grad_accum, size_t extra_device_bytes)
+    : model_(model),
+      rt_(rt),
+      compute_(compute),
+      opt_rt_(opt_rt),
+      opt_stream_(opt_stream),
+      placement_(placement) {
+  plan_ = plan(model, rt.info().backend, placement, grad_accum, extra_device_bytes);
+  layout_ = build_layout(model, rt.info().backend, placement, grad_accum, extra_device_bytes);
+  master_is_weights_ = layout_->master_is_weights;
+
+  std::unique_ptr<offload::NvmeStore> store;
+  if (plan_.budget[2] > 0) {
+    if (placement.nvme_paths.empty())
+      throw std::invalid_argument("an --offload-* flag puts state on NVMe but no --nvme-path DIR was given");
+    engine_ = io::make_engine();
+    io::SwapOptions so;
+    so.paths = placement.nvme_paths;
+    so.allow_buffered = true;  // a filesystem without O_DIRECT (tmpfs) still works, with a warning
+    swap_ = std::make_unique<io::SwapSpace>(so, *engine_);
+    store = offload::make_swap_store(*swap_, plan_.budget[2]);
+  }
+  offload::ManagerConfig mc;
+  mc.device_bytes = plan_.budget[0];
+  mc.host_bytes = plan_.budget[1];
+  mgr_ = std::make_unique<offload::BlockManager>(rt, mc, std::move(store));
+  for (const auto& spec : layout_->specs) mgr_->add_block(spec.name, spec.bytes, spec.home);
+  mgr_->set_schedule(layout_->schedule);
+  open_.resize(layout_->specs.size());
+  open_side_.assign(layout_->specs.size(), Side::compute);
+  model.bind_workspace(compute, mgr_->home_data(static_cast<BlockId>(layout_->workspace)));
+  extra_ = mgr_->home_data(static_cast<BlockId>(layout_->extra));
+  compute.synchronize();
+}
+
+TieredMemory::~TieredMemory() {
+  if (mgr_) mgr_->drain();
+}
+
+offload::Tier TieredMemory::tier_of(Role r, int index, Side side) const {
+  return layout_->tier_of(layout_->ids[static_cast<int>(r)].at(static_cast<size_t>(index)), side);
+}
+
+void* TieredMemory::acquire(Role r, int index, Mode m, Side side) {
+  const int b = layout_->ids[static_cast<int>(r)].at(static_cast<size_t>(index));
+  if (open_[static_cast<size_t>(b)])
+    throw std::logic_error(std::string("TieredMemory: ") + kRoleNames[static_cast<int>(r)] + " " +
+                           std::to_string(index) + " acquired twice");
+  offload::Handle h = mgr_->acquire(static_cast<BlockId>(b), layout_->tier_of(b, side), m);
+  if (side == Side::host) {
+    h.wait();  // host code touches it next
+    void* p = h.data();
+    open_[static_cast<size_t>(b)] = std::move(h);
+    open_side_[static_cast<size_t>(b)] = side;
+    return p;
+  }
+  kernels::Stream& s = stream(side);
+  if (!h.host_ready()) {
+    // The bytes are still coming from NVMe: let the stream finish what it has, so the wait
+    // from here is time compute really waits (stall), not run-ahead.
+    s.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    h.wait_host();
+    stall_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  } else {
+    h.wait_host();  // completed: rethrows a failed move
+  }
+  h.wait_on(s);
+  void* p = h.data();
+  open_[static_cast<size_t>(b)] = std::move(h);
+  open_side_[static_cast<size_t>(b)] = side;
+  return p;
+}
+
+void TieredMemory::release(Role r, int index) {
+  const int b = layout_->ids[static_cast<int>(r)].at(static_cast<size_t>(index));
+  offload::Handle& h = open_[static_cast<size_t>(b)];
+  const Side side = open_side_[static_cast<size_t>(b)];
+  mgr_->release(h, side == Side::host ? nullptr : &stream(side));
+}
+
+std::vector<std::string> TieredMemory::swap_files() const { return swap_ ? swap_->files() : std::vector<std::string>{}; }
+
+}  // namespace strata

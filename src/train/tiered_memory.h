@@ -1,0 +1,107 @@
+// TieredMemory: a training run's blocks in the tiered BlockManager (offload/). Every unit's
+// working weights, fp32 master, AdamW state and grads, and every block's kept input, is a block
+// homed where the placement flags say (device / pinned host / NVMe); the model's workspace and
+// the step's small buffers are device-homed blocks too, so every byte is inside a budget. The
+// step's schedule is recorded by a dry run of the StepDriver before step 1, so the planner
+// prefetches and evicts from the program itself, and budgets are checked (and chosen, when not
+// given) before anything is allocated.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/engine.h"
+#include "io/swap_space.h"
+#include "offload/manager.h"
+#include "src/model/transformer.h"
+#include "src/train/run_memory.h"
+
+namespace strata {
+
+// Where each kind of state lives (home tier), and the budgets.
+struct Placement {
+  offload::Tier params = offload::Tier::device;      // working weights (compute dtype)
+  offload::Tier grads = offload::Tier::device;       // fp32 gradients
+  offload::Tier optimizer = offload::Tier::device;   // fp32 master + AdamW m, v
+  offload::Tier activations = offload::Tier::device; // kept inputs of checkpointed blocks
+  std::vector<std::string> nvme_paths;               // swap directories, one per SSD
+  uint64_t device_mem = 0;                           // 0: what the plan needs
+  uint64_t host_mem = 0;                             // 0: what the plan needs, within physical RAM
+  bool uses_nvme() const;
+};
+// "none" (the compute device) | "cpu" (pinned host RAM) | "nvme"; `flag` names the option in errors.
+offload::Tier parse_offload(const std::string& text, const std::string& flag);
+std::string offload_name(offload::Tier t);  // none | cpu | nvme
+
+// What the blocks of a run add up to, per tier, before anything is allocated (strata plan).
+struct MemoryPlan {
+  std::array<uint64_t, offload::kNumTiers> budget{};   // what each pool will be
+  std::array<uint64_t, offload::kNumTiers> minimum{};  // smallest budget that runs (device, host)
+  std::array<uint64_t, offload::kNumTiers> working_set{};  // budget above which nothing is evicted
+  // bytes homed on each tier, by role (weights, master, adam, grads, inputs) and buffers
+  std::array<std::array<uint64_t, kNumRoles + 1>, offload::kNumTiers> homed{};
+  offload::LinkBytes link_bytes{};  // moved per step by the plan in use
+  std::string policy;
+};
+
+class TieredMemory final : public RunMemory {
+ public:
+  // Registers the blocks of `model` (and `extra_device_bytes` of step buffers) under
+  // `placement`, records the step's schedule (grad_accum micro-batches, then the optimizer),
+  // checks the budgets (BudgetError naming the smallest that works and what would help),
+  // allocates the pools, creates the NVMe swap files, and binds the model's workspace.
+  // compute: the model's stream; opt_rt/opt_stream: where AdamW runs (may equal compute's).
+  TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::Stream& compute, kernels::Runtime& opt_rt,
+               kernels::Stream& opt_stream, const Placement& placement, int64_t grad_accum,
+               size_t extra_device_bytes);
+  ~TieredMemory() override;
+
+  // Sizes and checks without allocating anything (what `strata plan` prints). With
+  // minimums, also searches the smallest device and host budgets that run (slower: a
+  // bisection of simulated steps).
+  static MemoryPlan plan(const Transformer& model, kernels::Backend backend, const Placement& placement,
+                         int64_t grad_accum, size_t extra_device_bytes, bool minimums = false);
+
+  void begin_step(bool program = true) { mgr_->begin_step(program); }
+  void end_step() { mgr_->end_step(); }
+  void* acquire(Role r, int index, offload::Mode m, Side side) override;
+  void release(Role r, int index) override;
+  bool master_is_weights() const override { return master_is_weights_; }
+  kernels::Stream& stream(Side side) override { return side == Side::optimizer ? opt_stream_ : compute_; }
+  kernels::Ops& ops(Side side) override { return side == Side::optimizer ? opt_rt_.ops() : rt_.ops(); }
+
+  void* extra_device() const { return extra_; }  // the step buffers (extra_device_bytes)
+  const MemoryPlan& memory_plan() const { return plan_; }
+  offload::OffloadStats stats() const { return mgr_->stats(); }
+  double stall_ms() const { return stall_ms_; }  // compute waited for blocks (all steps)
+  std::vector<std::string> swap_files() const;
+  // A block's tier on `side` (compute or optimizer).
+  offload::Tier tier_of(Role r, int index, Side side) const;
+
+  struct Layout;  // the block table (opaque)
+
+ private:
+  static std::unique_ptr<Layout> build_layout(const Transformer& model, kernels::Backend backend,
+                                              const Placement& pl, int64_t grad_accum, size_t extra_bytes);
+
+  Transformer& model_;
+  kernels::Runtime& rt_;
+  kernels::Stream& compute_;
+  kernels::Runtime& opt_rt_;
+  kernels::Stream& opt_stream_;
+  Placement placement_;
+  std::unique_ptr<Layout> layout_;
+  bool master_is_weights_ = false;
+  MemoryPlan plan_;
+  std::unique_ptr<io::IoEngine> engine_;
+  std::unique_ptr<io::SwapSpace> swap_;
+  std::unique_ptr<offload::BlockManager> mgr_;
+  std::vector<offload::Handle> open_;  // per block: its open handle (one at a time)
+  std::vector<Side> open_side_;        // ... and the side whose stream uses it
+  void* extra_ = nullptr;
+  double stall_ms_ = 0;
+};
+
+}  // namespace strata

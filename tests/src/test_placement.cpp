@@ -1,0 +1,168 @@
+// The placement invariant (DESIGN.md "Placement never changes the math"): on the CPU backend,
+// every combination of --offload-params/grads/optimizer/activations, activation checkpointing
+// and budgets from the minimum to ample gives bitwise the same per-step losses, grad norms and
+// saved weights as the all-in-memory run; budgets below the minimum fail before step 1 naming
+// it, and the minimum itself runs.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "offload/residency.h"
+#include "offload/size.h"
+#include "src/checkpoint/hf.h"
+#include "src/train/trainer.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string t = (fs::path(::testing::TempDir()) / "strata_place_XXXXXX").string();
+    EXPECT_NE(::mkdtemp(t.data()), nullptr);
+    path_ = t;
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+ModelConfig tiny_llama() {
+  ModelConfig c = default_model_config();
+  c.hidden_size = 32;
+  c.n_layers = 3;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 8;
+  c.intermediate_size = 64;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+struct Outcome {
+  std::vector<double> loss, norm;
+  std::string weights;  // the saved model.safetensors, byte for byte
+};
+
+Outcome train(const TrainOptions& o, const fs::path& out) {
+  Trainer t(o);
+  Outcome r;
+  for (int64_t i = 0; i < o.steps; ++i) {
+    const StepStats st = t.step();
+    r.loss.push_back(st.loss);
+    r.norm.push_back(st.grad_norm);
+  }
+  t.save(out.string());
+  r.weights = slurp(out / "model.safetensors");
+  return r;
+}
+
+struct Combo {
+  std::string params, grads, optimizer, ckpt, acts;
+  int budget;  // 0: minimum, 1: between, 2: ample (automatic)
+};
+
+TEST(Placement, EveryCombinationIsBitwiseTheAllInMemoryRun) {
+  TempDir dir;
+  write_hf_config(tiny_llama(), dir.path() / "config.json");
+  fs::create_directories(dir.path() / "swap");
+  const std::vector<std::string> where = {"none", "cpu", "nvme"}, ckpts = {"none", "full", "every:2"};
+  // Every value of every flag appears (the first three combos), the rest sampled with a fixed seed.
+  std::vector<Combo> combos = {{"none", "cpu", "nvme", "full", "cpu", 0},
+                               {"cpu", "nvme", "none", "every:2", "nvme", 1},
+                               {"nvme", "none", "cpu", "none", "none", 2},
+                               {"nvme", "nvme", "nvme", "full", "nvme", 0}};
+  std::mt19937 rng(2024);
+  for (int i = 0; i < 4; ++i) {
+    Combo c{where[rng() % 3], where[rng() % 3], where[rng() % 3], ckpts[rng() % 3], "none", static_cast<int>(rng() % 3)};
+    if (c.ckpt != "none") c.acts = where[rng() % 3];
+    combos.push_back(c);
+  }
+  int n_run = 0;
+  for (const char* dtype : {"fp32", "bf16"}) {
+    for (int64_t accum : {1, 2}) {
+      TrainOptions base;
+      base.model = dir.path().string();
+      base.dtype = dtype;
+      base.batch = 2, base.seq = 16, base.grad_accum = accum, base.steps = 3, base.warmup = 1, base.lr = 3e-3;
+      base.nvme_paths = {(dir.path() / "swap").string()};
+      const Outcome ref = train(base, dir.path() / "ref");
+      ASSERT_EQ(ref.loss.size(), 3u);
+      for (size_t ci = 0; ci < combos.size(); ++ci) {
+        // Half the combos per (dtype, accum): all of them across the four.
+        if ((ci + static_cast<size_t>(accum) + (dtype[0] == 'b' ? 1 : 0)) % 2) continue;
+        const Combo& c = combos[ci];
+        TrainOptions o = base;
+        o.offload_params = c.params, o.offload_grads = c.grads, o.offload_optimizer = c.optimizer;
+        o.checkpoint_activations = c.ckpt, o.offload_activations = c.acts;
+        const std::string what = std::string(dtype) + " accum " + std::to_string(accum) + " params " + c.params +
+                                 " grads " + c.grads + " optimizer " + c.optimizer + " ckpt " + c.ckpt + " acts " +
+                                 c.acts + " budget " + std::to_string(c.budget);
+        SCOPED_TRACE(what);
+        if (c.budget < 2) {  // the host budget from its minimum up (the device keeps what it holds)
+          const RunPlan p = plan_run(o, /*minimums=*/true);
+          const uint64_t lo = p.memory.minimum[1], hi = p.memory.working_set[1];
+          ASSERT_GT(hi, 0u);
+          const uint64_t host = c.budget == 0 ? lo : (lo + hi) / 2;
+          o.host_mem = std::to_string(std::max<uint64_t>(host, offload::kAlign));
+        }
+        const Outcome got = train(o, dir.path() / ("out" + std::to_string(n_run++)));
+        for (size_t s = 0; s < ref.loss.size(); ++s) {
+          EXPECT_EQ(got.loss[s], ref.loss[s]) << "step " << s + 1;
+          EXPECT_EQ(got.norm[s], ref.norm[s]) << "step " << s + 1;
+        }
+        EXPECT_TRUE(got.weights == ref.weights) << "saved weights differ";
+        EXPECT_TRUE(fs::is_empty(dir.path() / "swap")) << "swap files left behind";
+      }
+    }
+  }
+  EXPECT_GE(n_run, 16);
+}
+
+// A host budget below the minimum fails before step 1, naming the tier and the minimum; the
+// minimum named runs.
+TEST(Placement, BudgetBelowMinimumNamesTheMinimumWhichRuns) {
+  TempDir dir;
+  write_hf_config(tiny_llama(), dir.path() / "config.json");
+  fs::create_directories(dir.path() / "swap");
+  TrainOptions o;
+  o.model = dir.path().string();
+  o.batch = 2, o.seq = 16, o.steps = 1;
+  o.offload_optimizer = "nvme", o.offload_grads = "nvme";
+  o.nvme_paths = {(dir.path() / "swap").string()};
+  const uint64_t minimum = plan_run(o, true).memory.minimum[1];
+  ASSERT_GT(minimum, offload::kAlign);
+  o.host_mem = std::to_string(minimum - offload::kAlign);
+  try {
+    Trainer t(o);
+    ADD_FAILURE() << "a host budget below the minimum was accepted";
+  } catch (const offload::BudgetError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.tier(), offload::Tier::host) << msg;
+    EXPECT_NE(msg.find("--host-mem"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(minimum)), std::string::npos) << msg;
+  }
+  o.host_mem = std::to_string(minimum);
+  Trainer t(o);
+  EXPECT_TRUE(std::isfinite(t.step().loss));
+  EXPECT_LE(t.host_bytes(), minimum);
+}
+
+}  // namespace
