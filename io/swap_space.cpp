@@ -3,7 +3,9 @@
 // per extent write verified on read.
 #include "io/swap_space.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,12 +13,14 @@
 #include <cassert>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <unordered_map>
 
 #include "io/aligned_buffer.h"
+#include "io/cleanup.h"
 #include "io/crc32c.h"
 
 namespace strata::io {
@@ -29,6 +33,7 @@ struct SwapSpace::Impl {
     int fd = -1;
     FileId id = -1;
     bool direct = true;
+    int cleanup_dir = -1, cleanup_file = -1;  // io/cleanup.h slots (signal-time removal)
     uint64_t end = 0;                     // bytes preallocated (file size)
     std::map<uint64_t, uint64_t> free;    // offset -> bytes, coalesced
   };
@@ -80,6 +85,29 @@ int direct_io_probe(int fd) {
   return ::ftruncate(fd, 0) == 0 ? 0 : errno;
 }
 
+// Swap directories of strata runs that died without cleaning up (SIGKILL, a crash): named
+// strata-swap-<pid>-XXXXXX, removed when that pid is no longer alive. Never anything else.
+void remove_dead_leftovers(const std::string& root) {
+  DIR* dir = ::opendir(root.c_str());
+  if (!dir) return;
+  const std::string prefix = "strata-swap-";
+  while (dirent* e = ::readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t dash = name.find('-', prefix.size());
+    if (dash == std::string::npos) continue;
+    const std::string pid_text = name.substr(prefix.size(), dash - prefix.size());
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    const std::string path = root + "/" + name;
+    ::unlink((path + "/swap").c_str());
+    if (::rmdir(path.c_str()) == 0)
+      std::fprintf(stderr, "strata: removed %s, left by a run (pid %ld) that did not finish\n", path.c_str(), pid);
+  }
+  ::closedir(dir);
+}
+
 }  // namespace
 
 void SwapSpace::Impl::open_dir(Dir& d) {
@@ -87,10 +115,14 @@ void SwapSpace::Impl::open_dir(Dir& d) {
   if (::stat(d.root.c_str(), &st) != 0) throw path_error(d.root, errno, "the --nvme-path directory does not exist");
   if (!S_ISDIR(st.st_mode)) throw path_error(d.root, ENOTDIR, "--nvme-path must be a directory");
   if (::access(d.root.c_str(), W_OK | X_OK) != 0) throw path_error(d.root, errno, "the --nvme-path directory is not writable");
-  std::string tmpl = d.root + "/strata-swap-XXXXXX";
+  remove_dead_leftovers(d.root);
+  // The pid in the name lets a later run remove what a killed one left (remove_dead_leftovers).
+  std::string tmpl = d.root + "/strata-swap-" + std::to_string(::getpid()) + "-XXXXXX";
   if (!::mkdtemp(tmpl.data())) throw path_error(d.root, errno, "cannot create a private swap directory (is it writable?)");
   d.dir = tmpl;
   d.file = d.dir + "/swap";
+  d.cleanup_dir = register_cleanup(d.dir, true);
+  d.cleanup_file = register_cleanup(d.file, false);
   const int base = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
   d.direct = true;
   d.fd = opts.test_reject_direct ? (errno = EINVAL, -1) : ::open(d.file.c_str(), base | O_DIRECT, 0600);
@@ -187,6 +219,9 @@ void SwapSpace::Impl::close_all() {
     if (d.fd >= 0) ::close(d.fd);
     if (!d.file.empty()) ::unlink(d.file.c_str());
     if (!d.dir.empty()) ::rmdir(d.dir.c_str());
+    unregister_cleanup(d.cleanup_file);
+    unregister_cleanup(d.cleanup_dir);
+    d.cleanup_file = d.cleanup_dir = -1;
     d.fd = -1;
   }
 }

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "apps/strata/commands.h"
+#include "src/train/stop_signal.h"
 #include "src/train/trainer.h"
 
 namespace strata::app {
@@ -52,6 +53,7 @@ void register_train(CLI::App& app, Run& run) {
                   "pinned host memory budget, e.g. 64G (empty: what the plan needs, within physical RAM)");
   cmd->callback([&run, opts] {
     run = [opts]() -> int {
+      install_stop_handlers();  // Ctrl-C / SIGTERM: stop after the current step, swap files removed
       Trainer trainer(*opts);
       return trainer.run(stdout);
     };

@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -47,6 +50,25 @@ const char* const kRoleNames[kNumRoles] = {"weights", "master", "adam", "grads",
 uint64_t physical_ram() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+// Fault injection for the CLI tests: STRATA_TEST_IO_FAULT=read:N (or write:N) fails the N-th
+// NVMe piece of that kind with EIO, as a failing disk would.
+io::EngineOptions engine_options() {
+  io::EngineOptions eo;
+  const char* spec = std::getenv("STRATA_TEST_IO_FAULT");
+  if (!spec || !*spec) return eo;
+  const std::string text(spec);
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) return eo;
+  const io::IoOp op = text.substr(0, colon) == "write" ? io::IoOp::write : io::IoOp::read;
+  const int64_t nth = std::stoll(text.substr(colon + 1));
+  auto seen = std::make_shared<std::atomic<int64_t>>(0);
+  eo.completion_hook = [op, nth, seen](io::IoOp o, uint64_t, uint64_t, int64_t result) -> int64_t {
+    if (o == op && ++*seen == nth) return -EIO;
+    return result;
+  };
+  return eo;
 }
 
 }  // namespace
@@ -247,7 +269,7 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
   if (plan_.budget[2] > 0) {
     if (placement.nvme_paths.empty())
       throw std::invalid_argument("an --offload-* flag puts state on NVMe but no --nvme-path DIR was given");
-    engine_ = io::make_engine();
+    engine_ = io::make_engine(engine_options());
     io::SwapOptions so;
     so.paths = placement.nvme_paths;
     so.allow_buffered = true;  // a filesystem without O_DIRECT (tmpfs) still works, with a warning

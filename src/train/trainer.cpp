@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -26,6 +27,7 @@
 #include "src/optim/schedule.h"
 #include "src/train/corpus.h"
 #include "src/train/step_driver.h"
+#include "src/train/stop_signal.h"
 #include "src/train/tiered_memory.h"
 
 namespace strata {
@@ -482,6 +484,12 @@ int Trainer::run(std::FILE* out) {
   int64_t skipped = 0;
   uint64_t moved_total = 0;
   for (int64_t i = 0; i < o.steps; ++i) {
+    if (const int sig = stop_requested()) {  // SIGINT/SIGTERM: stop between steps
+      fmt::print(out, "stopped by {} after step {} of {}; nothing saved to --out (the run did not finish)\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", m.steps_done, o.steps);
+      std::fflush(out);
+      return 128 + sig;
+    }
     const StepStats st = step();
     if (i == 0) first_loss = st.loss;
     else ms_after_first += st.step_ms;

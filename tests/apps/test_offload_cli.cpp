@@ -1,0 +1,178 @@
+// `strata train` with state on NVMe, end to end through the built binary: a failing disk (EIO
+// on a read or a write mid-run) and a full one (ENOSPC when the swap files grow) end the run
+// with one line naming the path and the operation and a non-zero exit, leave an earlier --out
+// intact, and leave no swap files; SIGINT/SIGTERM stop after the current step (130/143) and a
+// second SIGINT at once, removing the swap files either way.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+class OffloadCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string t = (fs::path(::testing::TempDir()) / "strata_ocli_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(t.data()), nullptr);
+    dir_ = t;
+    fs::create_directories(swap());
+    // A small llama (4 blocks of 128): every run is quick, and a 3 MiB host budget keeps only a
+    // few units there, so every step reads and writes NVMe.
+    fs::create_directories(dir_ / "tiny");
+    std::ofstream(dir_ / "tiny" / "config.json") << R"({
+      "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256,
+      "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "intermediate_size": 256, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+      "rope_theta": 10000.0, "tie_word_embeddings": false, "hidden_act": "silu"})";
+  }
+  void TearDown() override {
+    if (mounted_) ::umount2(swap().c_str(), MNT_DETACH);
+    fs::remove_all(dir_);
+  }
+  fs::path swap() const { return dir_ / "swap"; }
+  std::string nvme_args() const {
+    return "--model " + (dir_ / "tiny").string() +
+           " --threads 1 --seq 32 --host-mem 3M --offload-optimizer nvme --offload-grads nvme --offload-params nvme "
+           "--nvme-path " + swap().string() + " ";
+  }
+  Result run(const std::string& args, const std::string& env = "") {
+    const fs::path o = dir_ / "stdout", e = dir_ / "stderr";
+    const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(STRATA_BIN) + " " + args + " >" +
+                            o.string() + " 2>" + e.string();
+    const int rc = std::system(cmd.c_str());
+    return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
+  }
+  // A model saved by an earlier, finished run: a failed run must leave it as it was.
+  std::string save_earlier_model() {
+    const Result r = run("train --model " + (dir_ / "tiny").string() + " --threads 1 --steps 1 --seq 16 --out " +
+                         (dir_ / "model").string());
+    EXPECT_EQ(r.status, 0) << r.err;
+    return slurp(dir_ / "model" / "model.safetensors");
+  }
+  void expect_one_line_error(const Result& r, const std::string& what) {
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(swap().string()), std::string::npos) << r.err;  // the path
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(fs::is_empty(swap())) << "swap files left behind";
+  }
+  fs::path dir_;
+  bool mounted_ = false;
+};
+
+TEST_F(OffloadCli, ReadErrorMidRunIsOneLineAndKeepsOut) {
+  const std::string before = save_earlier_model();
+  const Result r = run("train " + nvme_args() + "--steps 4 --out " + (dir_ / "model").string(),
+                       "STRATA_TEST_IO_FAULT=read:60");
+  expect_one_line_error(r, "read ");
+  EXPECT_NE(r.err.find("Input/output error"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("step 1/4"), std::string::npos) << "the fault should hit mid-run:\n" << r.out;
+  EXPECT_EQ(slurp(dir_ / "model" / "model.safetensors"), before);
+}
+
+TEST_F(OffloadCli, WriteErrorMidRunIsOneLineAndKeepsOut) {
+  const std::string before = save_earlier_model();
+  const Result r = run("train " + nvme_args() + "--steps 4 --out " + (dir_ / "model").string(),
+                       "STRATA_TEST_IO_FAULT=write:60");
+  EXPECT_NE(r.out.find("step 1/4"), std::string::npos) << "the fault should hit mid-run:\n" << r.out;
+  expect_one_line_error(r, "write ");
+  EXPECT_EQ(slurp(dir_ / "model" / "model.safetensors"), before);
+}
+
+// The swap files are allocated (fallocate) before step 1: a disk without the room fails there.
+TEST_F(OffloadCli, FullDiskIsOneLineBeforeTraining) {
+  if (::mount("tmpfs", swap().c_str(), "tmpfs", 0, "size=1m") != 0)
+    GTEST_SKIP() << "cannot mount a small tmpfs to fill (needs root): " << std::strerror(errno);
+  mounted_ = true;
+  const Result r = run("train " + nvme_args() + "--steps 1");
+  expect_one_line_error(r, "No space left on device");
+  EXPECT_EQ(r.out.find("step 1"), std::string::npos) << r.out;
+}
+
+// Starts strata in the background, waits for `marker` in its output, sends `sig` (twice when
+// `twice`), and returns its exit status and output.
+Result run_and_signal(const std::string& args, const fs::path& out, const std::string& marker, int sig, bool twice) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const std::string cmd = "exec " + std::string(STRATA_BIN) + " " + args + " >" + out.string() + " 2>&1";
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  while (slurp(out).find(marker) == std::string::npos && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) return {-1, slurp(out), ""};  // exited early
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, sig);
+  if (twice) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ::kill(pid, sig);
+  }
+  ::waitpid(pid, &status, 0);
+  Result r;
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  return r;
+}
+
+TEST_F(OffloadCli, SigintAndSigtermStopAfterTheStepAndRemoveSwap) {
+  for (int sig : {SIGINT, SIGTERM}) {
+    const Result r = run_and_signal("train " + nvme_args() + "--steps 1000 --log-every 1",
+                                    dir_ / ("out" + std::to_string(sig) + ".txt"),
+                                    "step    1/1000", sig, false);
+    EXPECT_EQ(r.status, 128 + sig) << r.out;
+    EXPECT_NE(r.out.find(sig == SIGINT ? "stopped by SIGINT after step" : "stopped by SIGTERM after step"),
+              std::string::npos)
+        << r.out;
+    EXPECT_TRUE(fs::is_empty(swap())) << "swap files left behind";
+  }
+}
+
+TEST_F(OffloadCli, SecondSigintStopsAtOnceAndRemovesSwap) {
+  const Result r = run_and_signal("train " + nvme_args() + "--steps 1000 --log-every 1", dir_ / "out.txt",
+                                  "step    1/1000", SIGINT, true);
+  EXPECT_EQ(r.status, 130) << r.out;
+  EXPECT_TRUE(fs::is_empty(swap())) << "swap files left behind";
+}
+
+// A run killed with SIGKILL cannot clean up; the next run on the same --nvme-path removes what it
+// left (and only that).
+TEST_F(OffloadCli, LeftoversOfAKilledRunAreRemovedByTheNext) {
+  const Result killed = run_and_signal("train " + nvme_args() + "--steps 1000 --log-every 1", dir_ / "out.txt",
+                                       "step    1/1000", SIGKILL, false);
+  EXPECT_FALSE(fs::is_empty(swap()));
+  fs::create_directories(swap() / "users-own");
+  const Result r = run("train " + nvme_args() + "--steps 1");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("left by a run"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(swap() / "users-own"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(swap()), fs::directory_iterator{}), 1);
+}
+
+}  // namespace
