@@ -6,7 +6,12 @@
 #include <functional>
 #include <vector>
 
+namespace strata {
+struct TrainOptions;
+}
+
 namespace strata::app {
+using strata::TrainOptions;
 
 using Run = std::function<int()>;
 
@@ -24,7 +29,10 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// `strata train`.
+// `strata train`, and its flags (shared with `strata plan`).
+void add_train_flags(CLI::App* cmd, TrainOptions& o);
 void register_train(CLI::App& app, Run& run);
+// `strata plan`: what a train command would hold and move, and its predicted step time.
+void register_plan(CLI::App& app, Run& run);
 
 }  // namespace strata::app

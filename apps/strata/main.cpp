@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   strata::app::register_bench_offload(*bench, run);
   strata::app::register_bench_step(*bench, run);
   strata::app::register_train(app, run);
+  strata::app::register_plan(app, run);
 
   try {
     app.parse(argc, argv);

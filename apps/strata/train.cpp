@@ -8,14 +8,13 @@
 
 namespace strata::app {
 
-void register_train(CLI::App& app, Run& run) {
-  auto opts = std::make_shared<TrainOptions>();
-  TrainOptions& o = *opts;
-  CLI::App* cmd = app.add_subcommand("train", "Train or fine-tune a llama/gpt2-family model on token shards");
+void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--model", o.model,
                   "HF model directory (config.json + *.safetensors); config.json alone = random init from --seed; "
                   "empty = the embedded default model");
+  cmd->add_option("--preset", o.preset, "a named config instead of --model: gpt2-124m | default | llama-1b | llama-1.5b | llama-350m | llama-8b")
+      ->excludes(cmd->get_option("--model"));
   cmd->add_option("--data", o.data, "token-shard glob (llm.c format); empty = the embedded byte-level corpus");
   cmd->add_option("--backend", o.backend, "cpu | cuda");
   cmd->add_option("--dtype", o.dtype, "working weights/activations: fp32 | bf16 | fp16 (fp32 master and grads)");
@@ -51,6 +50,12 @@ void register_train(CLI::App& app, Run& run) {
   cmd->add_option("--device-mem", o.device_mem, "device memory budget, e.g. 24G (empty: what the plan needs)");
   cmd->add_option("--host-mem", o.host_mem,
                   "pinned host memory budget, e.g. 64G (empty: what the plan needs, within physical RAM)");
+}
+
+void register_train(CLI::App& app, Run& run) {
+  auto opts = std::make_shared<TrainOptions>();
+  CLI::App* cmd = app.add_subcommand("train", "Train or fine-tune a llama/gpt2-family model on token shards");
+  add_train_flags(cmd, *opts);
   cmd->callback([&run, opts] {
     run = [opts]() -> int {
       install_stop_handlers();  // Ctrl-C / SIGTERM: stop after the current step, swap files removed

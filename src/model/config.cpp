@@ -130,7 +130,33 @@ ModelConfig preset_model_config(const std::string& name) {
     return c;
   }
   if (name == "default") return default_model_config();
-  throw std::invalid_argument("unknown model preset '" + name + "' (valid presets: default, gpt2-124m)");
+  // Llama shapes for the offload and GPU benchmarks (random init; vocab 32000 as Llama 2).
+  auto llama = [](int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv, int64_t vocab) {
+    ModelConfig c;
+    c.family = Family::llama;
+    c.model_type = "llama";
+    c.vocab_size = vocab;
+    c.hidden_size = hidden;
+    c.n_layers = layers;
+    c.n_heads = heads;
+    c.n_kv_heads = kv;
+    c.intermediate_size = inter;
+    c.max_position_embeddings = 4096;
+    c.norm_eps = 1e-5;
+    c.tie_word_embeddings = false;
+    return c;
+  };
+  if (name == "llama-350m") return llama(1024, 2816, 24, 16, 16, 32000);   // 373M
+  if (name == "llama-1b") return llama(2048, 5632, 22, 32, 4, 32000);      // 1.10B (TinyLlama's shape)
+  if (name == "llama-1.5b") return llama(2048, 5632, 24, 16, 16, 32000);   // 1.53B
+  if (name == "llama-8b") {                                                 // 8.03B (Llama 3 8B's shape)
+    ModelConfig c = llama(4096, 14336, 32, 32, 8, 128256);
+    c.rope_theta = 500000.0;
+    c.max_position_embeddings = 8192;
+    return c;
+  }
+  throw std::invalid_argument("unknown model preset '" + name +
+                              "' (valid presets: default, gpt2-124m, llama-350m, llama-1b, llama-1.5b, llama-8b)");
 }
 
 }  // namespace strata

@@ -1,0 +1,141 @@
+// `strata plan`: the same flags as `strata train`, nothing trained. Prints what each tier would
+// hold (by kind of state), the bytes each link would move per step, each link's floor at its
+// measured bandwidth (a few-second probe of the --nvme-path, or --nvme-bw), the compute and
+// optimizer floors from short probes, and the predicted step time: the largest floor. The same
+// budget check as `strata train` runs, so a plan that cannot fit fails the same way.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "apps/strata/commands.h"
+#include "io/bandwidth.h"
+#include "io/engine.h"
+#include "io/swap_space.h"
+#include "kernels/cpu/parallel.h"
+#include "offload/size.h"
+#include "src/train/perf_model.h"
+#include "src/train/trainer.h"
+
+namespace strata::app {
+namespace {
+
+struct PlanOptions {
+  TrainOptions train;
+  double nvme_bw = 0;      // GB/s, both directions; 0: probe the first --nvme-path
+  double probe_s = 2;      // seconds per probe
+  bool json = false;
+};
+
+std::string gib(uint64_t b) { return b ? offload::format_size(b) : std::string("-"); }
+
+int run_plan(const PlanOptions& po) {
+  const TrainOptions& o = po.train;
+  const RunPlan p = plan_run(o, /*minimums=*/true);
+  const MemoryPlan& mp = p.memory;
+  const kernels::Backend backend = kernels::parse_backend(o.backend);
+
+  // Rates. Compute and AdamW on this machine's CPU backend (the GPU's when it is the backend).
+  kernels::cpu::set_num_threads(o.threads);
+  auto rt = kernels::make_runtime(backend);
+  const DType dt = kernels::parse_dtype(o.dtype);
+  auto cpu = kernels::make_runtime(kernels::Backend::cpu);
+  Transformer model(p.cfg, dt, o.batch, o.seq, *cpu, parse_checkpointing(o.checkpoint_activations));
+  const ModelDims& d = model.dims();
+  const double gflops = probe_gemm_gflops(*rt, dt, std::min<int64_t>(d.N, 2048), d.FC, d.C, po.probe_s);
+  const bool adam_on_cpu = backend == kernels::Backend::cpu || o.offload_optimizer != "none";
+  const double adam_rate =
+      probe_adamw_params_per_s(adam_on_cpu ? *cpu : *rt, dt, int64_t{1} << 23, po.probe_s / 2);
+  io::Bandwidth bw{po.nvme_bw, po.nvme_bw};
+  const uint64_t nvme_moved = mp.link_bytes[2] + mp.link_bytes[3];
+  if (po.nvme_bw <= 0 && nvme_moved > 0) {
+    auto engine = io::make_engine();
+    io::SwapOptions so;
+    so.paths = o.nvme_paths;
+    so.allow_buffered = true;
+    io::SwapSpace space(so, *engine);
+    bw = io::measure_bandwidth(space, 16ull << 20, 16);
+  }
+
+  StepFloor f;
+  f.compute_ms = step_flops(model) * static_cast<double>(o.grad_accum) / (gflops * 1e9) * 1e3;
+  f.adamw_ms = static_cast<double>(p.n_params) / adam_rate * 1e3;
+  const double nvme_w = static_cast<double>(mp.link_bytes[2]), nvme_r = static_cast<double>(mp.link_bytes[3]);
+  f.link_ms[2] = bw.write_gbps > 0 ? nvme_w / (bw.write_gbps * 1e9) * 1e3 : 0;
+  f.link_ms[3] = bw.read_gbps > 0 ? nvme_r / (bw.read_gbps * 1e9) * 1e3 : 0;
+  f.nvme_ms = f.link_ms[2] + f.link_ms[3];
+  // On the CPU backend compute and AdamW share the cores; NVMe runs beside them.
+  // On the CPU backend compute and AdamW share the cores and NVMe runs beside them; with a GPU
+  // and AdamW on the CPU, the optimizer is a floor of its own.
+  const bool split = backend != kernels::Backend::cpu && adam_on_cpu;
+  f.predicted_ms = std::max({f.compute_ms + (split ? 0 : f.adamw_ms), split ? f.adamw_ms : 0.0, f.nvme_ms});
+
+  if (po.json) {
+    nlohmann::json j;
+    j["params"] = p.n_params;
+    j["tokens_per_step"] = p.tokens_per_step;
+    for (int t = 0; t < 3; ++t) {
+      const std::string name(offload::tier_name(static_cast<offload::Tier>(t)));
+      j[name + "_budget_bytes"] = mp.budget[static_cast<size_t>(t)];
+      j[name + "_minimum_bytes"] = mp.minimum[static_cast<size_t>(t)];
+      j[name + "_working_set_bytes"] = mp.working_set[static_cast<size_t>(t)];
+    }
+    for (int l = 0; l < offload::kNumLinks; ++l)
+      j[std::string(offload::link_name(static_cast<offload::Link>(l))) + "_bytes"] = mp.link_bytes[static_cast<size_t>(l)];
+    j["nvme_read_gbps"] = bw.read_gbps;
+    j["nvme_write_gbps"] = bw.write_gbps;
+    j["gemm_gflops"] = gflops;
+    j["adamw_params_per_s"] = adam_rate;
+    j["compute_ms"] = f.compute_ms;
+    j["adamw_ms"] = f.adamw_ms;
+    j["nvme_ms"] = f.nvme_ms;
+    j["predicted_step_ms"] = f.predicted_ms;
+    fmt::print("{}\n", j.dump());
+    return 0;
+  }
+  fmt::print("strata plan: {} params, {} tokens/step ({} x {} x {} micro-batches), {} on {}\n", p.n_params,
+             p.tokens_per_step, o.batch, o.seq, o.grad_accum, o.dtype, o.backend);
+  fmt::print("placement: params {}, grads {}, optimizer {}, activations {} (checkpointing {})\n\n", o.offload_params,
+             o.offload_grads, o.offload_optimizer, o.offload_activations, o.checkpoint_activations);
+  fmt::print("{:<8}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}\n", "tier", "budget", "minimum", "weights",
+             "master", "adam", "grads", "inputs", "buffers", "no-evict");
+  for (int t = 0; t < 3; ++t) {
+    const auto& h = mp.homed[static_cast<size_t>(t)];
+    fmt::print("{:<8}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}\n",
+               offload::tier_name(static_cast<offload::Tier>(t)), gib(mp.budget[static_cast<size_t>(t)]),
+               t < 2 ? gib(mp.minimum[static_cast<size_t>(t)]) : "-", gib(h[0]), gib(h[1]), gib(h[2]), gib(h[3]),
+               gib(h[4]), gib(h[5]), gib(mp.working_set[static_cast<size_t>(t)]));
+  }
+  fmt::print("\n{:<14}{:>14}{:>16}{:>12}\n", "per step", "bytes", "rate", "floor");
+  for (int l = 0; l < offload::kNumLinks; ++l) {
+    const uint64_t b = mp.link_bytes[static_cast<size_t>(l)];
+    const double rate = l == 2 ? bw.write_gbps : l == 3 ? bw.read_gbps : 0;
+    fmt::print("{:<14}{:>14}{:>16}{:>12}\n", offload::link_name(static_cast<offload::Link>(l)), gib(b),
+               rate > 0 ? fmt::format("{:.2f} GB/s", rate) : "-",
+               f.link_ms[static_cast<size_t>(l)] > 0 ? fmt::format("{:.0f} ms", f.link_ms[static_cast<size_t>(l)]) : "-");
+  }
+  fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "compute", fmt::format("{:.3g} TFLOP", step_flops(model) * o.grad_accum / 1e12),
+             fmt::format("{:.0f} GFLOP/s", gflops), fmt::format("{:.0f} ms", f.compute_ms));
+  fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "adamw", fmt::format("{} params", p.n_params),
+             fmt::format("{:.3g} G/s", adam_rate / 1e9), fmt::format("{:.0f} ms", f.adamw_ms));
+  fmt::print("\npredicted step: {:.0f} ms (the largest floor: {}; offload plan {})\n", f.predicted_ms,
+             f.nvme_ms > f.compute_ms + f.adamw_ms ? "NVMe reads + writes" : "compute + AdamW",
+             mp.policy.empty() ? "none" : mp.policy);
+  return 0;
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app, Run& run) {
+  auto opts = std::make_shared<PlanOptions>();
+  CLI::App* cmd =
+      app.add_subcommand("plan", "What a train command would hold per tier and move per step, and its predicted step time");
+  add_train_flags(cmd, opts->train);
+  cmd->add_option("--nvme-bw", opts->nvme_bw, "NVMe bandwidth in GB/s (0: probe the first --nvme-path for a few seconds)");
+  cmd->add_option("--probe-seconds", opts->probe_s, "seconds per rate probe (GEMM, AdamW)");
+  cmd->add_flag("--json", opts->json, "one JSON object instead of the tables");
+  cmd->callback([&run, opts] { run = [opts]() -> int { return run_plan(*opts); }; });
+}
+
+}  // namespace strata::app

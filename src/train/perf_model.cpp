@@ -1,0 +1,97 @@
+// FLOP counts and the rate probes behind `strata plan`'s prediction.
+#include "src/train/perf_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "src/optim/adamw.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Matmul parameters of one block: fused qkv, output, fc (gate|up or fc) and down projections.
+double block_matmul_params(const ModelDims& d) {
+  return static_cast<double>(d.QKV * d.C + d.Q * d.C + d.FC * d.C + d.I * d.C);
+}
+// Causal attention FLOPs of one block's forward over the micro-batch: q·kᵀ and p·v, each
+// 2·T·Q per token, halved for the lower triangle.
+double attention_forward_flops(int64_t batch, int64_t seq, int64_t q_width) {
+  return 2.0 * 2.0 * static_cast<double>(seq) * static_cast<double>(q_width) * static_cast<double>(batch * seq) / 2.0;
+}
+
+// Repeats fn (enqueued on s, 8 calls per synchronisation so small calls are not timed as the
+// round trip) for about `seconds` after a warm-up; returns seconds per call.
+template <class F>
+double time_per_call(kernels::Stream& s, double seconds, F&& fn) {
+  fn();
+  s.synchronize();
+  int calls = 0;
+  const auto t0 = Clock::now();
+  double elapsed = 0;
+  do {
+    for (int i = 0; i < 8; ++i) fn();
+    s.synchronize();
+    calls += 8;
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while (elapsed < seconds);
+  return elapsed / calls;
+}
+
+}  // namespace
+
+double step_flops(const ModelConfig& c, int64_t n_params, int64_t batch, int64_t seq) {
+  const double tokens = static_cast<double>(batch * seq);
+  const int64_t q = c.n_heads * c.effective_head_dim();
+  return 6.0 * static_cast<double>(n_params) * tokens +
+         3.0 * static_cast<double>(c.n_layers) * attention_forward_flops(batch, seq, q);
+}
+
+double step_flops(const Transformer& model) {
+  const ModelDims& d = model.dims();
+  const ModelConfig& c = model.config();
+  double flops = step_flops(c, model.n_params(), d.B, d.T);
+  for (int64_t l = 0; l < d.L; ++l)
+    if (model.checkpointing().at(l))
+      flops += 2.0 * block_matmul_params(d) * static_cast<double>(d.N) + attention_forward_flops(d.B, d.T, d.Q);
+  return flops;
+}
+
+double probe_gemm_gflops(kernels::Runtime& rt, DType dt, int64_t m, int64_t n, int64_t k, double seconds) {
+  const size_t esz = kernels::dtype_size(dt);
+  kernels::DeviceBuffer a(rt, static_cast<size_t>(m * k) * esz), b(rt, static_cast<size_t>(k * n) * esz),
+      c(rt, static_cast<size_t>(m * n) * esz);
+  auto s = rt.create_stream();
+  s->memset_async(a.data(), 0, a.bytes());
+  s->memset_async(b.data(), 0, b.bytes());
+  kernels::MatmulArgs args;
+  args.a = a.data();
+  args.b = b.data();
+  args.c = c.data();
+  args.ab_dtype = args.c_dtype = dt;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.trans_b = true;  // x·Wᵀ, as the model's linear layers
+  const double sec = time_per_call(*s, seconds, [&] { rt.ops().matmul(*s, args); });
+  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / sec / 1e9;
+}
+
+double probe_adamw_params_per_s(kernels::Runtime& rt, DType dt, int64_t n, double seconds) {
+  kernels::DeviceBuffer p(rt, static_cast<size_t>(n) * 4), m(rt, static_cast<size_t>(n) * 4),
+      v(rt, static_cast<size_t>(n) * 4), g(rt, static_cast<size_t>(n) * 4),
+      w(rt, static_cast<size_t>(n) * kernels::dtype_size(dt));
+  auto s = rt.create_stream();
+  for (auto* b : {&p, &m, &v, &g}) s->memset_async(b->data(), 0, b->bytes());
+  AdamWStep st;
+  st.lr = 1e-4f;
+  const double sec = time_per_call(*s, seconds, [&] {
+    adamw_range(rt.ops(), *s, st, true, n, p.as<float>(), m.as<float>(), v.as<float>(), g.as<float>(),
+                dt == DType::f32 ? nullptr : w.data(), dt);
+  });
+  return static_cast<double>(n) / sec;
+}
+
+}  // namespace strata

@@ -1,0 +1,36 @@
+// The performance model of DESIGN.md: a step's FLOPs (6·params·tokens, causal attention, and
+// the recompute of checkpointed blocks), the optimizer's work, the bytes the plan moves per
+// link — each over its measured rate is a floor, and the step can be no faster than the
+// largest. Short probes measure the rates on this machine (`strata plan`, benches).
+#pragma once
+#include <array>
+#include <cstdint>
+
+#include "kernels/runtime.h"
+#include "src/model/transformer.h"
+
+namespace strata {
+
+// Training FLOPs of one micro-batch of (batch, seq): forward 2 and backward 4 per matmul
+// parameter per token, causal attention's q·kᵀ and p·v (lower triangle), plus one more
+// forward for every checkpointed block.
+double step_flops(const Transformer& model);
+// The same for a config without building a model (benches): no recompute.
+double step_flops(const ModelConfig& c, int64_t n_params, int64_t batch, int64_t seq);
+
+// Sustained GEMM rate (GFLOP/s) of the runtime at an (m, n, k) shape in dtype dt, timed for
+// about `seconds` after a warm-up.
+double probe_gemm_gflops(kernels::Runtime& rt, DType dt, int64_t m, int64_t n, int64_t k, double seconds);
+// AdamW throughput (parameters/s) of the runtime's kernel over n fp32 parameters with a working
+// copy in dt (what the optimizer phase runs unit by unit).
+double probe_adamw_params_per_s(kernels::Runtime& rt, DType dt, int64_t n, double seconds);
+
+struct StepFloor {
+  double compute_ms = 0;  // step_flops × micro-batches / GEMM rate
+  double adamw_ms = 0;    // parameters / AdamW rate
+  std::array<double, 4> link_ms{};  // per offload::Link: bytes / bandwidth (0 when not measured)
+  double nvme_ms = 0;     // reads + writes share the disk
+  double predicted_ms = 0;
+};
+
+}  // namespace strata
