@@ -9,7 +9,10 @@ find_package(OpenMP REQUIRED)
 find_package(fmt REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(CLI11 REQUIRED)
-find_package(MPI COMPONENTS CXX)
+# MPI is optional: with it strata_core gains the mpi communicator (src/comm/mpi.cpp, C API only)
+# and CTest the multi-rank tests; without it only the local communicator exists. Build without
+# it on a machine that has it with -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON.
+find_package(MPI COMPONENTS C)
 if(STRATA_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

@@ -1,11 +1,13 @@
 // Token shards and the DataLoader: v1/v7 shards read back, corrupt shards rejected naming the
 // file, and llm.c's batching on synthetic position-valued data (token i has value i mod vocab):
-// exact rows for one rank, 2 ranks × B == 1 rank × 2B across shard boundaries and wraparound.
+// exact rows for one rank, N ranks × B == 1 rank × N·B (N = 2, 3, 4) across shard boundaries and
+// wraparound, and a multi-rank resume from one rank's saved position.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -246,6 +248,44 @@ TEST_F(DataDir, TwoRanksSeeTheRowsOfOneRankWithDoubleBatch) {
   }
   EXPECT_EQ(shards_seen.size(), 3u);
   EXPECT_GE(wraps, 1);
+}
+
+// The same for 3 and 4 ranks, and the resume a multi-rank run needs: every rank's loader is at
+// the same (shard, position) after each step (the window is global), so the position one rank
+// saves in a checkpoint puts a fresh loader of any rank back on its own rows.
+TEST_F(DataDir, NRanksSeeTheRowsOfOneRankWithNTimesTheBatchAndResumeTogether) {
+  const int64_t vocab = 4096;
+  const std::vector<int64_t> sizes = {250, 97, 400};
+  auto paths = make_stream(sizes, vocab, 7);
+  const int64_t B = 2, T = 4;
+  for (int world : {3, 4}) {
+    DataLoader one(paths, world * B, T, 0, 1, vocab);
+    std::vector<std::unique_ptr<DataLoader>> ranks;
+    for (int r = 0; r < world; ++r) ranks.push_back(std::make_unique<DataLoader>(paths, B, T, r, world, vocab));
+    std::vector<int32_t> in1(world * B * T), tg1(world * B * T), in(B * T), tg(B * T);
+    int64_t saved_shard = -1, saved_pos = -1;
+    std::vector<std::vector<int32_t>> after_save(world);  // each rank's rows of the step after the save
+    for (int step = 0; step < 30; ++step) {
+      one.next(in1.data(), tg1.data());
+      for (int r = 0; r < world; ++r) {
+        ranks[r]->next(in.data(), tg.data());
+        for (int64_t i = 0; i < B * T; ++i) {
+          ASSERT_EQ(in[i], in1[r * B * T + i]) << "world " << world << " rank " << r << " step " << step;
+          ASSERT_EQ(tg[i], tg1[r * B * T + i]) << "world " << world << " rank " << r << " step " << step;
+        }
+        EXPECT_EQ(ranks[r]->shard_index(), one.shard_index());
+        EXPECT_EQ(ranks[r]->position(), one.position());
+        if (step == 11) after_save[r] = in;
+      }
+      if (step == 10) saved_shard = ranks[0]->shard_index(), saved_pos = ranks[0]->position();
+    }
+    for (int r = 0; r < world; ++r) {
+      DataLoader resumed(paths, B, T, r, world, vocab);
+      resumed.seek(saved_shard, saved_pos);
+      resumed.next(in.data(), tg.data());
+      EXPECT_EQ(in, after_save[r]) << "world " << world << " rank " << r;
+    }
+  }
 }
 
 TEST_F(DataDir, SeekResumesTheSameBatches) {
