@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "apps/strata/commands.h"
+#include "src/comm/communicator.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"strata: train and fine-tune transformers across GPU memory, pinned host RAM and NVMe"};
@@ -27,7 +28,8 @@ int main(int argc, char** argv) {
   try {
     return run ? run() : 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "strata: error: %s\n", e.what());
-    return 1;
+    // One line naming the error; in an mpirun job, also which rank, and the job is taken down
+    // (the other ranks may be waiting for this one in a collective).
+    return strata::report_fatal_error(e.what());
   }
 }
