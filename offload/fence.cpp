@@ -1,4 +1,5 @@
-// Fence parts: host signals, stream events, and the set that joins them.
+// Fence parts: host signals, stream events (recorded now or later), the event pool, and the
+// set that joins them.
 #include "offload/fence.h"
 
 #include "kernels/runtime.h"
@@ -23,6 +24,11 @@ bool Signal::ready() {
   return done_;
 }
 
+bool Signal::failed() {
+  std::lock_guard lock(mu_);
+  return done_ && error_;
+}
+
 EventPart::EventPart(std::unique_ptr<kernels::Event> e) : event_(std::move(e)) {}
 EventPart::~EventPart() = default;
 void EventPart::wait() { event_->synchronize(); }
@@ -30,6 +36,42 @@ bool EventPart::ready() { return event_->query(); }
 bool EventPart::enqueue_wait(kernels::Stream& s) {
   s.wait(*event_);
   return true;
+}
+
+void DeferredEventPart::wait() {
+  signal_.wait();  // rethrows the error of what the recording waited for
+  event_->wait();
+}
+
+bool DeferredEventPart::ready() {
+  if (!signal_.ready()) return false;
+  return signal_.failed() || event_->ready();
+}
+
+bool DeferredEventPart::enqueue_wait(kernels::Stream& s) {
+  if (!signal_.ready() || signal_.failed()) return false;
+  return event_->enqueue_wait(s);
+}
+
+std::shared_ptr<EventPart> EventPool::take() {
+  std::lock_guard lock(mu_);
+  // Round robin from where the last search stopped: an event no fence holds any more (only the
+  // pool does) may be recorded again.
+  for (size_t i = 0; i < events_.size(); ++i) {
+    const size_t k = (next_ + i) % events_.size();
+    if (events_[k].use_count() == 1) {
+      next_ = k + 1;
+      return events_[k];
+    }
+  }
+  events_.push_back(std::make_shared<EventPart>(rt_.create_event()));
+  next_ = 0;
+  return events_.back();
+}
+
+size_t EventPool::size() const {
+  std::lock_guard lock(mu_);
+  return events_.size();
 }
 
 void Fence::add(std::shared_ptr<Waitable> w) {
@@ -53,26 +95,23 @@ bool Fence::ready() const {
 
 bool Fence::host_ready() const {
   for (const auto& p : parts_)
-    if (!p->is_stream_event() && !p->ready()) return false;
+    if (!p->host_ready()) return false;
   return true;
 }
 
 void Fence::wait_host() const {
-  for (const auto& p : parts_)
-    if (!p->is_stream_event()) p->wait();
+  for (const auto& p : parts_) p->wait_host();
 }
 
 void Fence::enqueue_wait(kernels::Stream& s) const {
   for (const auto& p : parts_) {
-    if (p->enqueue_wait(s)) continue;
-    if (p->ready()) continue;  // complete: nothing to order (its error is the host's to see)
-    std::shared_ptr<Waitable> keep = p;  // alive until the stream runs the wait
-    s.host_fn([keep] {
+    if (!p->host_ready()) {
       try {
-        keep->wait();
-      } catch (...) {  // carried by the fence of the work behind it, not by the stream
+        p->wait_host();
+      } catch (...) {  // its owner sees it (wait_host / the fence of the work behind it)
       }
-    });
+    }
+    p->enqueue_wait(s);  // false: host work, complete by now
   }
 }
 
@@ -87,14 +126,25 @@ class QuietPart final : public Waitable {
     }
   }
   bool ready() override { return w_->ready(); }
+  bool host_ready() override { return w_->host_ready(); }
+  void wait_host() override {
+    try {
+      w_->wait_host();
+    } catch (...) {
+    }
+  }
   // A stream event stays one when only its completion is asked for: the stream waits on it
   // directly (a stream wait carries no error), never through the host.
   bool enqueue_wait(kernels::Stream& s) override { return w_->enqueue_wait(s); }
-  bool is_stream_event() const override { return w_->is_stream_event(); }
 
  private:
   std::shared_ptr<Waitable> w_;
 };
+
+// Parts whose error a later fence must carry: anything but a plain stream event or a quiet part.
+bool can_fail(const std::shared_ptr<Waitable>& p) {
+  return !dynamic_cast<EventPart*>(p.get()) && !dynamic_cast<QuietPart*>(p.get());
+}
 }  // namespace
 
 Fence Fence::quiet() const {
@@ -106,7 +156,7 @@ Fence Fence::quiet() const {
 
 void Fence::carry_errors(const Fence& f) {
   for (const auto& p : f.parts_)
-    if (!p->is_stream_event() && !(p->ready() && [&] {
+    if (can_fail(p) && !(p->ready() && [&] {
           try {
             p->wait();
             return true;

@@ -1,6 +1,7 @@
 // Fence: "this work has completed", across every kind of asynchronous work offload/ issues —
 // stream events (device<->host copies), io/ requests (NVMe), and host-side signals. A fence is
-// a cheap, copyable set of parts; it waits on the host or orders a stream behind itself.
+// a cheap, copyable set of parts. Nothing ever blocks inside a stream: a stream waits only on
+// events; every other part is waited for on a host thread (wait_host), counted by whoever waits.
 #pragma once
 #include <condition_variable>
 #include <exception>
@@ -9,6 +10,7 @@
 #include <vector>
 
 namespace strata::kernels {
+class Runtime;
 class Stream;
 class Event;
 }  // namespace strata::kernels
@@ -21,11 +23,13 @@ class Waitable {
   virtual ~Waitable() = default;
   virtual void wait() = 0;
   virtual bool ready() = 0;
-  // Orders later work on s after this without the host; false if this kind cannot (then the
-  // host must wait for it: see Fence::wait_host).
+  // The part's host side: what a host thread must see complete before a stream may be ordered
+  // behind the rest with enqueue_wait. Everything, for host work; nothing, for a stream event.
+  virtual bool host_ready() { return ready(); }
+  virtual void wait_host() { wait(); }
+  // Orders later work on s after the part's stream side without the host; false when the part
+  // has none (host work: its host side is all of it).
   virtual bool enqueue_wait(kernels::Stream&) { return false; }
-  // True for work a stream can wait on by itself (a recorded stream event).
-  virtual bool is_stream_event() const { return false; }
 };
 
 // Set once by whoever finishes the work (any thread), with the work's error or none.
@@ -34,6 +38,7 @@ class Signal final : public Waitable {
   void set(std::exception_ptr error = nullptr);
   void wait() override;
   bool ready() override;
+  bool failed();  // set with an error
 
  private:
   std::mutex mu_;
@@ -42,19 +47,55 @@ class Signal final : public Waitable {
   std::exception_ptr error_;
 };
 
-// A recorded stream event: stream waits on it without the host.
+// A recorded stream event: a stream waits on it without the host.
 class EventPart final : public Waitable {
  public:
   explicit EventPart(std::unique_ptr<kernels::Event> e);
   ~EventPart() override;
   void wait() override;
   bool ready() override;
+  bool host_ready() override { return true; }
+  void wait_host() override {}
   bool enqueue_wait(kernels::Stream& s) override;
-  bool is_stream_event() const override { return true; }
   kernels::Event& event() { return *event_; }
 
  private:
   std::unique_ptr<kernels::Event> event_;
+};
+
+// A stream event that a host thread records later (stream work that must first wait for host
+// work, e.g. a device copy of bytes still arriving from NVMe): its host side is "recorded" (or
+// failed, carrying the error of what it waited for); after that it is a plain event.
+class DeferredEventPart final : public Waitable {
+ public:
+  explicit DeferredEventPart(std::shared_ptr<EventPart> event) : event_(std::move(event)) {}
+  kernels::Event& event() { return event_->event(); }
+  void recorded() { signal_.set(); }                     // after event() was recorded
+  void failed(std::exception_ptr e) { signal_.set(e); }  // never recorded
+  void wait() override;
+  bool ready() override;
+  bool host_ready() override { return signal_.ready(); }
+  void wait_host() override { signal_.wait(); }
+  bool enqueue_wait(kernels::Stream& s) override;
+
+ private:
+  std::shared_ptr<EventPart> event_;
+  Signal signal_;
+};
+
+// Stream events for fences, reused once no fence holds them (an event is re-recordable), so
+// copies and releases do not create events.
+class EventPool {
+ public:
+  explicit EventPool(kernels::Runtime& rt) : rt_(rt) {}
+  std::shared_ptr<EventPart> take();
+  size_t size() const;  // events created so far
+
+ private:
+  kernels::Runtime& rt_;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<EventPart>> events_;
+  size_t next_ = 0;
 };
 
 class Fence {
@@ -65,17 +106,17 @@ class Fence {
   void add(const Fence& f);
   void wait() const;                              // host waits; rethrows the first error
   bool ready() const;                             // never blocks
-  // The parts that are not stream events (I/O, host signals): complete? / wait for them on the
-  // host, rethrowing the first error. After wait_host, enqueue_wait only orders by events.
+  // The host sides of every part (I/O, host signals, deferred events not yet recorded):
+  // complete? / wait for them on this thread, rethrowing the first error.
   bool host_ready() const;
   void wait_host() const;
-  // s waits for every part: events in stream order, other parts by a host function on s that
-  // waits and swallows their errors (a host function must not throw on CUDA). Errors do not
-  // travel through streams: work ordered this way carries its inputs' errors in its own fence
-  // (see carry_errors).
+  // s waits for every part's stream side (events). Host sides are not the stream's to wait
+  // for: a part whose host side is not complete is waited for here, on the calling thread,
+  // and its error left to whoever owns it (call wait_host first to see errors and to count the
+  // wait). Never enqueues a blocking host function.
   void enqueue_wait(kernels::Stream& s) const;
-  // Adds f's parts that are not stream events (host signals, I/O): their errors are what a
-  // fence of stream work ordered after f must rethrow.
+  // Adds f's parts that can fail (host work, deferred events): their errors are what a fence
+  // of stream work ordered after f must rethrow.
   void carry_errors(const Fence& f);
   void prune();                                   // drops completed parts (keeps failed ones)
   // The same completion without the errors: for "whoever used this range last is done" (a

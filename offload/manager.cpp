@@ -296,7 +296,7 @@ void BlockManager::release(Handle& h, kernels::Stream* done_on) {
     throw std::logic_error("offload: release of a handle this manager did not hand out (default, or already released)");
   RtCopy& rc = rt_copy(h.block_, h.tier_);
   if (done_on) {
-    auto part = std::make_shared<EventPart>(rt_.create_event());
+    std::shared_ptr<EventPart> part = transfer_->events().take();
     done_on->record(part->event());
     rc.users.add(Fence(part));
     if (writes(h.mode_)) rc.ready.add(Fence(part));  // readers on other streams see the writes

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <stdexcept>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -100,19 +101,21 @@ struct TransferEngine::Impl {
   kernels::Runtime& rt;
   NvmeStore* store;
   TransferConfig cfg;
+  EventPool events;
   std::unique_ptr<kernels::Stream> h2d, d2h, staging_stream;
   kernels::PinnedBuffer staging;               // n_staging x staging_bytes
-  std::vector<std::unique_ptr<kernels::Event>> staging_done;  // per buffer: its last copy finished
+  std::vector<std::unique_ptr<kernels::Event>> staging_done;  // per chunk: its last PCIe copy finished
   std::array<LinkClock, kNumLinks> clocks;
-  Lane submit, complete;                       // NVMe: waits + submissions; completions in order
+  // NVMe: waits + submissions, completions in order; device copies issued late; device<->NVMe.
+  Lane submit, complete, deferred, staged;
 
-  Impl(kernels::Runtime& r, NvmeStore* s, TransferConfig c) : rt(r), store(s), cfg(c) {
+  Impl(kernels::Runtime& r, NvmeStore* s, TransferConfig c) : rt(r), store(s), cfg(c), events(r) {
     h2d = rt.create_stream();
     d2h = rt.create_stream();
-    if (store) {
-      assert(cfg.staging_bytes % kAlign == 0 && cfg.n_staging >= 1);
+    if (store && cfg.device_nvme) {
+      assert(cfg.staging_bytes % kAlign == 0 && cfg.n_staging >= 2);
       staging_stream = rt.create_stream();
-      staging = kernels::PinnedBuffer(rt, cfg.staging_bytes * static_cast<uint64_t>(cfg.n_staging));
+      staging = kernels::PinnedBuffer(rt, cfg.staging_total());
       store->register_buffer(staging.data(), staging.bytes());
       for (int i = 0; i < cfg.n_staging; ++i) staging_done.push_back(rt.create_event());
     }
@@ -127,20 +130,48 @@ struct TransferEngine::Impl {
 
   LinkClock& clock(Link l) { return clocks[static_cast<int>(l)]; }
 
-  // device<->host: the copy stream waits for deps, copies, and records the fence's event.
+  // Enqueues one device<->host copy on its stream behind deps' events (their host sides are
+  // complete), and records `done` after it.
+  void enqueue_copy(kernels::Stream& s, LinkClock* c, const Place& src, const Place& dst, uint64_t bytes,
+                    const Fence& deps, kernels::Event& done) {
+    deps.enqueue_wait(s);
+    s.host_fn([c] { c->begin(); });  // host functions only keep time: they never wait
+    s.memcpy_async(dst.ptr, src.ptr, bytes);
+    s.host_fn([c, bytes] { c->end(bytes); });
+    s.record(done);
+  }
+
+  // device<->host: the copy stream waits for deps' events, copies, and records the fence's
+  // event. When deps still wait on host work (an NVMe read), the copy is issued by the deferred
+  // lane once that is done: the stream never waits on anything but events.
   Fence copy_on_stream(const Place& src, const Place& dst, uint64_t bytes, const Fence& deps) {
     Link link = dst.tier == Tier::device ? Link::h2d : Link::d2h;
     kernels::Stream& s = link == Link::h2d ? *h2d : *d2h;
-    deps.enqueue_wait(s);
     LinkClock* c = &clock(link);
-    s.host_fn([c] { c->begin(); });
-    s.memcpy_async(dst.ptr, src.ptr, bytes);
-    s.host_fn([c, bytes] { c->end(bytes); });
-    auto part = std::make_shared<EventPart>(rt.create_event());
-    s.record(part->event());
-    Fence done(part);
-    done.carry_errors(deps);  // an input that failed (e.g. an NVMe read) fails this move too
-    return done;
+    if (deps.host_ready()) {
+      try {
+        deps.wait_host();  // complete: rethrows if an input failed
+      } catch (...) {
+        auto failed = std::make_shared<Signal>();
+        failed->set(std::current_exception());
+        return Fence(failed);
+      }
+      std::shared_ptr<EventPart> part = events.take();
+      enqueue_copy(s, c, src, dst, bytes, deps, part->event());
+      return Fence(part);
+    }
+    auto part = std::make_shared<DeferredEventPart>(events.take());
+    deferred.push([=, this, &s] {
+      try {
+        deps.wait_host();
+      } catch (...) {
+        part->failed(std::current_exception());  // an input failed: so does this move
+        return;
+      }
+      enqueue_copy(s, c, src, dst, bytes, deps, part->event());
+      part->recorded();
+    });
+    return Fence(part);
   }
 
   // Starts one host<->NVMe I/O with its link clock running; a submit that throws stops the
@@ -206,49 +237,90 @@ struct TransferEngine::Impl {
     return Fence(done);
   }
 
-  // device<->NVMe through the staging buffers, chunk by chunk on the submit lane: buffer k is
-  // filled (NVMe read or device copy) while buffer k-1 drains (device copy or NVMe write).
+  // device->NVMe, one window of chunks at a time: each chunk's device->staging copy on the
+  // staging stream, then its NVMe write as soon as the copy is done; a chunk is refilled only
+  // once its last write finished. Up to n_staging writes in flight.
+  void device_to_nvme(const Place& src, const Place& dst, uint64_t bytes, uint64_t len,
+                      std::vector<std::shared_ptr<Waitable>>& io) {
+    auto* base = static_cast<char*>(staging.data());
+    const uint64_t chunk = cfg.staging_bytes;
+    const uint64_t n_chunks = (len + chunk - 1) / chunk;
+    const auto slots = static_cast<uint64_t>(cfg.n_staging);
+    for (uint64_t w0 = 0; w0 < n_chunks; w0 += slots) {
+      const uint64_t w1 = std::min(n_chunks, w0 + slots);
+      for (uint64_t k = w0; k < w1; ++k) {
+        const size_t slot = static_cast<size_t>(k % slots);
+        if (io[slot]) io[slot]->wait();  // the chunk's previous write is done
+        const uint64_t off = k * chunk;
+        if (off < bytes)
+          staging_stream->memcpy_async(base + slot * chunk, static_cast<const char*>(src.ptr) + off,
+                                       std::min(chunk, bytes - off));
+        staging_stream->record(*staging_done[slot]);
+      }
+      for (uint64_t k = w0; k < w1; ++k) {
+        const size_t slot = static_cast<size_t>(k % slots);
+        staging_done[slot]->synchronize();
+        io[slot] = store->write(dst.nvme_offset + k * chunk, std::min(chunk, len - k * chunk), base + slot * chunk);
+      }
+    }
+  }
+
+  // NVMe->device: reads of up to n_staging chunks in flight; as each arrives, its
+  // staging->device copy; a chunk is read into again once its copy has finished.
+  void nvme_to_device(const Place& src, const Place& dst, uint64_t bytes, uint64_t len,
+                      std::vector<std::shared_ptr<Waitable>>& io) {
+    auto* base = static_cast<char*>(staging.data());
+    const uint64_t chunk = cfg.staging_bytes;
+    const uint64_t n_chunks = (len + chunk - 1) / chunk;
+    const auto slots = static_cast<uint64_t>(cfg.n_staging);
+    auto read = [&](uint64_t k) {
+      const size_t slot = static_cast<size_t>(k % slots);
+      staging_done[slot]->synchronize();  // its previous copy has left the chunk
+      io[slot] = store->read(src.nvme_offset + k * chunk, std::min(chunk, len - k * chunk), base + slot * chunk);
+    };
+    uint64_t issued = 0;
+    for (; issued < std::min(n_chunks, slots - 1); ++issued) read(issued);
+    for (uint64_t k = 0; k < n_chunks; ++k) {
+      const size_t slot = static_cast<size_t>(k % slots);
+      io[slot]->wait();
+      const uint64_t off = k * chunk;
+      if (off < bytes)
+        staging_stream->memcpy_async(static_cast<char*>(dst.ptr) + off, base + slot * chunk,
+                                     std::min(chunk, bytes - off));
+      staging_stream->record(*staging_done[slot]);
+      if (issued < n_chunks) read(issued++);
+    }
+  }
+
+  // device<->NVMe on the staged lane (not the submit lane: host<->NVMe moves never queue
+  // behind it).
   Fence device_nvme(const Place& src, const Place& dst, uint64_t bytes, const Fence& deps) {
     auto done = std::make_shared<Signal>();
     uint64_t len = align_up(bytes);
     bool to_nvme = dst.tier == Tier::nvme;
-    submit.push([=, this] {
+    staged.push([=, this] {
       LinkClock& c_pcie = clock(to_nvme ? Link::d2h : Link::h2d);
       LinkClock& c_nvme = clock(to_nvme ? Link::host_to_nvme : Link::nvme_to_host);
-      std::vector<std::shared_ptr<Waitable>> writes(cfg.n_staging);  // to_nvme: last write per buffer
+      std::vector<std::shared_ptr<Waitable>> io(static_cast<size_t>(cfg.n_staging));  // last I/O per chunk
       bool clocks_running = false;  // a failed input (deps) never starts them
       try {
         deps.wait();
         c_pcie.begin();
         c_nvme.begin();
         clocks_running = true;
-        auto* base = static_cast<char*>(staging.data());
-        for (uint64_t off = 0, k = 0; off < len; off += cfg.staging_bytes, ++k) {
-          uint64_t n = std::min<uint64_t>(cfg.staging_bytes, len - off);
-          int slot = static_cast<int>(k % static_cast<uint64_t>(cfg.n_staging));
-          char* buf = base + static_cast<uint64_t>(slot) * cfg.staging_bytes;
-          staging_done[slot]->synchronize();  // the buffer's previous device copy has finished
-          if (to_nvme) {
-            if (writes[slot]) writes[slot]->wait();  // ... and its previous NVMe write
-            staging_stream->memcpy_async(buf, static_cast<const char*>(src.ptr) + off, std::min(n, bytes - off));
-            staging_stream->record(*staging_done[slot]);
-            staging_done[slot]->synchronize();
-            writes[slot] = store->write(dst.nvme_offset + off, n, buf);
-          } else {
-            store->read(src.nvme_offset + off, n, buf)->wait();
-            staging_stream->memcpy_async(static_cast<char*>(dst.ptr) + off, buf, std::min(n, bytes - off));
-            staging_stream->record(*staging_done[slot]);
-          }
-        }
-        for (auto& w : writes)
+        if (to_nvme)
+          device_to_nvme(src, dst, bytes, len, io);
+        else
+          nvme_to_device(src, dst, bytes, len, io);
+        for (auto& w : io)
           if (w) w->wait();
         for (auto& e : staging_done) e->synchronize();
         c_pcie.end(bytes);
         c_nvme.end(len);
         done->set();
       } catch (...) {
-        // Leave the staging buffers quiet before the next move reuses them.
-        for (auto& w : writes)
+        // Leave the staging chunks quiet before the next move reuses them.
+        for (auto& w : io)
           try {
             if (w) w->wait();
           } catch (...) {
@@ -279,10 +351,16 @@ Fence TransferEngine::move(const Place& src, const Place& dst, uint64_t bytes, c
   if (!nvme) return impl_->copy_on_stream(src, dst, bytes, deps);
   assert(impl_->store && "offload: an NVMe move without an NVMe store");
   bool device = src.tier == Tier::device || dst.tier == Tier::device;
+  if (device && !impl_->staging.data())
+    throw std::logic_error("offload: a device<->NVMe move with TransferConfig::device_nvme off");
   return device ? impl_->device_nvme(src, dst, bytes, deps) : impl_->host_nvme(src, dst, bytes, deps);
 }
 
+EventPool& TransferEngine::events() { return impl_->events; }
+
 void TransferEngine::drain() {
+  impl_->deferred.drain();
+  impl_->staged.drain();
   impl_->submit.drain();
   impl_->complete.drain();
   auto quiet = [](kernels::Stream* s) {

@@ -1,7 +1,9 @@
 // TransferEngine: moves bytes between tiers. device<->host on two dedicated copy streams ordered
-// by events (the host never waits); host<->NVMe through the NvmeStore from an in-order submit
-// lane (waits for a move's inputs off the client's thread) and a completion lane; device<->NVMe
-// staged through a fixed pool of pinned buffers (registered with the I/O engine), pipelined.
+// by events (a copy whose inputs are still on their way from NVMe is issued by a lane thread
+// once they are there: no stream ever waits on host work); host<->NVMe through the NvmeStore
+// from an in-order submit lane and a completion lane; device<->NVMe staged through a pool of
+// pinned chunks (registered with the I/O engine) on a lane of its own, several chunks in flight,
+// so it never holds up host<->NVMe moves. Events come from a pool.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -27,8 +29,10 @@ struct Place {
 };
 
 struct TransferConfig {
-  uint64_t staging_bytes = 4ull << 20;  // per staging buffer (device<->NVMe), multiple of 4 KiB
-  int n_staging = 2;                    // buffers: one fills while the other drains
+  bool device_nvme = true;              // false: no block moves device<->NVMe (no staging is allocated)
+  uint64_t staging_bytes = 4ull << 20;  // per staging chunk (device<->NVMe), multiple of 4 KiB
+  int n_staging = 8;                    // chunks: up to n-1 NVMe I/Os in flight beside one PCIe copy
+  uint64_t staging_total() const { return device_nvme ? staging_bytes * static_cast<uint64_t>(n_staging) : 0; }
 };
 
 class TransferEngine {
@@ -44,6 +48,7 @@ class TransferEngine {
   Fence move(const Place& src, const Place& dst, uint64_t bytes, const Fence& deps);
   void drain();  // host waits for every move issued so far (errors are left to their fences)
   std::array<LinkStats, kNumLinks> link_stats() const;
+  EventPool& events();  // the engine's event pool (the manager records releases with it too)
 
  private:
   struct Impl;
