@@ -53,6 +53,9 @@ class Stream {
   // Runs fn on a host thread in stream order (CPU: the worker; CUDA: cudaLaunchHostFunc).
   // fn must not enqueue work on this stream and wait for it.
   virtual void host_fn(std::function<void()> fn) = 0;
+  // Milliseconds this stream has spent running work (not waiting for events or for work to
+  // arrive), since it was created: how busy compute was. 0 where the backend does not keep it.
+  virtual double busy_ms() const { return 0; }
 };
 
 class Runtime {

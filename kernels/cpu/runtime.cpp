@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -112,6 +113,7 @@ class CpuStream final : public Stream {
     push([=] { std::memset(dst, value, bytes); });
   }
   void host_fn(std::function<void()> fn) override { push(std::move(fn)); }
+  double busy_ms() const override { return static_cast<double>(busy_ns_.load(std::memory_order_relaxed)) / 1e6; }
 
   // Enqueues fn; if an earlier task failed, fn is skipped (unless `always`).
   void push(std::function<void()> fn, bool always = false) {
@@ -140,11 +142,14 @@ class CpuStream final : public Stream {
       if (t.always) {
         t.fn();
       } else if (!error_) {
+        const auto t0 = std::chrono::steady_clock::now();
         try {
           t.fn();
         } catch (...) {
           error_ = std::current_exception();
         }
+        busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count(),
+                           std::memory_order_relaxed);
       }
     }
   }
@@ -154,6 +159,7 @@ class CpuStream final : public Stream {
   std::deque<Task> queue_;
   bool stop_ = false;
   std::exception_ptr error_;  // touched only by the worker
+  std::atomic<int64_t> busy_ns_{0};  // time in non-wait tasks
   std::thread worker_;
 };
 

@@ -86,7 +86,8 @@ void cast_on_host(const float* src, void* dst, int64_t n, DType dt) {
 
 // The placement table of the header: each tier's pool and what lives there, the bytes the plan
 // moves per step by link, and how long start-up took.
-void print_placement(std::FILE* out, const MemoryPlan& p, kernels::Backend backend, double startup_s) {
+void print_placement(std::FILE* out, const MemoryPlan& p, kernels::Backend backend, double startup_s,
+                     double weights_s) {
   static const char* const kTier[3] = {"device", "host", "nvme"};
   fmt::print(out, "  memory     {:<7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}{}\n", "tier", "pool", "weights",
              "master", "adam", "grads", "inputs", "buffers",
@@ -106,7 +107,8 @@ void print_placement(std::FILE* out, const MemoryPlan& p, kernels::Backend backe
     links += fmt::format("{}{} {}", l ? ", " : "", offload::link_name(static_cast<offload::Link>(l)),
                          human_bytes(static_cast<double>(p.link_bytes[static_cast<size_t>(l)])));
   fmt::print(out, "  moves      per step: {} (plan: {})\n", links, p.policy.empty() ? "none" : p.policy);
-  fmt::print(out, "  start-up   {:.1f} s (allocation, swap files, weights into their tiers)\n", startup_s);
+  fmt::print(out, "  start-up   {:.1f} s: pools and swap files {:.1f} s, weights into their tiers {:.1f} s\n", startup_s,
+             startup_s - weights_s, weights_s);
 }
 
 }  // namespace
@@ -141,11 +143,13 @@ struct Trainer::Impl {
   int64_t tokens_done = 0;
   int64_t skipped_steps = 0;          // fp16 overflows: AdamW's step count does not advance
   double startup_s = 0;
+  double weights_s = 0;  // of startup_s: initialising or loading the weights into their tiers
   offload::OffloadStats last_stats;   // cumulative, at the end of the previous step
   double last_stall = 0;
 
   int64_t N() const { return o.batch * o.seq; }
   kernels::Stream& opt_stream() { return cpu_stream ? *cpu_stream : *stream; }
+  double busy_ms() const { return stream->busy_ms() + (cpu_stream ? cpu_stream->busy_ms() : 0); }
   void init_weights(bool load_weights);
 };
 
@@ -329,7 +333,9 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.dev_tokens = static_cast<int32_t*>(m.mem->extra_device());
   m.dev_norm2 = reinterpret_cast<double*>(static_cast<char*>(m.mem->extra_device()) + token_buffer_bytes(o));
   m.driver = std::make_unique<StepDriver>(*m.model, *m.mem);
+  const auto t_weights = Clock::now();
   m.init_weights(r.load_weights);
+  m.weights_s = ms_since(t_weights) / 1e3;
 
   m.adamw.beta1 = static_cast<float>(o.beta1);
   m.adamw.beta2 = static_cast<float>(o.beta2);
@@ -373,6 +379,7 @@ StepStats Trainer::step() {
   const TrainOptions& o = m.o;
   kernels::Stream& s = *m.stream;
   const auto t0 = Clock::now();
+  const double busy0 = m.busy_ms();
   const int64_t n = m.N();
   StepStats st;
   st.step = m.steps_done + 1;
@@ -429,6 +436,7 @@ StepStats Trainer::step() {
     st.link_ms[static_cast<size_t>(l)] = now.links[l].ms_busy - m.last_stats.links[l].ms_busy;
   }
   st.stall_ms = m.mem->stall_ms() - m.last_stall;
+  st.compute_ms = m.busy_ms() - busy0;
   m.last_stats = now;
   m.last_stall = m.mem->stall_ms();
   return st;
@@ -459,7 +467,7 @@ void Trainer::print_header(std::FILE* out) const {
              m.dtype == DType::f16 ? ", dynamic loss scaling" : "");
   fmt::print(out, "  backend    {} ({} threads); activation checkpointing {}\n", kernels::backend_name(m.backend),
              m.rt->info().n_threads, checkpointing_name(m.model->checkpointing()));
-  print_placement(out, m.mem->memory_plan(), m.backend, m.startup_s);
+  print_placement(out, m.mem->memory_plan(), m.backend, m.startup_s, m.weights_s);
   std::string nvme;
   for (const auto& p : o.nvme_paths) nvme += " --nvme-path '" + p + "'";
   fmt::print(out,
@@ -518,6 +526,7 @@ int Trainer::run(std::FILE* out) {
       }
       j["io_ms"] = st.link_ms[2] + st.link_ms[3];
       j["stall_ms"] = st.stall_ms;
+      j["compute_ms"] = st.compute_ms;
       j["device_peak_bytes"] = os.tiers[0].bytes_peak;
       j["host_peak_bytes"] = os.tiers[1].bytes_peak;
       j["nvme_peak_bytes"] = os.tiers[2].bytes_peak;
@@ -528,8 +537,8 @@ int Trainer::run(std::FILE* out) {
     if (st.step == 1 || st.step == o.steps || st.step % o.log_every == 0) {
       std::string io;
       if (m.placement.uses_nvme() || st.bytes_moved() > 0)
-        io = fmt::format(" | moved {} | stall {:.0f} ms", human_bytes(static_cast<double>(st.bytes_moved())),
-                         st.stall_ms);
+        io = fmt::format(" | compute {:.0f} ms | moved {} | stall {:.0f} ms", st.compute_ms,
+                         human_bytes(static_cast<double>(st.bytes_moved())), st.stall_ms);
       fmt::print(out, "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | {:.1f} ms{}{}\n",
                  st.step, std::to_string(o.steps).size(), o.steps, st.loss, st.lr, st.grad_norm, st.tokens_per_s,
                  st.step_ms, io,

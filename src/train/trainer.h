@@ -68,6 +68,7 @@ struct StepStats {
   std::array<uint64_t, 4> link_bytes{};   // h2d, d2h, host_to_nvme, nvme_to_host
   std::array<double, 4> link_ms{};
   double stall_ms = 0;
+  double compute_ms = 0;  // time the compute (and optimizer) streams spent running work
   uint64_t bytes_moved() const { return link_bytes[0] + link_bytes[1] + link_bytes[2] + link_bytes[3]; }
 };
 
