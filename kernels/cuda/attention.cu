@@ -1,8 +1,8 @@
 // CUDA causal GQA attention: the dispatcher (tensor-core kernels for bf16/fp16 with head_dim 64
-// or 128, attention_tc.cu; the SIMT kernels here for everything else, or for all calls with
-// STRATA_CUDA_ATTENTION=simt), the backward's delta = rowsum(dO ∘ O), and the SIMT kernels:
-// one warp per query (or key) row, keys (or queries) staged through shared memory 16 at a time,
-// dot products reduced by a fixed butterfly. Every output element has one owner and a fixed
+// or 128 in attention_tc.cu, SIMT kernels here for the rest; STRATA_CUDA_ATTENTION=simt or
+// =mma_plain overrides, see requested_impl), the backward's delta = rowsum(dO ∘ O), and the SIMT
+// kernels: one warp per query (or key) row, keys (or queries) staged through shared memory 16 at a
+// time, dot products reduced by a fixed butterfly. Every output element has one owner and a fixed
 // summation order (dK, dV over a GQA group's query heads in head order): deterministic.
 #include <cuda_runtime.h>
 
@@ -243,9 +243,14 @@ __global__ void __launch_bounds__(kRows * 32)
   }
 }
 
-bool force_simt() {
+// STRATA_CUDA_ATTENTION: "simt" (SIMT kernels for every call), "mma_plain" (tensor cores with
+// plain shared loads instead of ldmatrix); unset or anything else: tensor cores with ldmatrix.
+enum class Impl { simt, mma_plain, mma_ldmatrix };
+Impl requested_impl() {
   const char* e = std::getenv("STRATA_CUDA_ATTENTION");
-  return e && std::strcmp(e, "simt") == 0;
+  if (e && std::strcmp(e, "simt") == 0) return Impl::simt;
+  if (e && std::strcmp(e, "mma_plain") == 0) return Impl::mma_plain;
+  return Impl::mma_ldmatrix;
 }
 
 void check_head_dim(const AttnGeometry& g, const char* op) {
@@ -290,7 +295,9 @@ void CudaOps::do_attention(Stream& s, const AttentionArgs& a) {
   StreamContext& ctx = context(s);
   const AttnGeometry g(a);
   check_head_dim(g, "attention");
-  if (!force_simt() && attention_tc_supported(a, g)) return attention_forward_tc(a, g, ctx.stream());
+  const Impl impl = requested_impl();
+  if (impl != Impl::simt && attention_tc_supported(a, g))
+    return attention_forward_tc(a, g, impl == Impl::mma_ldmatrix, ctx.stream());
   attention_forward_simt(a, g, ctx.stream());
 }
 
@@ -307,7 +314,9 @@ void CudaOps::do_attention_backward(Stream& s, const AttentionBackwardArgs& a) {
         static_cast<const T*>(a.out), static_cast<const T*>(a.dout), delta, g);
     STRATA_CUDA_CHECK_LAUNCH();
   });
-  if (!force_simt() && attention_tc_supported(a, g)) return attention_backward_tc(a, g, delta, ctx.stream());
+  const Impl impl = requested_impl();
+  if (impl != Impl::simt && attention_tc_supported(a, g))
+    return attention_backward_tc(a, g, delta, impl == Impl::mma_ldmatrix, ctx.stream());
   attention_backward_simt(a, g, delta, ctx.stream());
 }
 

@@ -43,8 +43,9 @@ void attention_backward_simt(const AttentionBackwardArgs& a, const AttnGeometry&
 // and strides (multiples of 8 elements) the kernels handle.
 bool attention_tc_supported(const AttentionArgs& a, const AttnGeometry& g);
 bool attention_tc_supported(const AttentionBackwardArgs& a, const AttnGeometry& g);
-void attention_forward_tc(const AttentionArgs& a, const AttnGeometry& g, cudaStream_t s);
-void attention_backward_tc(const AttentionBackwardArgs& a, const AttnGeometry& g, const float* delta,
+// ldmatrix: fragments through ldmatrix (true) or plain shared loads (false); bit-identical.
+void attention_forward_tc(const AttentionArgs& a, const AttnGeometry& g, bool ldmatrix, cudaStream_t s);
+void attention_backward_tc(const AttentionBackwardArgs& a, const AttnGeometry& g, const float* delta, bool ldmatrix,
                            cudaStream_t s);
 
 }  // namespace strata::kernels::cuda

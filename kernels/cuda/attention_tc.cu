@@ -7,13 +7,16 @@
 //   A (16×16, row): a0 = (g, 2tig..+1), a1 = (g+8, 2tig..), a2 = (g, 2tig+8..), a3 = (g+8, 2tig+8..)
 //   B (16×8, col):  b0 = (k 2tig..+1, n g), b1 = (k 2tig+8..+1, n g)
 //   C (16×8):       c0,c1 = (g, 2tig..+1), c2,c3 = (g+8, 2tig..+1)
-// Tiles are plain (non-async) 16-byte loads between barriers: correct first; cp.async and
-// ldmatrix are the next steps for speed.
+// Fragments come from shared memory through ldmatrix (default) or plain 32/16-bit loads
+// (STRATA_CUDA_ATTENTION=mma_plain, the reference the ldmatrix path must match bit for bit).
+// Tiles are plain (non-async) 16-byte loads between barriers: cp.async double buffering and
+// larger tiles are the next steps for speed.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/device.cuh"
@@ -99,6 +102,61 @@ __device__ __forceinline__ void ld_b_cols(uint32_t& b0, uint32_t& b1, const T* t
   b0 = ld_column_pair(p, LDS);
   b1 = ld_column_pair(p + 8 * LDS, LDS);
 }
+// ldmatrix: lane l supplies the address of row l%8 of 8×8 matrix l/8 (16-byte rows); register j
+// of lane l receives matrix j's elements (l/4, 2(l%4)..+1), or with .trans (2(l%4)..+1, l/4).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p))
+               : "memory");
+}
+
+// The same fragments two ways: kLdm (ldmatrix, one instruction per four registers) or plain
+// 32/16-bit shared loads. Both give bit-identical fragments (the tests check it).
+// A fragment: matrices (r0, c0), (r0+8, c0), (r0, c0+8), (r0+8, c0+8).
+template <bool kLdm, class T, int LDS>
+__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const T* tile, int r0, int c0, int lane) {
+  if constexpr (kLdm) {
+    const int j = lane >> 3, r = lane & 7;
+    ldsm_x4(a, tile + (r0 + (j & 1) * 8 + r) * LDS + c0 + (j >> 1) * 8);
+  } else {
+    ld_a<T, LDS>(a, tile, r0, c0, lane >> 2, lane & 3);
+  }
+}
+// B fragments of X·Tileᵀ for n-tiles n0 and n0+8: b = {b0(n0), b1(n0), b0(n0+8), b1(n0+8)};
+// matrices (n0, c0), (n0, c0+8), (n0+8, c0), (n0+8, c0+8).
+template <bool kLdm, class T, int LDS>
+__device__ __forceinline__ void frag_b_rows2(uint32_t (&b)[4], const T* tile, int n0, int c0, int lane) {
+  if constexpr (kLdm) {
+    const int j = lane >> 3, r = lane & 7;
+    ldsm_x4(b, tile + (n0 + (j >> 1) * 8 + r) * LDS + c0 + (j & 1) * 8);
+  } else {
+    ld_b_rows<T, LDS>(b[0], b[1], tile, n0, c0, lane >> 2, lane & 3);
+    ld_b_rows<T, LDS>(b[2], b[3], tile, n0 + 8, c0, lane >> 2, lane & 3);
+  }
+}
+// B fragments of X·Tile for n-tiles n0 and n0+8 (k = tile rows k0..k0+15), transposed loads of
+// matrices (k0, n0), (k0+8, n0), (k0, n0+8), (k0+8, n0+8).
+template <bool kLdm, class T, int LDS>
+__device__ __forceinline__ void frag_b_cols2(uint32_t (&b)[4], const T* tile, int k0, int n0, int lane) {
+  if constexpr (kLdm) {
+    const int j = lane >> 3, r = lane & 7;
+    ldsm_x4_trans(b, tile + (k0 + (j & 1) * 8 + r) * LDS + n0 + (j >> 1) * 8);
+  } else {
+    ld_b_cols<T, LDS>(b[0], b[1], tile, k0, n0, lane >> 2, lane & 3);
+    ld_b_cols<T, LDS>(b[2], b[3], tile, k0, n0 + 8, lane >> 2, lane & 3);
+  }
+}
+
 // The C accumulators of a 16×16 block (two n-tiles s0, s1) as an A fragment (k = their columns).
 template <class T>
 __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&s0)[4], const float (&s1)[4]) {
@@ -125,7 +183,7 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t stride,
 
 // Block (query tile, b·Hq + h): warp w owns query rows q0 + 16w + {g, g+8}. Scores are kept in
 // log2 units (scale·log2e folded in) so the exponentials are exp2.
-template <class T, int D>
+template <class T, int D, bool kLdm>
 __global__ void __launch_bounds__(kThreads)
     attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                 float* __restrict__ lse, AttnGeometry geo) {
@@ -147,7 +205,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   uint32_t qf[D / 16][4];  // this warp's 16 query rows as A fragments
 #pragma unroll
-  for (int kt = 0; kt < D / 16; ++kt) ld_a<T, LDS>(qf[kt], ks, warp * 16, kt * 16, g, tig);
+  for (int kt = 0; kt < D / 16; ++kt) frag_a<kLdm, T, LDS>(qf[kt], ks, warp * 16, kt * 16, lane);
 
   const int row_lo = q0 + warp * 16 + g, row_hi = row_lo + 8;
   float o[D / 8][4] = {};
@@ -163,10 +221,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int kt = 0; kt < D / 16; ++kt)
 #pragma unroll
-      for (int nt = 0; nt < kKeyTile / 8; ++nt) {
-        uint32_t b0, b1;
-        ld_b_rows<T, LDS>(b0, b1, ks, nt * 8, kt * 16, g, tig);
-        mma16816<T>(s[nt], qf[kt], b0, b1);
+      for (int nt = 0; nt < kKeyTile / 8; nt += 2) {
+        uint32_t bb[4];
+        frag_b_rows2<kLdm, T, LDS>(bb, ks, nt * 8, kt * 16, lane);
+        mma16816<T>(s[nt], qf[kt], bb[0], bb[1]);
+        mma16816<T>(s[nt + 1], qf[kt], bb[2], bb[3]);
       }
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
@@ -207,10 +266,11 @@ __global__ void __launch_bounds__(kThreads)
       uint32_t pa[4];
       c_to_a<T>(pa, s[2 * kt], s[2 * kt + 1]);
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        uint32_t b0, b1;
-        ld_b_cols<T, LDS>(b0, b1, vs, kt * 16, dt * 8, g, tig);
-        mma16816<T>(o[dt], pa, b0, b1);
+      for (int dt = 0; dt < D / 8; dt += 2) {
+        uint32_t bb[4];
+        frag_b_cols2<kLdm, T, LDS>(bb, vs, kt * 16, dt * 8, lane);
+        mma16816<T>(o[dt], pa, bb[0], bb[1]);
+        mma16816<T>(o[dt + 1], pa, bb[2], bb[3]);
       }
     }
   }
@@ -241,7 +301,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // Block (query tile, b·Hq + h): warp w owns query rows q0 + 16w + {g, g+8}. Per key tile:
 // S = Q·Kᵀ, P = exp(scale·S - lse), dP = dO·Vᵀ, dS = P∘(dP - delta), dQ += dS·K.
-template <class T, int D>
+template <class T, int D, bool kLdm>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                    const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -283,15 +343,17 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int kt = 0; kt < D / 16; ++kt) {
       uint32_t qa[4], da[4];
-      ld_a<T, LDS>(qa, qs, warp * 16, kt * 16, g, tig);
-      ld_a<T, LDS>(da, dos, warp * 16, kt * 16, g, tig);
+      frag_a<kLdm, T, LDS>(qa, qs, warp * 16, kt * 16, lane);
+      frag_a<kLdm, T, LDS>(da, dos, warp * 16, kt * 16, lane);
 #pragma unroll
-      for (int nt = 0; nt < kKeyTile / 8; ++nt) {
-        uint32_t b0, b1;
-        ld_b_rows<T, LDS>(b0, b1, ks, nt * 8, kt * 16, g, tig);
-        mma16816<T>(s[nt], qa, b0, b1);
-        ld_b_rows<T, LDS>(b0, b1, vs, nt * 8, kt * 16, g, tig);
-        mma16816<T>(dp[nt], da, b0, b1);
+      for (int nt = 0; nt < kKeyTile / 8; nt += 2) {
+        uint32_t bb[4];
+        frag_b_rows2<kLdm, T, LDS>(bb, ks, nt * 8, kt * 16, lane);
+        mma16816<T>(s[nt], qa, bb[0], bb[1]);
+        mma16816<T>(s[nt + 1], qa, bb[2], bb[3]);
+        frag_b_rows2<kLdm, T, LDS>(bb, vs, nt * 8, kt * 16, lane);
+        mma16816<T>(dp[nt], da, bb[0], bb[1]);
+        mma16816<T>(dp[nt + 1], da, bb[2], bb[3]);
       }
     }
 #pragma unroll
@@ -310,10 +372,11 @@ __global__ void __launch_bounds__(kThreads)
       uint32_t sa[4];
       c_to_a<T>(sa, s[2 * kt], s[2 * kt + 1]);
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        uint32_t b0, b1;
-        ld_b_cols<T, LDS>(b0, b1, ks, kt * 16, dt * 8, g, tig);
-        mma16816<T>(acc[dt], sa, b0, b1);
+      for (int dt = 0; dt < D / 8; dt += 2) {
+        uint32_t bb[4];
+        frag_b_cols2<kLdm, T, LDS>(bb, ks, kt * 16, dt * 8, lane);
+        mma16816<T>(acc[dt], sa, bb[0], bb[1]);
+        mma16816<T>(acc[dt + 1], sa, bb[2], bb[3]);
       }
     }
   }
@@ -335,7 +398,7 @@ __global__ void __launch_bounds__(kThreads)
 // Block (key tile, b·Hkv + kvh): warp w owns keys k0 + 16w + {g, g+8}, and the block walks the
 // group's query heads in order, queries k0.. in tiles of 32. Transposed scores: Sᵀ = K·Qᵀ,
 // Pᵀ = exp(scale·Sᵀ - lse), dPᵀ = V·dOᵀ, dSᵀ = Pᵀ∘(dPᵀ - delta), dV += Pᵀ·dO, dK += dSᵀ·Q.
-template <class T, int D>
+template <class T, int D, bool kLdm>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                      const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -380,15 +443,17 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int kt = 0; kt < D / 16; ++kt) {
         uint32_t ka[4], va[4];
-        ld_a<T, LDS>(ka, ks, warp * 16, kt * 16, g, tig);
-        ld_a<T, LDS>(va, vs, warp * 16, kt * 16, g, tig);
+        frag_a<kLdm, T, LDS>(ka, ks, warp * 16, kt * 16, lane);
+        frag_a<kLdm, T, LDS>(va, vs, warp * 16, kt * 16, lane);
 #pragma unroll
-        for (int nt = 0; nt < kQTile / 8; ++nt) {
-          uint32_t b0, b1;
-          ld_b_rows<T, LDS>(b0, b1, qs, nt * 8, kt * 16, g, tig);
-          mma16816<T>(st[nt], ka, b0, b1);
-          ld_b_rows<T, LDS>(b0, b1, dos, nt * 8, kt * 16, g, tig);
-          mma16816<T>(dpt[nt], va, b0, b1);
+        for (int nt = 0; nt < kQTile / 8; nt += 2) {
+          uint32_t bb[4];
+          frag_b_rows2<kLdm, T, LDS>(bb, qs, nt * 8, kt * 16, lane);
+          mma16816<T>(st[nt], ka, bb[0], bb[1]);
+          mma16816<T>(st[nt + 1], ka, bb[2], bb[3]);
+          frag_b_rows2<kLdm, T, LDS>(bb, dos, nt * 8, kt * 16, lane);
+          mma16816<T>(dpt[nt], va, bb[0], bb[1]);
+          mma16816<T>(dpt[nt + 1], va, bb[2], bb[3]);
         }
       }
       // st -> Pᵀ, dpt -> dSᵀ. Element (key, query): c0,c1 = (key_lo, 2tig..), c2,c3 = (key_hi, ..).
@@ -410,12 +475,14 @@ __global__ void __launch_bounds__(kThreads)
         c_to_a<T>(pa, st[2 * kt], st[2 * kt + 1]);
         c_to_a<T>(sa, dpt[2 * kt], dpt[2 * kt + 1]);
 #pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-          uint32_t b0, b1;
-          ld_b_cols<T, LDS>(b0, b1, dos, kt * 16, dt * 8, g, tig);
-          mma16816<T>(dva[dt], pa, b0, b1);
-          ld_b_cols<T, LDS>(b0, b1, qs, kt * 16, dt * 8, g, tig);
-          mma16816<T>(dka[dt], sa, b0, b1);
+        for (int dt = 0; dt < D / 8; dt += 2) {
+          uint32_t bb[4];
+          frag_b_cols2<kLdm, T, LDS>(bb, dos, kt * 16, dt * 8, lane);
+          mma16816<T>(dva[dt], pa, bb[0], bb[1]);
+          mma16816<T>(dva[dt + 1], pa, bb[2], bb[3]);
+          frag_b_cols2<kLdm, T, LDS>(bb, qs, kt * 16, dt * 8, lane);
+          mma16816<T>(dka[dt], sa, bb[0], bb[1]);
+          mma16816<T>(dka[dt + 1], sa, bb[2], bb[3]);
         }
       }
     }
@@ -459,17 +526,17 @@ void allow_smem(K kernel, size_t smem) {
     STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
 }
 
-template <class T, int D>
+template <class T, int D, bool kLdm>
 void forward(const AttentionArgs& a, const AttnGeometry& g, cudaStream_t s) {
   const size_t smem = 2 * kKeyTile * lds<D>() * sizeof(T);
   const dim3 grid((g.seq + kTile - 1) / kTile, g.batch * g.n_heads);
-  allow_smem(attn_fwd_tc<T, D>, smem);
-  attn_fwd_tc<T, D><<<grid, kThreads, smem, s>>>(static_cast<const T*>(a.q), static_cast<const T*>(a.k),
-                                                 static_cast<const T*>(a.v), static_cast<T*>(a.out), a.lse, g);
+  allow_smem(attn_fwd_tc<T, D, kLdm>, smem);
+  attn_fwd_tc<T, D, kLdm><<<grid, kThreads, smem, s>>>(static_cast<const T*>(a.q), static_cast<const T*>(a.k),
+                                                       static_cast<const T*>(a.v), static_cast<T*>(a.out), a.lse, g);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
-template <class T, int D>
+template <class T, int D, bool kLdm>
 void backward(const AttentionBackwardArgs& a, const AttnGeometry& g, const float* delta, cudaStream_t s) {
   const auto* q = static_cast<const T*>(a.q);
   const auto* k = static_cast<const T*>(a.k);
@@ -477,26 +544,31 @@ void backward(const AttentionBackwardArgs& a, const AttnGeometry& g, const float
   const auto* dout = static_cast<const T*>(a.dout);
   const size_t smem_q = (2 * kTile + 2 * kKeyTile) * lds<D>() * sizeof(T);
   const dim3 grid_q((g.seq + kTile - 1) / kTile, g.batch * g.n_heads);
-  allow_smem(attn_bwd_dq_tc<T, D>, smem_q);
-  attn_bwd_dq_tc<T, D><<<grid_q, kThreads, smem_q, s>>>(q, k, v, dout, a.lse, delta, static_cast<T*>(a.dq), g);
+  allow_smem(attn_bwd_dq_tc<T, D, kLdm>, smem_q);
+  attn_bwd_dq_tc<T, D, kLdm><<<grid_q, kThreads, smem_q, s>>>(q, k, v, dout, a.lse, delta, static_cast<T*>(a.dq), g);
   STRATA_CUDA_CHECK_LAUNCH();
   const size_t smem_kv = (2 * kTile + 2 * kQTile) * lds<D>() * sizeof(T) + 2 * kQTile * sizeof(float);
   const dim3 grid_kv((g.seq + kTile - 1) / kTile, g.batch * g.n_kv_heads);
-  allow_smem(attn_bwd_dkdv_tc<T, D>, smem_kv);
-  attn_bwd_dkdv_tc<T, D><<<grid_kv, kThreads, smem_kv, s>>>(q, k, v, dout, a.lse, delta, static_cast<T*>(a.dk),
-                                                           static_cast<T*>(a.dv), g);
+  allow_smem(attn_bwd_dkdv_tc<T, D, kLdm>, smem_kv);
+  attn_bwd_dkdv_tc<T, D, kLdm><<<grid_kv, kThreads, smem_kv, s>>>(q, k, v, dout, a.lse, delta,
+                                                                  static_cast<T*>(a.dk), static_cast<T*>(a.dv), g);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
+// Calls f.template operator()<T, D, kLdm>() for the call's dtype and head_dim.
 template <class F>
-void dispatch_tc(DType t, int head_dim, F&& f) {
-  auto by_dim = [&](auto tag) {
+void dispatch_tc(DType t, int head_dim, bool ldmatrix, F&& f) {
+  auto by_dim = [&](auto tag, auto ldm) {
     using T = decltype(tag);
-    if (head_dim == 64) f.template operator()<T, 64>();
-    else f.template operator()<T, 128>();
+    if (head_dim == 64) f.template operator()<T, 64, decltype(ldm)::value>();
+    else f.template operator()<T, 128, decltype(ldm)::value>();
   };
-  if (t == DType::bf16) by_dim(bf16{});
-  else by_dim(f16{});
+  auto by_ldm = [&](auto tag) {
+    if (ldmatrix) by_dim(tag, std::true_type{});
+    else by_dim(tag, std::false_type{});
+  };
+  if (t == DType::bf16) by_ldm(bf16{});
+  else by_ldm(f16{});
 }
 
 }  // namespace
@@ -506,12 +578,12 @@ bool attention_tc_supported(const AttentionBackwardArgs& a, const AttnGeometry& 
   return supported(a, g) && aligned16(a.dout) && aligned16(a.dq) && aligned16(a.dk) && aligned16(a.dv);
 }
 
-void attention_forward_tc(const AttentionArgs& a, const AttnGeometry& g, cudaStream_t s) {
-  dispatch_tc(a.dtype, g.head_dim, [&]<class T, int D>() { forward<T, D>(a, g, s); });
+void attention_forward_tc(const AttentionArgs& a, const AttnGeometry& g, bool ldmatrix, cudaStream_t s) {
+  dispatch_tc(a.dtype, g.head_dim, ldmatrix, [&]<class T, int D, bool L>() { forward<T, D, L>(a, g, s); });
 }
-void attention_backward_tc(const AttentionBackwardArgs& a, const AttnGeometry& g, const float* delta,
+void attention_backward_tc(const AttentionBackwardArgs& a, const AttnGeometry& g, const float* delta, bool ldmatrix,
                            cudaStream_t s) {
-  dispatch_tc(a.dtype, g.head_dim, [&]<class T, int D>() { backward<T, D>(a, g, delta, s); });
+  dispatch_tc(a.dtype, g.head_dim, ldmatrix, [&]<class T, int D, bool L>() { backward<T, D, L>(a, g, delta, s); });
 }
 
 }  // namespace strata::kernels::cuda

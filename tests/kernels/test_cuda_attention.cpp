@@ -1,14 +1,16 @@
 // CUDA causal GQA attention against the CPU backend: forward (out, lse) and backward (dq, dk, dv)
 // on fused-qkv and padded strided layouts, sequence lengths that are not multiples of the tile,
 // head dims on the tensor-core path (64, 128) and off it (40), every dtype, both kernel families
-// (STRATA_CUDA_ATTENTION=simt forces the SIMT one), and bitwise determinism of the backward
-// (dk/dv are summed over a GQA group's query heads). Skips without a GPU.
+// (STRATA_CUDA_ATTENTION=simt forces the SIMT one), ldmatrix vs plain fragment loads bit for
+// bit, and bitwise determinism of the backward (dk/dv are summed over a GQA group's query
+// heads). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -41,15 +43,18 @@ struct Layout {
   }
 };
 
-// Sets STRATA_CUDA_ATTENTION=simt for its lifetime (or leaves the dispatcher alone).
-class ForceSimt {
+// Sets STRATA_CUDA_ATTENTION (the kernel family) for its lifetime; null leaves the default.
+class AttentionImpl {
  public:
-  explicit ForceSimt(bool on) : on_(on) {
-    if (on_) setenv("STRATA_CUDA_ATTENTION", "simt", 1);
+  explicit AttentionImpl(const char* value) : on_(value != nullptr) {
+    if (on_) setenv("STRATA_CUDA_ATTENTION", value, 1);
   }
-  ~ForceSimt() {
+  ~AttentionImpl() {
     if (on_) unsetenv("STRATA_CUDA_ATTENTION");
   }
+  AttentionImpl(const AttentionImpl&) = delete;
+  AttentionImpl& operator=(const AttentionImpl&) = delete;
+
  private:
   bool on_;
 };
@@ -62,16 +67,18 @@ HostBuf normal(DType t, size_t n, uint32_t seed) {
   return b;
 }
 
-void check_case(DType t, const Case& c, bool simt) {
+// Runs forward and backward on the GPU (impl: STRATA_CUDA_ATTENTION or null) and checks them
+// against the CPU; returns the GPU's out and gradients for cross-implementation comparisons.
+std::pair<HostBuf, HostBuf> check_case(DType t, const Case& c, const char* impl) {
   Gpu gpu;
-  ForceSimt force(simt);
+  AttentionImpl use(impl);
   const Layout L(c);
   const size_t es = dtype_size(t);
   const int64_t BT = c.batch * c.seq, o_elems = BT * c.n_heads * c.head_dim;
   const std::string what = std::string(dtype_name(t)) + " B=" + std::to_string(c.batch) + " T=" +
                            std::to_string(c.seq) + " Hq=" + std::to_string(c.n_heads) + " Hkv=" +
                            std::to_string(c.n_kv_heads) + " D=" + std::to_string(c.head_dim) +
-                           (c.fused ? " fused" : " strided") + (simt ? " simt" : "");
+                           (c.fused ? " fused" : " strided") + (impl ? std::string(" ") + impl : "");
   HostBuf qkv = normal(t, static_cast<size_t>(L.total), 11);
   HostBuf out(t, o_elems), lse(DType::f32, c.batch * c.n_heads * c.seq);
   DeviceBuffer dqkv_in = gpu.up(qkv), dout_ = gpu.up(out), dlse = gpu.up(lse);
@@ -90,7 +97,8 @@ void check_case(DType t, const Case& c, bool simt) {
   cpu::attention(ca);
   gpu.ops().attention(gpu.stream(), ga);
   const double out_bound = t == DType::f32 ? 1e-10 : t == DType::f16 ? 2e-5 : 2e-4;
-  EXPECT_NMSE(gpu.down(dout_, out), out, out_bound, "attention out " + what);
+  const HostBuf gpu_out = gpu.down(dout_, out);
+  EXPECT_NMSE(gpu_out, out, out_bound, "attention out " + what);
   EXPECT_NMSE(gpu.down(dlse, lse), lse, 1e-9, "attention lse " + what);
 
   // Backward from the CPU's out and lse on both sides, so only the backward is compared.
@@ -118,6 +126,7 @@ void check_case(DType t, const Case& c, bool simt) {
   const double grad_bound = t == DType::f32 ? 1e-9 : t == DType::f16 ? 1e-4 : 1e-3;
   EXPECT_NMSE(got, grads, grad_bound, "attention dq/dk/dv " + what);
   EXPECT_TRUE(bitwise_equal(gpu.down(d_g2, grads), got)) << "attention backward is not bitwise reproducible: " << what;
+  return {gpu_out, got};
 }
 
 const std::vector<Case>& cases() {
@@ -137,19 +146,33 @@ INSTANTIATE_TEST_SUITE_P(DTypes, CudaAttentionTest, ::testing::Values(DType::f32
 
 TEST_P(CudaAttentionTest, ForwardBackwardMatchCpuAndBackwardIsDeterministic) {
   STRATA_SKIP_WITHOUT_CUDA();
-  for (const Case& c : cases()) check_case(GetParam(), c, false);
+  for (const Case& c : cases()) check_case(GetParam(), c, nullptr);
 }
 
 TEST_P(CudaAttentionTest, SimtKernelsMatchCpu) {
   STRATA_SKIP_WITHOUT_CUDA();
   if (GetParam() == DType::f32) GTEST_SKIP() << "fp32 always runs the SIMT kernels (covered above)";
-  for (const Case& c : cases()) check_case(GetParam(), c, true);
+  for (const Case& c : cases()) check_case(GetParam(), c, "simt");
+}
+
+// The tensor-core kernels load fragments with ldmatrix by default; with plain shared loads
+// (mma_plain) the fragments, hence every output bit, must be the same.
+TEST_P(CudaAttentionTest, LdmatrixFragmentsMatchPlainLoadsBitForBit) {
+  STRATA_SKIP_WITHOUT_CUDA();
+  if (GetParam() == DType::f32) GTEST_SKIP() << "fp32 has no tensor-core path";
+  for (const Case& c : cases()) {
+    if (c.head_dim != 64 && c.head_dim != 128) continue;
+    const auto [out_ldm, grads_ldm] = check_case(GetParam(), c, nullptr);
+    const auto [out_plain, grads_plain] = check_case(GetParam(), c, "mma_plain");
+    EXPECT_TRUE(bitwise_equal(out_ldm, out_plain)) << "forward: ldmatrix and plain loads differ, D=" << c.head_dim;
+    EXPECT_TRUE(bitwise_equal(grads_ldm, grads_plain)) << "backward: ldmatrix and plain loads differ, D=" << c.head_dim;
+  }
 }
 
 // A longer causal sequence over several key tiles, where the online softmax rescales often.
 TEST(CudaAttention, LongSequenceBf16) {
   STRATA_SKIP_WITHOUT_CUDA();
-  check_case(DType::bf16, {1, 700, 4, 2, 128, true, 0, 0.f}, false);
+  check_case(DType::bf16, {1, 700, 4, 2, 128, true, 0, 0.f}, nullptr);
 }
 
 }  // namespace
