@@ -2,7 +2,9 @@
 // op(B)ᵀ·op(A)ᵀ, so B's storage is cuBLASLt's "A" and A's is its "B". A plan (descriptors,
 // layouts and the heuristic's algorithm) is built once per distinct problem and cached; the
 // workspace is the stream's scratch (cuda_ops.h), so concurrent streams never share one.
+// Problems cuBLASLt has no algorithm for go to cublasGemmStridedBatchedEx instead.
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -54,6 +56,7 @@ struct MatmulEngine::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our B), B (our A), C = D
   cublasLtMatmulAlgo_t algo{};
   size_t workspace = 0;
+  bool fallback = false;  // cuBLASLt has no algorithm: run_fallback
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -71,6 +74,7 @@ MatmulEngine::MatmulEngine(int device) {
 }
 MatmulEngine::~MatmulEngine() {
   cache_.clear();
+  if (fallback_) cublasDestroy(fallback_);
   cublasLtDestroy(handle_);
 }
 
@@ -139,12 +143,13 @@ std::unique_ptr<MatmulEngine::Plan> MatmulEngine::build(const Key& k) const {
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
-  STRATA_CUBLAS_CHECK(
-      cublasLtMatmulAlgoGetHeuristic(handle_, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &returned));
-  if (returned == 0)
-    throw std::runtime_error("matmul: cuBLASLt has no algorithm for m=" + std::to_string(k.m) + " n=" +
-                             std::to_string(k.n) + " k=" + std::to_string(k.k) + " batch=" + std::to_string(k.batch) +
-                             " " + std::string(dtype_name(k.ab)) + "->" + std::string(dtype_name(k.c)));
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle_, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &returned);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && returned == 0)) {
+    p->fallback = true;
+    return p;
+  }
+  STRATA_CUBLAS_CHECK(st);
   p->algo = result.algo;
   p->workspace = result.workspaceSize;
   return p;
@@ -167,8 +172,30 @@ size_t MatmulEngine::plans_built() {
   return cache_.size();
 }
 
+// Legacy cuBLAS with the same column-major mapping. One handle, so the stream and workspace
+// are set under a lock for each call; the workspace is this stream's scratch, which keeps the
+// result independent of which stream ran before (cuBLAS's determinism condition).
+void MatmulEngine::run_fallback(StreamContext& ctx, const MatmulArgs& a, const Key& k) {
+  constexpr size_t kFallbackWorkspace = size_t{4} << 20;
+  const int64_t big = INT32_MAX;
+  if (k.m > big || k.n > big || k.k > big || k.lda > big || k.ldb > big || k.ldc > big || k.batch > big)
+    throw std::invalid_argument("matmul: dimensions above 2^31 with a layout cuBLASLt cannot take");
+  std::lock_guard lock(fallback_mu_);
+  if (!fallback_) STRATA_CUBLAS_CHECK(cublasCreate(&fallback_));
+  STRATA_CUBLAS_CHECK(cublasSetStream(fallback_, ctx.stream()));
+  STRATA_CUBLAS_CHECK(cublasSetWorkspace(fallback_, ctx.scratch(kFallbackWorkspace), kFallbackWorkspace));
+  const cudaDataType_t tab = cuda_type(k.ab), tc = cuda_type(k.c);
+  STRATA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      fallback_, k.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, k.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(k.n),
+      static_cast<int>(k.m), static_cast<int>(k.k), &a.alpha, a.b, tab, static_cast<int>(k.ldb), k.stride_b, a.a, tab,
+      static_cast<int>(k.lda), k.stride_a, &a.beta, a.c, tc, static_cast<int>(k.ldc), k.stride_c,
+      static_cast<int>(k.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 void MatmulEngine::run(StreamContext& ctx, const MatmulArgs& a) {
-  const Plan& p = plan(resolve(a));
+  const Key key = resolve(a);
+  const Plan& p = plan(key);
+  if (p.fallback) return run_fallback(ctx, a, key);
   void* ws = p.workspace ? ctx.scratch(p.workspace) : nullptr;
   // Our B is cuBLASLt's A and our A its B.
   STRATA_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &a.alpha, a.b, p.a, a.a, p.b, &a.beta, a.c, p.c, a.c, p.c, &p.algo,

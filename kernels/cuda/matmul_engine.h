@@ -1,7 +1,10 @@
 // The CUDA backend's GEMM engine (internal): one cuBLASLt handle per runtime and a thread-safe
-// cache of per-problem plans, so a step loop only looks a plan up and launches it.
+// cache of per-problem plans, so a step loop only looks a plan up and launches it. A problem
+// cuBLASLt has no algorithm for (unusual leading dims or alignment) falls back to cuBLAS's
+// cublasGemmStridedBatchedEx, which takes any layout.
 #pragma once
 #include <cublasLt.h>
+#include <cublas_v2.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -52,7 +55,11 @@ class MatmulEngine {
   std::unique_ptr<Plan> build(const Key& k) const;
   const Plan& plan(const Key& k);
 
+  void run_fallback(StreamContext& ctx, const MatmulArgs& a, const Key& k);
+
   cublasLtHandle_t handle_ = nullptr;
+  cublasHandle_t fallback_ = nullptr;  // created on first use; calls serialised by fallback_mu_
+  std::mutex fallback_mu_;
   std::mutex mu_;
   std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> cache_;
 };
