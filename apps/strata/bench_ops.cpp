@@ -384,11 +384,14 @@ class CudaBench {
   bool selected(const std::string& name, const std::string& shape) const {
     return opt_.filter.empty() || (name + " " + shape).find(opt_.filter) != std::string::npos;
   }
-  // n elements of dtype t, uniform in [-1, 1] (host-generated once, copied over).
+  // n elements of dtype t, uniform in [-1, 1]: at most 16M values generated on the host, tiled.
   kernels::DeviceBuffer random(DType t, int64_t n, uint32_t seed) {
-    auto host = random_bits(n, t, seed);
-    kernels::DeviceBuffer d(*rt_, static_cast<size_t>(n) * kernels::dtype_size(t));
-    s_->memcpy_async(d.data(), host.data(), d.bytes());
+    const int64_t piece = std::min<int64_t>(n, int64_t{1} << 24);
+    auto host = random_bits(piece, t, seed);
+    const size_t es = kernels::dtype_size(t);
+    kernels::DeviceBuffer d(*rt_, static_cast<size_t>(n) * es);
+    for (int64_t at = 0; at < n; at += piece)
+      s_->memcpy_async(static_cast<char*>(d.data()) + at * es, host.data(), std::min(piece, n - at) * es);
     s_->synchronize();
     return d;
   }
