@@ -29,10 +29,17 @@ if(NOT STRATA_CUDA STREQUAL "OFF")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      # One architecture keeps CI fast; H100/H200 are sm_90. Override with -DCMAKE_CUDA_ARCHITECTURES=...
-      set(CMAKE_CUDA_ARCHITECTURES 90)
+      # Ampere (A100, A10/3090), Ada (L4/L40/4090) and Hopper (H100/H200); the kernels need sm_80+
+      # (bf16 tensor cores). CI and bench/gpu/check.sh build one: -DCMAKE_CUDA_ARCHITECTURES=90.
+      set(CMAKE_CUDA_ARCHITECTURES "80;86;89;90")
     endif()
     enable_language(CUDA)
+    # CUDA code is C++20 like the rest (CUDA_STANDARD follows CXX_STANDARD); CMake 3.25 does not
+    # know nvcc 12+'s flag for it.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     find_package(CUDAToolkit REQUIRED)
     find_library(STRATA_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
     find_path(STRATA_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})

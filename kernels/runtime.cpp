@@ -31,7 +31,8 @@ bool cuda_available() {
 #endif
 }
 
-bool backend_trains(Backend b) { return b == Backend::cpu; }
+// Both backends implement the whole op set (the CUDA one is kernels/cuda/*.cu).
+bool backend_trains(Backend b) { return b == Backend::cpu || b == Backend::cuda; }
 
 std::unique_ptr<Runtime> make_runtime(Backend b, int device) {
   if (b == Backend::cpu) return cpu::make_cpu_runtime();

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 namespace strata::kernels {
 
 class Ops;
+class EventPoint;
 
 enum class Backend : uint8_t { cpu, cuda };
 std::string_view backend_name(Backend b);
@@ -35,18 +37,55 @@ class Event {
   virtual ~Event() = default;
   virtual void synchronize() = 0;
   virtual bool query() = 0;  // true when completed (or never recorded)
+  virtual Backend backend() const = 0;  // of the runtime that created it
+  // The most recent record as a handle of its own (later records do not move it); null when
+  // never recorded. This is the plumbing behind Stream::wait on another runtime's event.
+  virtual std::shared_ptr<EventPoint> point() = 0;
+};
+
+// One recorded point of an event (backend plumbing for cross-runtime ordering; user code calls
+// Stream::wait and never needs this).
+//  - A CPU stream waiting on any event enqueues a task that calls wait_host() on its worker:
+//    the worker is a host thread, so blocking it is what "wait" means for a CPU stream.
+//  - A CUDA stream waiting on a CPU event does not block a host thread or a CUDA host function:
+//    it enqueues a wait on a host-mapped flag (cuStreamWaitValue32), and on_complete() has the
+//    CPU worker write that flag when it reaches the recorded point (kernels/cuda/runtime.cpp).
+// A producer's asynchronous error travels with the point: the waiting stream adopts it, so its
+// own synchronize() rethrows it.
+class EventPoint {
+ public:
+  virtual ~EventPoint() = default;
+  // Blocks the calling host thread until the point has completed; returns the producing
+  // stream's error at that point (null if none) rather than throwing.
+  virtual std::exception_ptr wait_host() = 0;
+  // Calls fn(error) once when the point completes: at once on this thread if it already has,
+  // else on the thread that completes it. fn must be quick and must not block or enqueue work.
+  // CPU points implement it; CUDA points throw std::logic_error (nothing needs it).
+  virtual void on_complete(std::function<void(std::exception_ptr)> fn) = 0;
 };
 
 // An in-order queue of asynchronous work. Work is ordered by events across streams, never by
 // host synchronisation on the hot path. An exception thrown by asynchronous work is kept and
 // rethrown by the next synchronize() (of the stream, or of an event recorded after it); work
-// enqueued after a failure is skipped.
+// enqueued after a failure is skipped (CUDA: host functions are skipped; device work already
+// enqueued still runs).
 class Stream {
  public:
   virtual ~Stream() = default;
-  virtual void record(Event& e) = 0;      // e completes when all work enqueued so far has
-  virtual void wait(Event& e) = 0;        // later work on this stream waits for e's last record
-  virtual void synchronize() = 0;         // host waits for all enqueued work
+  // e completes when all work enqueued so far has; e must come from this stream's runtime.
+  virtual void record(Event& e) = 0;
+  // Later work on this stream waits for e's last record (taken now; a later record does not
+  // move this wait). e may come from another runtime: a CPU stream can wait on a CUDA event
+  // and a CUDA stream on a CPU event (see EventPoint for how; neither blocks a CUDA stream's
+  // host functions), or a CUDA event of another device.
+  virtual void wait(Event& e) = 0;
+  // Host waits for all enqueued work, then rethrows (once) the first asynchronous error. On
+  // CUDA this includes errors kernels find in the data, which the CPU backend throws at the
+  // call: a token id or target outside the vocabulary (embedding, embedding_backward,
+  // cross_entropy) is recorded by the kernel in the stream's device error record and thrown
+  // here as std::out_of_range naming the op, the row and the id (an event recorded after the
+  // bad op rethrows it too, without clearing it). The bad row is skipped; later work still runs.
+  virtual void synchronize() = 0;
   // Copies between any memory of this runtime (device, pinned host, pageable host).
   virtual void memcpy_async(void* dst, const void* src, size_t bytes) = 0;
   virtual void memset_async(void* dst, int value, size_t bytes) = 0;
@@ -78,8 +117,7 @@ class Runtime {
 std::unique_ptr<Runtime> make_runtime(Backend b, int device = 0);
 // True when strata was built with CUDA and at least one device is visible.
 bool cuda_available();
-// True when backend b implements the whole op set, so a model can train on it. The CUDA op set
-// is still being written (kernels/cuda/ops_todo.cpp): the trainer refuses it up front.
+// True when backend b implements the whole op set, so a model can train on it (both do).
 bool backend_trains(Backend b);
 
 // RAII holders for raw allocations of a runtime.

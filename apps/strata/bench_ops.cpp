@@ -1,8 +1,9 @@
-// `strata bench ops`: times the CPU op set at GPT-2-124M shapes through the Ops interface on a
-// stream and prints one JSON line per case. Where a reference exists (a bare oneDNN primitive,
-// the plain OpenMP AdamW loop) it runs in the same process, alternating rep by rep with ours,
-// and our line carries `ratio` (our throughput / the reference's, the median over reps of
-// adjacent pairs), so one run on a shared machine still compares like with like.
+// `strata bench ops`: times the op set through the Ops interface on a stream and prints one JSON
+// line per case. CPU (default): GPT-2-124M shapes. `--backend cuda`: ~1B llama shapes timed with
+// CUDA events, TFLOP/s or GB/s and the share of the device's peak. Where a reference exists (a
+// bare oneDNN primitive or bare cuBLASLt GEMM, the plain OpenMP AdamW loop) it runs in the same
+// process, alternating rep by rep with ours, and our line carries `ratio` (our throughput / the
+// reference's, the median over reps of adjacent pairs), so one run compares like with like.
 #include <nlohmann/json.hpp>
 #include <sys/resource.h>
 
@@ -25,6 +26,9 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 #include "kernels/runtime.h"
+#ifdef STRATA_HAVE_CUDA
+#include "kernels/cuda/bench.h"
+#endif
 
 namespace strata::app {
 namespace {
@@ -32,10 +36,13 @@ namespace {
 using kernels::DType;
 
 struct Options {
+  std::string backend = "cpu";
+  int device = 0;
   int threads = 0;
   std::string filter;
   int reps = 10;
   int64_t adamw_params = 100'000'000;
+  double peak_bf16_tflops = 0, peak_gbs = 0;  // CUDA: 0 = from the device name
 };
 
 // What one case measures: `work` per call, and how its throughput is reported.
@@ -152,7 +159,10 @@ class Bench {
 
 std::string dims(std::initializer_list<int64_t> d) {
   std::string s;
-  for (int64_t x : d) s += (s.empty() ? "" : "x") + std::to_string(x);
+  for (int64_t x : d) {  // appended piece by piece: GCC 12's -Wrestrict misfires on s += a + b here
+    if (!s.empty()) s += 'x';
+    s += std::to_string(x);
+  }
   return s;
 }
 
@@ -343,17 +353,301 @@ void bench_interleave(Bench& b) {
   }
 }
 
+// ---- CUDA ---------------------------------------------------------------------------------------
+#ifdef STRATA_HAVE_CUDA
+
+// Dense peaks of known devices (bf16 tensor-core TFLOP/s, fp32 SIMT TFLOP/s, HBM GB/s), for
+// `pct_peak`; 0 (not reported) for others unless given on the command line.
+struct Peaks {
+  double bf16_tflops = 0, fp32_tflops = 0, gbs = 0;
+};
+Peaks peaks_of(const std::string& name) {
+  if (name.find("H200") != std::string::npos) return {989, 67, 4800};
+  if (name.find("H100") != std::string::npos) return {989, 67, 3350};  // SXM
+  if (name.find("A100") != std::string::npos) return {312, 19.5, 2039};
+  return {};
+}
+
+// Device buffers with random contents, the stream, and event-timed, paired comparisons.
+class CudaBench {
+ public:
+  explicit CudaBench(const Options& o)
+      : opt_(o), rt_(kernels::make_runtime(kernels::Backend::cuda, o.device)), s_(rt_->create_stream()),
+        timer_(*s_), peaks_(peaks_of(rt_->info().name)) {
+    if (o.peak_bf16_tflops > 0) peaks_.bf16_tflops = o.peak_bf16_tflops;
+    if (o.peak_gbs > 0) peaks_.gbs = o.peak_gbs;
+  }
+  kernels::Ops& ops() { return rt_->ops(); }
+  kernels::Stream& stream() { return *s_; }
+  kernels::Runtime& rt() { return *rt_; }
+  const Peaks& peaks() const { return peaks_; }
+  bool selected(const std::string& name, const std::string& shape) const {
+    return opt_.filter.empty() || (name + " " + shape).find(opt_.filter) != std::string::npos;
+  }
+  // n elements of dtype t, uniform in [-1, 1]: at most 16M values generated on the host, tiled.
+  kernels::DeviceBuffer random(DType t, int64_t n, uint32_t seed) {
+    const int64_t piece = std::min<int64_t>(n, int64_t{1} << 24);
+    auto host = random_bits(piece, t, seed);
+    const size_t es = kernels::dtype_size(t);
+    kernels::DeviceBuffer d(*rt_, static_cast<size_t>(n) * es);
+    for (int64_t at = 0; at < n; at += piece)
+      s_->memcpy_async(static_cast<char*>(d.data()) + at * es, host.data(), std::min(piece, n - at) * es);
+    s_->synchronize();
+    return d;
+  }
+  kernels::DeviceBuffer zeros(size_t bytes) {
+    kernels::DeviceBuffer d(*rt_, bytes);
+    s_->memset_async(d.data(), 0, bytes);
+    return d;
+  }
+
+  // Times `ours` (and `ref`, alternating) with CUDA events: two warm-up calls each, then reps.
+  // `peak` is the TFLOP/s (flops metric) or GB/s (bytes metric) that pct_peak refers to.
+  void compare(const std::string& name, const std::string& shape, const Metric& metric, double peak,
+               const std::function<void()>& ours, const std::string& ref_name = {},
+               const std::function<void()>& ref = {}) {
+    if (!selected(name, shape)) return;
+    Timing t_ours, t_ref;
+    const bool ours_ok = warm(ours, t_ours), ref_ok = ref && warm(ref, t_ref);
+    for (int r = 0; r < opt_.reps; ++r) {
+      if (ours_ok) timed(ours, t_ours);
+      if (ref_ok) timed(ref, t_ref);
+    }
+    nlohmann::json line = report(name, shape, metric, peak, t_ours);
+    if (ref && ours_ok && ref_ok && t_ours.ms.size() == t_ref.ms.size() && !t_ours.ms.empty()) {
+      std::vector<double> paired;
+      for (size_t i = 0; i < t_ours.ms.size(); ++i) paired.push_back(t_ref.ms[i] / t_ours.ms[i]);
+      std::sort(paired.begin(), paired.end());
+      line["ratio"] = Bench::round3(paired[paired.size() / 2]);
+      line["ratio_ref"] = ref_name;
+    }
+    std::printf("%s\n", line.dump().c_str());
+    if (ref) std::printf("%s\n", report(ref_name, shape, metric, peak, t_ref).dump().c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  bool warm(const std::function<void()>& fn, Timing& t) {
+    try {
+      for (int i = 0; i < 2; ++i) fn();
+      s_->synchronize();
+      return true;
+    } catch (const std::exception& e) {
+      t.error = e.what();
+      return false;
+    }
+  }
+  void timed(const std::function<void()>& fn, Timing& t) {
+    timer_.start();
+    fn();
+    timer_.stop();
+    t.ms.push_back(timer_.ms());
+  }
+  nlohmann::json report(const std::string& name, const std::string& shape, const Metric& m, double peak,
+                        const Timing& t) {
+    nlohmann::json j;
+    j["name"] = name;
+    j["shape"] = shape;
+    j["backend"] = "cuda";
+    j["device"] = rt_->info().name;
+    if (!t.error.empty()) {
+      j["error"] = t.error;
+      return j;
+    }
+    const double ms = t.median();
+    j["ms"] = Bench::round3(ms);
+    j["ms_min"] = Bench::round3(t.min());
+    j["reps"] = t.ms.size();
+    if (m.flops > 0) {
+      const double tflops = m.flops / (ms * 1e9);
+      j["tflops"] = Bench::round3(tflops);
+      if (peak > 0) j["pct_peak"] = Bench::round3(100.0 * tflops / peak);
+    } else if (m.bytes > 0) {
+      const double gbs = m.bytes / (ms * 1e6);
+      j["gb_per_s"] = Bench::round3(gbs);
+      if (peak > 0) j["pct_peak"] = Bench::round3(100.0 * gbs / peak);
+    }
+    if (m.params > 0) j["params_per_s"] = std::round(m.params / (ms * 1e-3));
+    return j;
+  }
+
+  Options opt_;
+  std::unique_ptr<kernels::Runtime> rt_;
+  std::unique_ptr<kernels::Stream> s_;
+  kernels::cuda_bench::Timer timer_;
+  Peaks peaks_;
+};
+
+// The GEMMs of one training step of a ~1B llama (hidden 2048, 16 heads of 128 with 8 kv heads,
+// MLP 8192, vocab 128256) at 8192 tokens (4 × 2048), weights stored (out, in) as in HF:
+// forward y = x·Wᵀ, backward dX = dY·W and dW += dYᵀ·X (fp32 accumulation, beta 1).
+void cuda_bench_matmul(CudaBench& b) {
+  struct G {
+    const char* name;
+    int64_t m, n, k;
+    bool ta, tb;
+    DType ab, c;
+    float beta;
+  };
+  const int64_t BT = 8192, C = 2048, F = 8192, V = 128256;
+  const G cases[] = {
+      {"qkv", BT, C + 2 * 1024, C, false, true, DType::bf16, DType::bf16, 0.f},
+      {"attn_out", BT, C, C, false, true, DType::bf16, DType::bf16, 0.f},
+      {"mlp_gate_up", BT, 2 * F, C, false, true, DType::bf16, DType::bf16, 0.f},
+      {"mlp_down", BT, C, F, false, true, DType::bf16, DType::bf16, 0.f},
+      {"mlp_down_dx", BT, F, C, false, false, DType::bf16, DType::bf16, 0.f},
+      {"mlp_down_dw", C, F, BT, true, false, DType::bf16, DType::f32, 1.f},
+      {"lm_head_chunk", 2048, V, C, false, true, DType::bf16, DType::bf16, 0.f},
+      {"mlp_down_fp32", BT, C, F, false, true, DType::f32, DType::f32, 0.f},
+  };
+  for (const G& g : cases) {
+    const std::string suffix = g.ab == DType::f32 ? "_fp32" : "_bf16";
+    const std::string name = std::string("matmul_") + g.name + (g.ab == DType::f32 ? "" : suffix);
+    std::string shape = dims({g.m, g.n, g.k});
+    if (g.ta) shape += " ta";
+    if (g.tb) shape += " tb";
+    if (!b.selected(name, shape)) continue;
+    auto A = b.random(g.ab, g.m * g.k, 1), B = b.random(g.ab, g.k * g.n, 2);
+    auto Cm = b.zeros(static_cast<size_t>(g.m * g.n) * kernels::dtype_size(g.c));
+    kernels::MatmulArgs a;
+    a.a = A.data(), a.b = B.data(), a.c = Cm.data(), a.ab_dtype = g.ab, a.c_dtype = g.c, a.m = g.m, a.n = g.n,
+    a.k = g.k, a.trans_a = g.ta, a.trans_b = g.tb, a.beta = g.beta;
+    kernels::cuda_bench::BareGemm bare(b.rt(), a);
+    const double peak = g.ab == DType::f32 ? b.peaks().fp32_tflops : b.peaks().bf16_tflops;
+    b.compare(name, shape, {.flops = 2.0 * g.m * g.n * g.k}, peak, [&] { b.ops().matmul(b.stream(), a); },
+              "cublaslt_bare" + suffix, [&] { bare.run(b.stream(), A.data(), B.data(), Cm.data()); });
+  }
+}
+
+// Causal attention at T = 2048, head_dim 128, bf16 (16 query heads, 8 kv heads). Model FLOPs:
+// forward 2·B·Hq·T²·D (QKᵀ and PV, halved by the mask), backward 2.5× that.
+void cuda_bench_attention(CudaBench& b) {
+  const int64_t B = 4, T = 2048, Hq = 16, Hkv = 8, D = 128;
+  const std::string shape = dims({B, T, Hq, Hkv, D});
+  if (!b.selected("attention", shape)) return;
+  const DType t = DType::bf16;
+  auto q = b.random(t, B * T * Hq * D, 1), k = b.random(t, B * T * Hkv * D, 2), v = b.random(t, B * T * Hkv * D, 3);
+  auto dout = b.random(t, B * T * Hq * D, 4);
+  auto out = b.zeros(B * T * Hq * D * 2), lse = b.zeros(B * Hq * T * 4), dq = b.zeros(B * T * Hq * D * 2),
+       dk = b.zeros(B * T * Hkv * D * 2), dv = b.zeros(B * T * Hkv * D * 2);
+  kernels::AttentionArgs a;
+  a.dtype = t, a.batch = B, a.seq = T, a.n_heads = Hq, a.n_kv_heads = Hkv, a.head_dim = D;
+  a.q = q.data(), a.k = k.data(), a.v = v.data(), a.out = out.data(), a.lse = lse.as<float>();
+  kernels::AttentionBackwardArgs g;
+  g.dtype = t, g.batch = B, g.seq = T, g.n_heads = Hq, g.n_kv_heads = Hkv, g.head_dim = D;
+  g.q = q.data(), g.k = k.data(), g.v = v.data(), g.out = out.data(), g.dout = dout.data(), g.lse = lse.as<float>();
+  g.dq = dq.data(), g.dk = dk.data(), g.dv = dv.data();
+  const double fwd = 2.0 * B * Hq * T * T * D, peak = b.peaks().bf16_tflops;
+  b.compare("attention_fwd_bf16", shape, {.flops = fwd}, peak, [&] { b.ops().attention(b.stream(), a); });
+  b.compare("attention_bwd_bf16", shape, {.flops = 2.5 * fwd}, peak, [&] { b.ops().attention_backward(b.stream(), g); });
+  b.compare("attention_fwd_bwd_bf16", shape, {.flops = 3.5 * fwd}, peak, [&] {
+    b.ops().attention(b.stream(), a);
+    b.ops().attention_backward(b.stream(), g);
+  });
+}
+
+// Memory-bound ops at the same model (8192 tokens × 2048, bf16 activations); bytes are what
+// each op must move at least (read once, write once).
+void cuda_bench_memory_ops(CudaBench& b) {
+  const int64_t BT = 8192, C = 2048, F = 8192, V = 128256, rows_ce = 1024, np = 100'000'000;
+  const DType t = DType::bf16;
+  const double peak = b.peaks().gbs;
+  {
+    auto x = b.random(t, BT * C, 1), w = b.random(t, C, 2), dy = b.random(t, BT * C, 3);
+    auto y = b.zeros(BT * C * 2), dx = b.zeros(BT * C * 2), rstd = b.zeros(BT * 4), dw = b.zeros(C * 4);
+    kernels::NormArgs n{t, BT, C, 1e-5f, x.data(), w.data(), nullptr, y.data(), nullptr, rstd.as<float>()};
+    b.compare("rmsnorm_bf16", dims({BT, C}), {.bytes = 4.0 * BT * C}, peak, [&] { b.ops().rmsnorm(b.stream(), n); });
+    kernels::NormBackwardArgs nb{t, BT, C, x.data(), w.data(), dy.data(), nullptr, rstd.as<float>(), dx.data(),
+                                 dw.as<float>(), nullptr, true};
+    b.compare("rmsnorm_backward_bf16", dims({BT, C}), {.bytes = 8.0 * BT * C}, peak,
+              [&] { b.ops().rmsnorm_backward(b.stream(), nb); });
+    kernels::AddArgs ad{t, BT * C, x.data(), dy.data(), y.data()};
+    b.compare("add_bf16", dims({BT, C}), {.bytes = 6.0 * BT * C}, peak, [&] { b.ops().add(b.stream(), ad); });
+  }
+  {
+    auto gu = b.random(t, BT * 2 * F, 4), dout = b.random(t, BT * F, 5), out = b.zeros(BT * F * 2);
+    auto dgu = b.zeros(BT * 2 * F * 2);
+    auto* g0 = static_cast<char*>(gu.data());
+    auto* d0 = static_cast<char*>(dgu.data());
+    kernels::SwigluArgs sw{t, BT, F, 2 * F, g0, g0 + F * 2, out.data()};
+    b.compare("swiglu_bf16", dims({BT, F}), {.bytes = 6.0 * BT * F}, peak, [&] { b.ops().swiglu(b.stream(), sw); });
+    kernels::SwigluBackwardArgs sb{t, BT, F, 2 * F, g0, g0 + F * 2, dout.data(), d0, d0 + F * 2};
+    b.compare("swiglu_backward_bf16", dims({BT, F}), {.bytes = 10.0 * BT * F}, peak,
+              [&] { b.ops().swiglu_backward(b.stream(), sb); });
+  }
+  {
+    auto logits = b.random(t, rows_ce * V, 6);
+    std::vector<int32_t> host(rows_ce);
+    for (int64_t r = 0; r < rows_ce; ++r) host[r] = static_cast<int32_t>((r * 7919) % V);
+    auto targets = b.zeros(rows_ce * 4), losses = b.zeros(rows_ce * 4);
+    b.stream().memcpy_async(targets.data(), host.data(), rows_ce * 4);
+    kernels::CrossEntropyArgs ce;
+    ce.dtype = t, ce.rows = rows_ce, ce.vocab = V, ce.logits = logits.data(), ce.targets = targets.as<int32_t>(),
+    ce.losses = losses.as<float>(), ce.dlogits = logits.data(), ce.grad_scale = 1.f / rows_ce;
+    b.compare("cross_entropy_bf16", dims({rows_ce, V}), {.bytes = 4.0 * rows_ce * V}, peak,
+              [&] { b.ops().cross_entropy(b.stream(), ce); });
+  }
+  {
+    auto p = b.random(DType::f32, np, 7), g = b.random(t, np, 8), m = b.zeros(np * 4), v = b.zeros(np * 4);
+    auto copy = b.zeros(np * 2);
+    kernels::AdamWArgs a;
+    a.n = np, a.param = p.as<float>(), a.grad = g.data(), a.grad_dtype = t, a.m = m.as<float>(), a.v = v.as<float>(),
+    a.param_copy = copy.data(), a.copy_dtype = t, a.weight_decay = 0.1f;
+    int64_t step = 0;
+    b.compare("adamw_bf16grad_bf16copy", std::to_string(np), {.bytes = 28.0 * np, .params = double(np)}, peak, [&] {
+      a.step = ++step;
+      b.ops().adamw(b.stream(), a);
+    });
+    auto out = b.zeros(sizeof(double));
+    b.compare("sum_squares_fp32", std::to_string(np), {.bytes = 4.0 * np}, peak,
+              [&] { b.ops().sum_squares(b.stream(), {DType::f32, np, p.data(), out.as<double>()}); });
+    b.compare("cast_fp32_bf16", std::to_string(np), {.bytes = 6.0 * np}, peak,
+              [&] { b.ops().cast(b.stream(), {np, p.data(), DType::f32, copy.data(), t}); });
+  }
+  {
+    std::vector<int32_t> host(BT);
+    for (int64_t i = 0; i < BT; ++i) host[i] = static_cast<int32_t>((i * 7919) % V);
+    auto ids = b.zeros(BT * 4), dout = b.random(t, BT * C, 9), dtable = b.zeros(static_cast<size_t>(V) * C * 4);
+    b.stream().memcpy_async(ids.data(), host.data(), BT * 4);
+    kernels::EmbeddingBackwardArgs e{t, BT, C, V, ids.as<int32_t>(), dout.data(), dtable.as<float>()};
+    b.compare("embedding_backward_bf16", dims({BT, C}), {.bytes = 10.0 * BT * C}, peak,
+              [&] { b.ops().embedding_backward(b.stream(), e); });
+  }
+}
+
+int run_cuda(const Options& o) {
+  if (!kernels::cuda_available())
+    throw std::runtime_error("bench ops --backend cuda: no CUDA device is visible");
+  CudaBench b(o);
+  cuda_bench_matmul(b);
+  cuda_bench_attention(b);
+  cuda_bench_memory_ops(b);
+  return 0;
+}
+#else
+int run_cuda(const Options&) {
+  throw std::runtime_error("bench ops --backend cuda: this strata was built without CUDA");
+}
+#endif
+
 }  // namespace
 
 void register_bench_ops(CLI::App& bench, Run& run) {
-  CLI::App* cmd = bench.add_subcommand("ops", "Time the CPU op set at GPT-2-124M shapes (JSON lines)");
+  CLI::App* cmd = bench.add_subcommand(
+      "ops", "Time the op set (JSON lines): CPU at GPT-2-124M shapes, CUDA at ~1B llama shapes");
   auto opt = std::make_shared<Options>();
+  cmd->add_option("--backend", opt->backend, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--device", opt->device, "CUDA device index")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--peak-bf16-tflops", opt->peak_bf16_tflops,
+                  "CUDA: dense bf16 peak for pct_peak (default: known for H200/H100/A100)");
+  cmd->add_option("--peak-gbs", opt->peak_gbs, "CUDA: memory bandwidth peak for pct_peak (GB/s)");
   cmd->add_option("--threads", opt->threads, "Compute threads (0 = all available cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--filter", opt->filter, "Only cases whose \"name shape\" contains this text");
   cmd->add_option("--reps", opt->reps, "Timed repetitions per case (medians are reported)")->check(CLI::PositiveNumber);
   cmd->add_option("--adamw-params", opt->adamw_params, "Parameters in the AdamW cases")->check(CLI::PositiveNumber);
   cmd->callback([&run, opt] {
     run = [opt]() -> int {
+      if (opt->backend == "cuda") return run_cuda(*opt);
       Bench b(*opt);
       bench_matmul(b);
       bench_adamw(b);

@@ -30,20 +30,45 @@ namespace cpu {
 namespace {
 
 // One recorded point of an event: completed by the worker, with the stream's error (if any).
-struct Marker {
+// It is also what another runtime's stream waits on (EventPoint): callbacks registered with
+// on_complete run on the worker when it reaches the point (a CUDA stream's flag write).
+struct Marker final : EventPoint {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
+  std::vector<std::function<void(std::exception_ptr)>> callbacks;  // run once, at completion
   void complete(std::exception_ptr e) {
-    std::lock_guard lock(mu);
-    done = true;
-    error = e;
-    cv.notify_all();
+    std::vector<std::function<void(std::exception_ptr)>> run;
+    {
+      std::lock_guard lock(mu);
+      done = true;
+      error = e;
+      run.swap(callbacks);
+      cv.notify_all();
+    }
+    for (auto& fn : run) fn(e);
   }
   void wait() {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return done; });
+  }
+  std::exception_ptr wait_host() override {
+    wait();
+    std::lock_guard lock(mu);
+    return error;
+  }
+  void on_complete(std::function<void(std::exception_ptr)> fn) override {
+    std::exception_ptr e;
+    {
+      std::lock_guard lock(mu);
+      if (!done) {
+        callbacks.push_back(std::move(fn));
+        return;
+      }
+      e = error;
+    }
+    fn(e);
   }
 };
 
@@ -61,6 +86,8 @@ class CpuEvent final : public Event {
     std::lock_guard lock(m->mu);
     return m->done;
   }
+  Backend backend() const override { return Backend::cpu; }
+  std::shared_ptr<EventPoint> point() override { return current(); }
   std::shared_ptr<Marker> current() {
     std::lock_guard lock(mu_);
     return marker_;
@@ -88,16 +115,25 @@ class CpuStream final : public Stream {
   }
 
   void record(Event& e) override {
+    if (e.backend() != Backend::cpu)
+      throw std::invalid_argument("Stream::record: the event belongs to another runtime (create it from this one)");
     auto m = std::make_shared<Marker>();
     static_cast<CpuEvent&>(e).set(m);
     push([this, m] { m->complete(error_); }, /*always=*/true);
   }
+  // Any runtime's event: the worker blocks until the point completes (a CUDA event: in
+  // cudaEventSynchronize) and adopts the producer's error.
   void wait(Event& e) override {
-    auto m = static_cast<CpuEvent&>(e).current();
-    if (!m) return;
-    push([this, m] {
-      m->wait();
-      if (m->error && !error_) error_ = m->error;
+    auto p = e.point();
+    if (!p) return;
+    push([this, p] {
+      std::exception_ptr err;
+      try {
+        err = p->wait_host();
+      } catch (...) {  // the wait itself failed (a CUDA error): the stream fails with it
+        err = std::current_exception();
+      }
+      if (err && !error_) error_ = err;
     }, /*always=*/true);
   }
   void synchronize() override {

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "kernels/runtime.h"
@@ -95,4 +97,84 @@ TEST(CudaRuntime, HostFunctionErrorSurfacesAtSynchronize) {
   s->host_fn([&] { ran = true; });
   s->synchronize();
   EXPECT_TRUE(ran.load());
+}
+
+// Cross-runtime ordering: a CUDA stream waits on CPU-stream work (a flag the CPU worker writes,
+// waited on by the GPU) and a CPU stream on CUDA work; a producer's error is adopted by the
+// waiting stream; more waits in flight than the flag page has slots still complete.
+TEST(CudaRuntime, StreamsWaitOnTheOtherRuntimesEvents) {
+  auto rt = cuda_or_skip();
+  if (!rt) GTEST_SKIP() << "no CUDA device visible (or built without CUDA)";
+  auto cpu_rt = make_runtime(Backend::cpu);
+  auto cs = cpu_rt->create_stream();
+  auto ce = cpu_rt->create_event();
+  auto gs = rt->create_stream();
+  auto ge = rt->create_event();
+  const size_t n = 1u << 20;
+  PinnedBuffer host(*rt, n), back(*rt, n);
+  DeviceBuffer dev(*rt, n);
+  std::memset(host.data(), 0, n);
+  std::memset(back.data(), 0, n);
+
+  // CPU -> CUDA: the copy must not start before the (slow) CPU task has filled `host`.
+  cs->host_fn([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::memset(host.data(), 0x7b, n);
+  });
+  cs->record(*ce);
+  gs->wait(*ce);
+  gs->memcpy_async(dev.data(), host.data(), n);
+  gs->memcpy_async(back.data(), dev.data(), n);
+  gs->synchronize();
+  EXPECT_EQ(back.as<unsigned char>()[0], 0x7b);
+  EXPECT_EQ(back.as<unsigned char>()[n - 1], 0x7b);
+
+  // CUDA -> CPU: the CPU task must see what the GPU wrote.
+  gs->memset_async(dev.data(), 0x21, n);
+  gs->memcpy_async(back.data(), dev.data(), n);
+  gs->record(*ge);
+  cs->wait(*ge);
+  int seen = -1;
+  cs->host_fn([&] { seen = back.as<unsigned char>()[n - 1]; });
+  cs->synchronize();
+  EXPECT_EQ(seen, 0x21);
+
+  // More outstanding waits than flag slots (256), each on a fresh CPU record.
+  for (int i = 0; i < 600; ++i) {
+    cs->host_fn([] {});
+    cs->record(*ce);
+    gs->wait(*ce);
+  }
+  gs->memset_async(dev.data(), 0x33, 16);
+  gs->synchronize();
+  cs->synchronize();
+
+  // A failed CPU producer: the CUDA stream that waited on it rethrows at its synchronize.
+  cs->host_fn([] { throw std::runtime_error("cpu producer failed"); });
+  cs->record(*ce);
+  gs->wait(*ce);
+  EXPECT_THROW(gs->synchronize(), std::runtime_error);
+  EXPECT_THROW(cs->synchronize(), std::runtime_error);
+  gs->synchronize();  // both streams work again
+  cs->synchronize();
+}
+
+// Recording one event over and over reuses pooled CUDA events; waits see the latest record.
+TEST(CudaRuntime, ManyRecordsOfOneEvent) {
+  auto rt = cuda_or_skip();
+  if (!rt) GTEST_SKIP() << "no CUDA device visible (or built without CUDA)";
+  auto a = rt->create_stream(), b = rt->create_stream();
+  auto ev = rt->create_event();
+  DeviceBuffer buf(*rt, 4096);
+  for (int i = 0; i < 10000; ++i) {
+    a->memset_async(buf.data(), i & 0xff, 4096);
+    a->record(*ev);
+    b->wait(*ev);
+  }
+  unsigned char last = 0;
+  b->memcpy_async(&last, buf.data(), 1);
+  b->synchronize();
+  EXPECT_EQ(last, 9999 & 0xff);
+  ev->synchronize();
+  EXPECT_TRUE(ev->query());
 }
