@@ -47,7 +47,7 @@ BlockId BlockManager::add_block(const std::string& name, uint64_t bytes, Tier ho
   copies_.emplace_back();
   open_handles_.push_back(0);
   // The home copy starts with whatever its range held: the client writes it before reading.
-  plan_.reset();
+  for (Program& p : programs_) p.plan.reset();
   return b;
 }
 
@@ -59,15 +59,16 @@ void* BlockManager::home_data(BlockId b) const {
   return pools_[index(spec.home)].base() + res_.copy(b, spec.home).offset;
 }
 
-void BlockManager::set_schedule(Schedule s) {
-  if (in_step_) throw std::logic_error("offload: set_schedule inside a step");
+void BlockManager::set_program(int p, Schedule s) {
+  if (in_step_) throw std::logic_error("offload: set_program inside a step");
+  if (p < 0) throw std::invalid_argument("offload: program numbers start at 0");
   s.validate(res_.n_blocks());
   check_budgets(res_, s);
-  schedule_ = std::move(s);
-  plan_.reset();
+  if (programs_.size() <= static_cast<size_t>(p)) programs_.resize(static_cast<size_t>(p) + 1);
+  programs_[static_cast<size_t>(p)] = Program{std::move(s), std::nullopt};
 }
 
-uint64_t BlockManager::min_budget(Tier t) const { return offload::min_budget(res_, schedule_, t); }
+uint64_t BlockManager::min_budget(Tier t) const { return offload::min_budget(res_, programs_[0].schedule, t); }
 
 Place BlockManager::place(BlockId b, Tier t) const {
   const CopyInfo& c = res_.copy(b, t);
@@ -148,9 +149,9 @@ void BlockManager::flush_to_cold() {
 }
 
 void BlockManager::choose_plan() {
-  if (plan_ && plan_->start_fingerprint == res_.fingerprint() && plan_->schedule_fingerprint == schedule_.fingerprint())
+  if (prog().plan && prog().plan->start_fingerprint == res_.fingerprint() && prog().plan->schedule_fingerprint == prog().schedule.fingerprint())
     return;
-  auto cands = candidate_plans(res_, schedule_);
+  auto cands = candidate_plans(res_, prog().schedule);
   if (cands.empty()) {
     // The copies in place are arranged so that no plan fits (fragmentation, or a budget that only
     // a cold start can meet): start from the home copies alone.
@@ -158,29 +159,32 @@ void BlockManager::choose_plan() {
     std::lock_guard lock(stats_mu_);
     ++stats_.cold_restarts;
   }
-  if (cands.empty()) cands = candidate_plans(res_, schedule_);
-  if (cands.empty()) check_budgets(res_, schedule_);  // throws, naming the minimum
+  if (cands.empty()) cands = candidate_plans(res_, prog().schedule);
+  if (cands.empty()) check_budgets(res_, prog().schedule);  // throws, naming the minimum
   if (cands.empty()) throw std::logic_error("offload: no plan runs the schedule, yet every budget passes");
   uint64_t lru = 0;
   for (const Plan& p : cands)
     if (p.options.policy == Policy::lru) lru = p.bytes_moved();
-  plan_ = std::move(cands.front());
+  prog().plan = std::move(cands.front());
   std::lock_guard lock(stats_mu_);
   ++stats_.plans;
-  stats_.policy = plan_->name();
-  stats_.planned_bytes = plan_->bytes_moved();
+  stats_.policy = prog().plan->name();
+  stats_.planned_bytes = prog().plan->bytes_moved();
   stats_.lru_bytes = lru;
 }
 
-void BlockManager::begin_step(bool program) {
+void BlockManager::begin_step(int program) {
   if (in_step_) throw std::logic_error("offload: begin_step inside a step");
+  if (program != kAside && (program < 0 || static_cast<size_t>(program) >= programs_.size()))
+    throw std::invalid_argument("offload: begin_step of undeclared program " + std::to_string(program));
   cursor_ = 0;
   recording_.clear();
-  aside_ = !program;
-  planned_ = program && !schedule_.empty();
+  aside_ = program == kAside;
+  program_ = aside_ ? 0 : program;
+  planned_ = !aside_ && !prog().schedule.empty();
   if (planned_) {
     choose_plan();  // may throw BudgetError: the step has not begun
-    apply_all(plan_->start);
+    apply_all(prog().plan->start);
   } else {
     std::lock_guard lock(stats_mu_);
     stats_.policy = "online-lru";
@@ -192,7 +196,7 @@ void BlockManager::begin_step(bool program) {
 // what it does is recorded to plan the next step. Nothing planned for the old program is issued.
 void BlockManager::diverge() {
   planned_ = false;
-  for (size_t i = 0; i < cursor_; ++i) recording_.push(schedule_.events()[i]);
+  for (size_t i = 0; i < cursor_; ++i) recording_.push(prog().schedule.events()[i]);
   std::lock_guard lock(stats_mu_);
   ++stats_.schedule_changes;
   stats_.policy = "online-lru";
@@ -203,14 +207,14 @@ void BlockManager::end_step() {
   for (BlockId b = 0; b < res_.n_blocks(); ++b)
     if (open_handles_[b] != 0)
       throw std::logic_error("offload: end_step with block '" + res_.block(b).name + "' still acquired");
-  if (planned_ && cursor_ != schedule_.size()) diverge();  // the step ended early
+  if (planned_ && cursor_ != prog().schedule.size()) diverge();  // the step ended early
   if (aside_) {
     recording_ = Schedule{};
   } else if (!planned_) {
     recording_.validate(res_.n_blocks());
-    if (!(recording_ == schedule_)) {
-      schedule_ = std::move(recording_);
-      plan_.reset();
+    if (!(recording_ == prog().schedule)) {
+      prog().schedule = std::move(recording_);
+      prog().plan.reset();
     }
     recording_ = Schedule{};
   }
@@ -265,11 +269,11 @@ Handle BlockManager::acquire(BlockId b, Tier t, Mode m) {
   if (b >= res_.n_blocks()) throw std::out_of_range("offload: acquire of unknown block " + std::to_string(b));
   if (t == Tier::nvme) throw std::invalid_argument("offload: NVMe is storage only; acquire '" + res_.block(b).name + "' on device or host");
   if (planned_) {
-    const ScheduleEvent* e = cursor_ < schedule_.size() ? &schedule_.events()[cursor_] : nullptr;
+    const ScheduleEvent* e = cursor_ < prog().schedule.size() ? &prog().schedule.events()[cursor_] : nullptr;
     if (e && !e->release && e->block == b && e->tier == t && e->mode == m) {
-      apply_all(plan_->before[cursor_]);
+      apply_all(prog().plan->before[cursor_]);
       Handle h = finish_acquire(b, t, m, static_cast<uint32_t>(cursor_));
-      apply_all(plan_->after[cursor_]);
+      apply_all(prog().plan->after[cursor_]);
       ++cursor_;
       return h;
     }
@@ -304,9 +308,9 @@ void BlockManager::release(Handle& h, kernels::Stream* done_on) {
   res_.release(h.block_, h.tier_, h.mode_);
   --open_handles_[h.block_];
   if (planned_) {
-    const ScheduleEvent* e = cursor_ < schedule_.size() ? &schedule_.events()[cursor_] : nullptr;
+    const ScheduleEvent* e = cursor_ < prog().schedule.size() ? &prog().schedule.events()[cursor_] : nullptr;
     if (e && e->release && e->acquire_event == h.event_) {
-      apply_all(plan_->after[cursor_]);
+      apply_all(prog().plan->after[cursor_]);
       ++cursor_;
       h = Handle{};
       return;

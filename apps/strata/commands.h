@@ -34,5 +34,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o);
 void register_train(CLI::App& app, Run& run);
 // `strata plan`: what a train command would hold and move, and its predicted step time.
 void register_plan(CLI::App& app, Run& run);
+// `strata inspect PATH`: a model directory, training checkpoint or .safetensors file summarised.
+void register_inspect(CLI::App& app, Run& run);
 
 }  // namespace strata::app

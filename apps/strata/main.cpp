@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   strata::app::register_bench_step(*bench, run);
   strata::app::register_train(app, run);
   strata::app::register_plan(app, run);
+  strata::app::register_inspect(app, run);
 
   try {
     app.parse(argc, argv);

@@ -50,6 +50,14 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--device-mem", o.device_mem, "device memory budget, e.g. 24G (empty: what the plan needs)");
   cmd->add_option("--host-mem", o.host_mem,
                   "pinned host memory budget, e.g. 64G (empty: what the plan needs, within physical RAM)");
+  cmd->add_option("--checkpoint-dir", o.checkpoint_dir,
+                  "write training checkpoints here (step-N directories and 'latest'): every --checkpoint-every "
+                  "steps, at the end, and when SIGINT/SIGTERM stops the run");
+  cmd->add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0 = only at the end and on a signal)");
+  cmd->add_option("--keep", o.keep, "how many of the newest checkpoints to keep");
+  cmd->add_option("--resume", o.resume,
+                  "continue from a checkpoint: its path, a --checkpoint-dir (its newest), or auto (the newest under "
+                  "--checkpoint-dir; a fresh start when there is none)");
 }
 
 void register_train(CLI::App& app, Run& run) {

@@ -38,6 +38,8 @@ struct StoredTensor {
 class HfCheckpoint {
  public:
   static std::unique_ptr<HfCheckpoint> open(const std::filesystem::path& model_dir);
+  // One .safetensors file by itself (same validation).
+  static std::unique_ptr<HfCheckpoint> open_file(const std::filesystem::path& file);
   virtual ~HfCheckpoint() = default;
   virtual const std::vector<StoredTensor>& tensors() const = 0;
   // Null when absent.
@@ -56,6 +58,14 @@ struct TensorToSave {
   kernels::DType dtype = kernels::DType::f32;
   std::function<void(void* dst)> fill;  // writes numel × dtype_size bytes
 };
+
+// One safetensors file written from callbacks (one tensor staged at a time), fsynced: its size
+// and crc32c (of every byte of the file, as written).
+struct WrittenFile {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+WrittenFile write_safetensors_file(const std::filesystem::path& path, const std::vector<TensorToSave>& tensors);
 
 // Checks, before any work, that save_hf_model can write `out_dir` with the same rules it will
 // apply then: a trailing '/' is dropped; an existing out_dir must be a real directory (not a

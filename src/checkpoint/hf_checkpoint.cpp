@@ -67,6 +67,10 @@ class MappedCheckpoint final : public HfCheckpoint {
     }
   }
 
+  // One .safetensors file on its own (a training checkpoint's optimizer state).
+  struct SingleFile {};
+  MappedCheckpoint(const fs::path& file, SingleFile) : dir_(file) { add_file(file); }
+
   const std::vector<StoredTensor>& tensors() const override { return tensors_; }
 
   const StoredTensor* find(const std::string& name) const override {
@@ -149,6 +153,10 @@ class MappedCheckpoint final : public HfCheckpoint {
 
 std::unique_ptr<HfCheckpoint> HfCheckpoint::open(const std::filesystem::path& model_dir) {
   return std::make_unique<MappedCheckpoint>(model_dir);
+}
+
+std::unique_ptr<HfCheckpoint> HfCheckpoint::open_file(const std::filesystem::path& file) {
+  return std::make_unique<MappedCheckpoint>(file, MappedCheckpoint::SingleFile{});
 }
 
 }  // namespace strata

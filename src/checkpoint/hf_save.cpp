@@ -13,6 +13,7 @@
 #include "src/checkpoint/file_util.h"
 #include "src/checkpoint/hf.h"
 #include "src/checkpoint/safetensors.h"
+#include "io/crc32c.h"
 
 namespace strata {
 
@@ -34,8 +35,8 @@ uint64_t tensor_bytes(const TensorToSave& t) {
   return n * kernels::dtype_size(t.dtype);
 }
 
-void write_shard(const fs::path& path, const std::vector<TensorToSave>& tensors, const Shard& shard,
-                 std::vector<std::byte>& buffer) {
+WrittenFile write_shard(const fs::path& path, const std::vector<TensorToSave>& tensors, const Shard& shard,
+                        std::vector<std::byte>& buffer) {
   std::vector<safetensors::Entry> entries;
   uint64_t offset = 0;
   for (size_t i : shard.tensors) {
@@ -52,6 +53,7 @@ void write_shard(const fs::path& path, const std::vector<TensorToSave>& tensors,
   const std::string header = safetensors::build_header(entries);
   UniqueFd fd = open_for_write(path, true);
   write_all(fd.get(), header.data(), header.size(), path, 0);
+  uint32_t crc = io::crc32c(header.data(), header.size());
   uint64_t file_offset = header.size();
   for (size_t k = 0; k < shard.tensors.size(); ++k) {
     const TensorToSave& t = tensors[shard.tensors[k]];
@@ -65,13 +67,28 @@ void write_shard(const fs::path& path, const std::vector<TensorToSave>& tensors,
       throw std::runtime_error(path.string() + ": producing tensor '" + t.name + "' failed: " + e.what());
     }
     write_all(fd.get(), buffer.data(), n, path, file_offset);
+    crc = io::crc32c(buffer.data(), n, crc);
     file_offset += n;
   }
   fsync_fd(fd.get(), path);
   fd.close_checked(path);
+  return {file_offset, crc};
 }
 
 }  // namespace
+
+WrittenFile write_safetensors_file(const std::filesystem::path& path, const std::vector<TensorToSave>& tensors) {
+  std::set<std::string> names;
+  Shard all;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].name.empty() || tensors[i].name == "__metadata__" || !names.insert(tensors[i].name).second)
+      throw std::invalid_argument(path.string() + ": tensor name '" + tensors[i].name + "' is empty, reserved or repeated");
+    if (!tensors[i].fill) throw std::invalid_argument(path.string() + ": tensor '" + tensors[i].name + "' has no fill");
+    all.tensors.push_back(i);
+  }
+  std::vector<std::byte> buffer;
+  return write_shard(path, tensors, all, buffer);
+}
 
 namespace {
 // "runs/x/" has an empty filename; normalise so the temp dir is a sibling, not a child.

@@ -44,6 +44,12 @@ class LossScaler {
       : enabled_(enabled), scale_(enabled ? init_scale : 1.f), growth_interval_(growth_interval) {}
   bool enabled() const { return enabled_; }
   float scale() const { return scale_; }
+  int good_steps() const { return good_; }  // finite steps since the scale last changed
+  // Resume: the state a checkpoint recorded.
+  void restore(float scale, int good_steps) {
+    scale_ = scale;
+    good_ = good_steps;
+  }
   // Returns true when the step should be applied (gradients finite).
   bool update(bool grads_finite) {
     if (!enabled_) return true;

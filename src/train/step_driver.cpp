@@ -5,9 +5,10 @@
 namespace strata {
 using offload::Mode;
 
-void StepDriver::embed_and_blocks_forward(const int32_t* ids) {
+void StepDriver::embed_and_blocks_forward(const int32_t* ids, const PendingUpdate* update) {
   Transformer& m = model_;
   const int64_t L = m.dims().L;
+  if (update) optimizer_unit(m.embed_unit(), update->st, update->apply);
   {
     const void* w = mem_.acquire(Role::weights, m.embed_unit(), Mode::read, Side::compute);
     void* x0 = L > 0 ? mem_.acquire(Role::input, 0, Mode::write, Side::compute) : nullptr;
@@ -17,6 +18,7 @@ void StepDriver::embed_and_blocks_forward(const int32_t* ids) {
   }
   for (int64_t l = 0; l < L; ++l) {
     const int li = static_cast<int>(l);
+    if (update) optimizer_unit(m.block_unit(l), update->st, update->apply);
     const void* w = mem_.acquire(Role::weights, m.block_unit(l), Mode::read, Side::compute);
     const void* x = mem_.acquire(Role::input, li, Mode::read, Side::compute);
     const bool last = l + 1 == L;
@@ -30,7 +32,7 @@ void StepDriver::embed_and_blocks_forward(const int32_t* ids) {
 
 void StepDriver::forward(const int32_t* ids, const int32_t* targets) {
   Transformer& m = model_;
-  embed_and_blocks_forward(ids);
+  embed_and_blocks_forward(ids, nullptr);
   const int fn = m.final_norm_unit(), hu = m.head_unit();
   const void* w_fn = mem_.acquire(Role::weights, fn, Mode::read, Side::compute);
   const void* w_head = mem_.acquire(Role::weights, hu, Mode::read, Side::compute);
@@ -40,14 +42,18 @@ void StepDriver::forward(const int32_t* ids, const int32_t* targets) {
 }
 
 void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, float grad_scale, bool first, bool last,
-                                  double* norm2) {
+                                  double* norm2, const PendingUpdate* update) {
   Transformer& m = model_;
   const Mode gmode = first ? Mode::write : Mode::read_write;  // the first micro-batch overwrites
-  embed_and_blocks_forward(ids);
+  embed_and_blocks_forward(ids, update);
 
   // Head: final norm, LM head, cross-entropy and their backward. A tied head is the embedding
   // unit, acquired (weights and grads) across the whole head phase.
   const int fn = m.final_norm_unit(), hu = m.head_unit();
+  if (update) {
+    optimizer_unit(fn, update->st, update->apply);
+    if (!m.tied_head()) optimizer_unit(hu, update->st, update->apply);
+  }
   {
     const void* w_fn = mem_.acquire(Role::weights, fn, Mode::read, Side::compute);
     const void* w_head = mem_.acquire(Role::weights, hu, Mode::read, Side::compute);
@@ -97,39 +103,40 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
 }
 
 void StepDriver::optimizer(const AdamWStep& st, bool apply) {
+  for (size_t ui = 0; ui < model_.units().size(); ++ui) optimizer_unit(static_cast<int>(ui), st, apply);
+}
+
+void StepDriver::optimizer_unit(int u, const AdamWStep& st, bool apply) {
   Transformer& m = model_;
   const bool aliased = mem_.master_is_weights();
   const DType dt = m.dtype();
   const size_t esz = kernels::dtype_size(dt);
-  for (size_t ui = 0; ui < m.units().size(); ++ui) {
-    const Unit& unit = m.units()[ui];
-    const int u = static_cast<int>(ui);
-    float* master = static_cast<float*>(mem_.acquire(Role::master, u, Mode::read_write, Side::optimizer));
-    float* adam = static_cast<float*>(mem_.acquire(Role::adam, u, Mode::read_write, Side::optimizer));
-    const float* g = static_cast<const float*>(mem_.acquire(Role::grads, u, Mode::read, Side::optimizer));
-    // The new working weights: written whole (parameters by AdamW, padding zeroed here).
-    void* w = aliased ? nullptr : mem_.acquire(Role::weights, u, Mode::write, Side::optimizer);
-    compute([&] {
-      kernels::Stream& s = mem_.stream(Side::optimizer);
-      kernels::Ops& ops = mem_.ops(Side::optimizer);
-      float* mm = adam;
-      float* vv = adam + unit.numel;
-      if (!apply) {
-        if (w) ops.cast(s, {.n = unit.numel, .src = master, .src_dtype = DType::f32, .dst = w, .dst_dtype = dt});
-        return;
-      }
-      for (const UnitRange& r : unit.adamw_ranges)
-        adamw_range(ops, s, st, r.decay, r.numel, master + r.offset, mm + r.offset, vv + r.offset, g + r.offset,
-                    w ? static_cast<char*>(w) + static_cast<size_t>(r.offset) * esz : nullptr, dt);
-      if (w && unit.numel > unit.n_real)
-        s.memset_async(static_cast<char*>(w) + static_cast<size_t>(unit.n_real) * esz, 0,
-                       static_cast<size_t>(unit.numel - unit.n_real) * esz);
-    });
-    if (!aliased) mem_.release(Role::weights, u);
-    mem_.release(Role::grads, u);
-    mem_.release(Role::adam, u);
-    mem_.release(Role::master, u);
-  }
+  const Unit& unit = m.units()[static_cast<size_t>(u)];
+  float* master = static_cast<float*>(mem_.acquire(Role::master, u, Mode::read_write, Side::optimizer));
+  float* adam = static_cast<float*>(mem_.acquire(Role::adam, u, Mode::read_write, Side::optimizer));
+  const float* g = static_cast<const float*>(mem_.acquire(Role::grads, u, Mode::read, Side::optimizer));
+  // The new working weights: written whole (parameters by AdamW, padding zeroed here).
+  void* w = aliased ? nullptr : mem_.acquire(Role::weights, u, Mode::write, Side::optimizer);
+  compute([&] {
+    kernels::Stream& s = mem_.stream(Side::optimizer);
+    kernels::Ops& ops = mem_.ops(Side::optimizer);
+    float* mm = adam;
+    float* vv = adam + unit.numel;
+    if (!apply) {
+      if (w) ops.cast(s, {.n = unit.numel, .src = master, .src_dtype = DType::f32, .dst = w, .dst_dtype = dt});
+      return;
+    }
+    for (const UnitRange& r : unit.adamw_ranges)
+      adamw_range(ops, s, st, r.decay, r.numel, master + r.offset, mm + r.offset, vv + r.offset, g + r.offset,
+                  w ? static_cast<char*>(w) + static_cast<size_t>(r.offset) * esz : nullptr, dt);
+    if (w && unit.numel > unit.n_real)
+      s.memset_async(static_cast<char*>(w) + static_cast<size_t>(unit.n_real) * esz, 0,
+                     static_cast<size_t>(unit.numel - unit.n_real) * esz);
+  });
+  if (!aliased) mem_.release(Role::weights, u);
+  mem_.release(Role::grads, u);
+  mem_.release(Role::adam, u);
+  mem_.release(Role::master, u);
 }
 
 }  // namespace strata

@@ -12,6 +12,16 @@
 
 namespace strata {
 
+// An optimizer step decided at the end of one step's backward (its global norm known) and
+// carried out inside the next step's forward, unit by unit just before the unit is used: the
+// optimizer's I/O (master and AdamW state streaming from NVMe) overlaps the forward's compute,
+// and the math is the same as updating every unit before the forward. apply = false (the very
+// first step, an fp16 step skipped for overflow) visits the same blocks and changes nothing.
+struct PendingUpdate {
+  AdamWStep st;
+  bool apply = false;
+};
+
 class StepDriver {
  public:
   StepDriver(Transformer& model, RunMemory& mem) : model_(model), mem_(mem) {}
@@ -21,8 +31,10 @@ class StepDriver {
   // step's last: each unit's Σ g² is added to norm2[u] (n_units fp64 in compute memory) as
   // soon as its gradient is final, so the global norm needs no second pass over the grads.
   // The per-row losses are in model.loss_rows() when the compute stream reaches the end.
+  // With `update`, each unit's pending optimizer step runs just before its forward (units the
+  // forward does not use before the head — the final norm, the head — just before the head).
   void forward_backward(const int32_t* ids, const int32_t* targets, float grad_scale, bool first, bool last,
-                        double* norm2);
+                        double* norm2, const PendingUpdate* update = nullptr);
   // Forward only: the per-row losses.
   void forward(const int32_t* ids, const int32_t* targets);
   // AdamW over every unit, from the embedding to the head, on the optimizer side. With apply
@@ -30,6 +42,8 @@ class StepDriver {
   // it is and the working weights are rewritten from the master: the step's program (what the
   // offload planner planned) is the same either way.
   void optimizer(const AdamWStep& st, bool apply = true);
+  // The same for one unit.
+  void optimizer_unit(int u, const AdamWStep& st, bool apply);
 
  private:
   // Runs fn unless this is a dry run (acquire/release still happen).
@@ -37,7 +51,7 @@ class StepDriver {
   void compute(F&& fn) {
     if (!mem_.dry()) fn();
   }
-  void embed_and_blocks_forward(const int32_t* ids);
+  void embed_and_blocks_forward(const int32_t* ids, const PendingUpdate* update);
 
   Transformer& model_;
   RunMemory& mem_;

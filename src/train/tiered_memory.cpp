@@ -83,7 +83,10 @@ struct TieredMemory::Layout {
   std::vector<int> role_of;                   // per block: its role (kNumRoles = a buffer)
   std::array<std::vector<int>, kNumRoles> ids;  // [role][index] -> block
   int workspace = -1, extra = -1;
-  offload::Schedule schedule;
+  // The programs the manager plans: [step] one training step (the previous step's update inside
+  // its forward), [update] a pending update on its own (before a save or checkpoint).
+  std::array<offload::Schedule, kNumPrograms> programs;
+  uint64_t aside_host_bytes = 0;  // host room the asides need (GPU: a unit staged through the host)
 
   Tier tier_of(int block, Side side) const {
     const Tier home = specs[static_cast<size_t>(block)].home;
@@ -191,15 +194,32 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   l->workspace = l->add("workspace", model.workspace_bytes(), Tier::device, kNumRoles);
   l->extra = l->add("step_buffers", extra_bytes, Tier::device, kNumRoles);
 
-  // The step's program, as the driver will run it: grad_accum micro-batches, then AdamW.
+  // The step's program, as the driver will run it: grad_accum micro-batches, the first with the
+  // previous step's AdamW inside its forward (src/train/step_driver.h PendingUpdate).
   const TieredMemory::Layout& cl = *l;
-  ScheduleRecorder rec(
-      l->ids, [&cl](int b, Side side) { return cl.tier_of(b, side); }, l->master_is_weights, l->schedule);
-  StepDriver driver(const_cast<Transformer&>(model), rec);
-  for (int64_t k = 0; k < grad_accum; ++k)
-    driver.forward_backward(nullptr, nullptr, 1.f, k == 0, k + 1 == grad_accum, nullptr);
-  driver.optimizer(AdamWStep{});
-  l->schedule.validate(l->specs.size());
+  auto tier = [&cl](int b, Side side) { return cl.tier_of(b, side); };
+  {
+    ScheduleRecorder rec(l->ids, tier, l->master_is_weights, l->programs[static_cast<int>(Program::step)]);
+    StepDriver driver(const_cast<Transformer&>(model), rec);
+    const PendingUpdate update;
+    for (int64_t k = 0; k < grad_accum; ++k)
+      driver.forward_backward(nullptr, nullptr, 1.f, k == 0, k + 1 == grad_accum, nullptr,
+                              k == 0 ? &update : nullptr);
+  }
+  {
+    ScheduleRecorder rec(l->ids, tier, l->master_is_weights, l->programs[static_cast<int>(Program::update)]);
+    StepDriver(const_cast<Transformer&>(model), rec).optimizer(AdamWStep{});
+  }
+  for (const auto& p : l->programs) p.validate(l->specs.size());
+  // Initialising and saving stage one unit's master, weights and AdamW state through host memory
+  // (on the CPU backend the device memory is host memory already).
+  if (backend != kernels::Backend::cpu)
+    for (size_t u = 0; u < model.units().size(); ++u) {
+      uint64_t b = 0;
+      for (Role r : {Role::weights, Role::master, Role::adam})
+        b += offload::align_up(l->specs[static_cast<size_t>(l->ids[static_cast<int>(r)][u])].bytes);
+      l->aside_host_bytes = std::max(l->aside_host_bytes, b);
+    }
   return l;
 }
 
@@ -215,7 +235,9 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
   offload::Residency roomy({kUnbounded, kUnbounded, nvme});
   for (const auto& spec : l->specs) roomy.add_block(spec);
   for (int t = 0; t < offload::kNumTiers; ++t)
-    mp.working_set[t] = offload::working_set_bytes(roomy, l->schedule, static_cast<Tier>(t));
+    for (const auto& p : l->programs)
+      mp.working_set[t] = std::max(mp.working_set[t], offload::working_set_bytes(roomy, p, static_cast<Tier>(t)));
+  mp.working_set[1] = std::max(mp.working_set[1], l->aside_host_bytes);
 
   // Budgets: as given, else the working set (on the CPU backend both pools are RAM: the host
   // pool takes at most what RAM has left after the device pool, minus a quarter for the OS).
@@ -234,21 +256,31 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
   budget[1] = std::min(budget[1], mp.working_set[1]);
   budget[2] = nvme;
 
+  if (budget[1] < l->aside_host_bytes)
+    throw offload::BudgetError("the placement does not fit: host budget " + offload::format_size(budget[1]) +
+                                   " cannot stage one unit (" + offload::format_size(l->aside_host_bytes) +
+                                   ") to initialise, load or save it; raise --host-mem to at least that",
+                               Tier::host, budget[1], l->aside_host_bytes);
   offload::Residency cold = roomy.cold(budget);
-  try {
-    offload::check_budgets(cold, l->schedule);
-  } catch (const offload::BudgetError& e) {
-    throw offload::BudgetError(std::string("the placement does not fit: ") + e.what() +
-                                   hints(e.tier(), pl, model.checkpointing().any()),
-                               e.tier(), e.budget(), e.minimum());
+  for (const auto& p : l->programs) {
+    try {
+      offload::check_budgets(cold, p);
+    } catch (const offload::BudgetError& e) {
+      throw offload::BudgetError(std::string("the placement does not fit: ") + e.what() +
+                                     hints(e.tier(), pl, model.checkpointing().any()),
+                                 e.tier(), e.budget(), e.minimum());
+    }
   }
-  auto cands = offload::candidate_plans(cold, l->schedule);
+  auto cands = offload::candidate_plans(cold, l->programs[static_cast<int>(Program::step)]);
   if (!cands.empty()) {
     mp.link_bytes = cands.front().link_bytes;
     mp.policy = cands.front().name();
   }
-  if (minimums)  // each with the other tier at its budget
-    for (Tier t : {Tier::device, Tier::host}) mp.minimum[offload::index(t)] = offload::min_budget(cold, l->schedule, t);
+  if (minimums)  // each with the other tier at its budget; every program must run
+    for (Tier t : {Tier::device, Tier::host})
+      for (const auto& p : l->programs)
+        mp.minimum[offload::index(t)] = std::max(mp.minimum[offload::index(t)], offload::min_budget(cold, p, t));
+  mp.minimum[1] = std::max(mp.minimum[1], l->aside_host_bytes);
   return mp;
 }
 
@@ -281,7 +313,7 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
   mc.host_bytes = plan_.budget[1];
   mgr_ = std::make_unique<offload::BlockManager>(rt, mc, std::move(store));
   for (const auto& spec : layout_->specs) mgr_->add_block(spec.name, spec.bytes, spec.home);
-  mgr_->set_schedule(layout_->schedule);
+  for (int p = 0; p < kNumPrograms; ++p) mgr_->set_program(p, layout_->programs[static_cast<size_t>(p)]);
   open_.resize(layout_->specs.size());
   open_side_.assign(layout_->specs.size(), Side::compute);
   model.bind_workspace(compute, mgr_->home_data(static_cast<BlockId>(layout_->workspace)));

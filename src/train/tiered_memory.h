@@ -48,6 +48,11 @@ struct MemoryPlan {
 
 class TieredMemory final : public RunMemory {
  public:
+  // What a step of the manager runs: a training step, a pending update on its own, or an aside
+  // (initialising, loading, saving: online, outside any planned program).
+  enum class Program : int { step = 0, update = 1, aside = -1 };
+  static constexpr int kNumPrograms = 2;
+
   // Registers the blocks of `model` (and `extra_device_bytes` of step buffers) under
   // `placement`, records the step's schedule (grad_accum micro-batches, then the optimizer),
   // checks the budgets (BudgetError naming the smallest that works and what would help),
@@ -64,7 +69,7 @@ class TieredMemory final : public RunMemory {
   static MemoryPlan plan(const Transformer& model, kernels::Backend backend, const Placement& placement,
                          int64_t grad_accum, size_t extra_device_bytes, bool minimums = false);
 
-  void begin_step(bool program = true) { mgr_->begin_step(program); }
+  void begin_step(Program p = Program::step) { mgr_->begin_step(static_cast<int>(p)); }
   void end_step() { mgr_->end_step(); }
   void* acquire(Role r, int index, offload::Mode m, Side side) override;
   void release(Role r, int index) override;

@@ -5,12 +5,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "kernels/ops.h"
 #include "kernels/runtime.h"
 #include "src/checkpoint/hf.h"
+#include "src/checkpoint/train_checkpoint.h"
 #include "src/data/token_shards.h"
 #include "src/model/transformer.h"
 #include "kernels/dtype.h"
@@ -146,20 +149,45 @@ struct Trainer::Impl {
   double weights_s = 0;  // of startup_s: initialising or loading the weights into their tiers
   offload::OffloadStats last_stats;   // cumulative, at the end of the previous step
   double last_stall = 0;
+  // The last step's optimizer step, carried out inside the next step's forward (or by flush()).
+  std::optional<PendingUpdate> pending;
+  fs::path resumed_from;              // the checkpoint this run continued (empty: a fresh start)
+  std::vector<std::string> resume_changes;  // flags that differ from the checkpoint's run
+  int64_t last_checkpoint_step = -1;
 
   int64_t N() const { return o.batch * o.seq; }
   kernels::Stream& opt_stream() { return cpu_stream ? *cpu_stream : *stream; }
   double busy_ms() const { return stream->busy_ms() + (cpu_stream ? cpu_stream->busy_ms() : 0); }
   void init_weights(bool load_weights);
+  void flush();
+  nlohmann::json state_json() const;
+  void restore_state(const nlohmann::json& manifest);
 };
+
+// Applies a pending optimizer step on its own (the run is over, or a checkpoint or save needs
+// the updated weights): an aside of the memory manager, outside the step's program.
+void Trainer::Impl::flush() {
+  if (!pending) return;
+  mem->begin_step(TieredMemory::Program::update);
+  driver->optimizer(pending->st, pending->apply);
+  mem->end_step();
+  stream->synchronize();
+  opt_stream().synchronize();
+  pending.reset();
+}
 
 // Every unit's master weights (random init or the checkpoint), its working weights and zeroed
 // AdamW state, written unit by unit straight to the tiers they live in.
 void Trainer::Impl::init_weights(bool load_weights) {
-  std::unique_ptr<HfCheckpoint> ckpt;
-  if (load_weights) ckpt = HfCheckpoint::open(o.model);
+  std::unique_ptr<HfCheckpoint> ckpt, optim;
+  if (!resumed_from.empty()) {
+    ckpt = HfCheckpoint::open(resumed_from);
+    optim = HfCheckpoint::open_file(resumed_from / "optimizer.safetensors");
+  } else if (load_weights) {
+    ckpt = HfCheckpoint::open(o.model);
+  }
   const bool aliased = mem->master_is_weights();
-  mem->begin_step(/*program=*/false);
+  mem->begin_step(TieredMemory::Program::aside);
   for (size_t ui = 0; ui < model->units().size(); ++ui) {
     const int u = static_cast<int>(ui);
     const Unit& unit = model->units()[ui];
@@ -175,10 +203,101 @@ void Trainer::Impl::init_weights(bool load_weights) {
     }
     void* adam = mem->acquire(Role::adam, u, offload::Mode::write, Side::host);
     std::memset(adam, 0, static_cast<size_t>(unit.numel) * 8);
+    if (optim)  // m then v, each over the unit's padded length
+      for (int pi : unit.params) {
+        const ParamInfo& p = model->params()[static_cast<size_t>(pi)];
+        float* mv = static_cast<float*>(adam);
+        optim->read_into(exp_avg_name(p.name), p.shape, mv + p.unit_offset, DType::f32);
+        optim->read_into(exp_avg_sq_name(p.name), p.shape, mv + unit.numel + p.unit_offset, DType::f32);
+      }
     mem->release(Role::adam, u);
     mem->release(Role::master, u);
   }
   mem->end_step();
+}
+
+namespace {
+
+nlohmann::json options_json(const TrainOptions& o) {
+  return {{"model", o.model},
+          {"preset", o.preset},
+          {"data", o.data},
+          {"synthetic_data", o.synthetic_data},
+          {"backend", o.backend},
+          {"dtype", o.dtype},
+          {"batch", o.batch},
+          {"seq", o.seq},
+          {"grad_accum", o.grad_accum},
+          {"steps", o.steps},
+          {"lr", o.lr},
+          {"lr_schedule", o.lr_schedule},
+          {"warmup", o.warmup},
+          {"min_lr", o.min_lr},
+          {"weight_decay", o.weight_decay},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"eps", o.eps},
+          {"grad_clip", o.grad_clip},
+          {"seed", o.seed},
+          {"offload_params", o.offload_params},
+          {"offload_grads", o.offload_grads},
+          {"offload_optimizer", o.offload_optimizer},
+          {"offload_activations", o.offload_activations},
+          {"checkpoint_activations", o.checkpoint_activations},
+          {"nvme_path", o.nvme_paths},
+          {"device_mem", o.device_mem},
+          {"host_mem", o.host_mem}};
+}
+
+}  // namespace
+
+// What a checkpoint records besides tensors: enough to continue bit for bit.
+nlohmann::json Trainer::Impl::state_json() const {
+  nlohmann::json j;
+  j["trainer"] = {{"steps_done", steps_done}, {"skipped_steps", skipped_steps}, {"tokens", tokens_done}};
+  j["loss_scaler"] = {{"enabled", scaler.enabled()}, {"scale", scaler.scale()}, {"good_steps", scaler.good_steps()}};
+  if (loader)
+    j["data"] = {{"shard", loader->shard_index()}, {"position", loader->position()}};
+  else
+    j["data"] = nullptr;
+  j["n_params"] = model->n_params();
+  j["flags"] = options_json(o);
+  return j;
+}
+
+void Trainer::Impl::restore_state(const nlohmann::json& man) {
+  const std::string where = (resumed_from / "trainer.json").string();
+  try {
+    const auto& t = man.at("trainer");
+    steps_done = t.at("steps_done").get<int64_t>();
+    skipped_steps = t.at("skipped_steps").get<int64_t>();
+    tokens_done = t.at("tokens").get<int64_t>();
+    if (steps_done < 0 || skipped_steps < 0 || skipped_steps > steps_done || tokens_done < 0)
+      throw std::runtime_error("inconsistent step counts");
+    const auto& ls = man.at("loss_scaler");
+    if (ls.at("enabled").get<bool>() == scaler.enabled()) scaler.restore(ls.at("scale").get<float>(), ls.at("good_steps").get<int>());
+    if (man.at("n_params").get<int64_t>() != model->n_params()) throw std::runtime_error("parameter count differs");
+    const auto& d = man.at("data");
+    if (loader && !d.is_null()) loader->seek(d.at("shard").get<int64_t>(), d.at("position").get<int64_t>());
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(where + ": malformed trainer state: " + e.what());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(where + ": " + e.what());
+  }
+  if (steps_done >= o.steps)
+    throw std::invalid_argument("--resume " + resumed_from.string() + ": the checkpoint is at step " +
+                                std::to_string(steps_done) + " and --steps is " + std::to_string(o.steps) +
+                                ": nothing left to train (raise --steps)");
+  last_checkpoint_step = steps_done;
+  // What the user changed since the checkpoint's run (allowed; shown in the header).
+  const nlohmann::json now = options_json(o);
+  if (man.contains("flags") && man["flags"].is_object())
+    for (const auto& [k, v] : man["flags"].items())
+      if (now.contains(k) && now[k] != v) {
+        std::string flag = k;
+        std::replace(flag.begin(), flag.end(), '_', '-');
+        resume_changes.push_back(fmt::format("--{} {} (was {})", flag, now[k].dump(), v.dump()));
+      }
 }
 
 namespace {
@@ -194,6 +313,7 @@ struct ResolvedRun {
   LrSchedule schedule = LrSchedule::cosine;
   Checkpointing ckpt;
   Placement placement;
+  fs::path resume;  // the checkpoint to continue from (empty: a fresh start)
 };
 
 ResolvedRun resolve_run(const TrainOptions& o) {
@@ -248,6 +368,27 @@ ResolvedRun resolve_run(const TrainOptions& o) {
     r.model_source = "embedded default (random init)";
   }
   r.cfg.validate();
+  if (o.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 0 (0 = only at the end)");
+  if (o.keep < 1) throw std::invalid_argument("--keep must be at least 1");
+  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
+    throw std::invalid_argument("--checkpoint-every needs --checkpoint-dir DIR (where to write them)");
+  if (!o.resume.empty()) {
+    r.resume = find_resume_checkpoint(o.resume, o.checkpoint_dir);
+    if (!r.resume.empty()) {
+      // The model is the checkpoint's; a --model or --preset given again must describe it.
+      ModelConfig saved = read_hf_config(r.resume / "config.json");
+      ModelConfig given = r.cfg;
+      given.torch_dtype = saved.torch_dtype;
+      if ((!o.model.empty() || !o.preset.empty()) && !(given == saved))
+        throw std::invalid_argument("--resume " + r.resume.string() + ": the checkpoint's model (config.json) differs from " +
+                                    (o.model.empty() ? "--preset " + o.preset : "--model " + o.model) +
+                                    "; resume with the model it was trained from");
+      r.cfg = saved;
+      r.cfg.validate();
+      r.load_weights = true;
+      r.model_source = r.resume.string() + " (training checkpoint)";
+    }
+  }
   if (o.seq > r.cfg.max_position_embeddings)
     throw std::invalid_argument("--seq " + std::to_string(o.seq) + " exceeds the model's max_position_embeddings (" +
                                 std::to_string(r.cfg.max_position_embeddings) + ")");
@@ -289,6 +430,12 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.backend = r.backend;
   m.placement = r.placement;
   const Placement& pl = m.placement;
+  nlohmann::json manifest;
+  if (!r.resume.empty()) {  // verified (sizes, checksums) before anything is allocated
+    manifest = verify_train_checkpoint(r.resume);
+    m.resumed_from = r.resume;
+  }
+  if (!o.checkpoint_dir.empty()) prepare_checkpoint_dir(o.checkpoint_dir);
   if (!o.out.empty()) {  // the save's own rules, so a finished run is never lost at the end
     try {
       check_hf_save_target(o.out);
@@ -354,12 +501,14 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
       t = static_cast<int32_t>(s % static_cast<uint64_t>(m.cfg.vocab_size));
     }
   }
+  if (!m.resumed_from.empty()) m.restore_state(manifest);
   m.stream->synchronize();
   m.opt_stream().synchronize();
   m.last_stats = m.mem->stats();
   // Last, after every check: a run that fails to start leaves an earlier metrics file intact.
+  // A resumed run appends to it.
   if (!o.metrics.empty()) {
-    m.metrics.open(o.metrics, std::ios::out | std::ios::trunc);
+    m.metrics.open(o.metrics, std::ios::out | (m.resumed_from.empty() ? std::ios::trunc : std::ios::app));
     if (!m.metrics) throw std::runtime_error("--metrics " + o.metrics + ": cannot open for writing");
   }
   m.startup_s = ms_since(t_start) / 1e3;
@@ -398,9 +547,13 @@ StepStats Trainer::step() {
   // d(mean loss over the global batch) = Σ rows' CE / (N · accum), times the fp16 loss scale.
   // The first micro-batch overwrites the grads (no zeroing pass), the others add to them.
   const float grad_scale = m.scaler.scale() / static_cast<float>(n * o.grad_accum);
+  // The previous step's update runs inside this forward (none yet: the same blocks, no change).
+  const PendingUpdate none;
+  const PendingUpdate* update = m.pending ? &*m.pending : &none;
   for (int64_t k = 0; k < o.grad_accum; ++k) {
     const int32_t* ids = m.dev_tokens + k * 2 * n;
-    m.driver->forward_backward(ids, ids + n, grad_scale, k == 0, k + 1 == o.grad_accum, m.dev_norm2);
+    m.driver->forward_backward(ids, ids + n, grad_scale, k == 0, k + 1 == o.grad_accum, m.dev_norm2,
+                               k == 0 ? update : nullptr);
     s.memcpy_async(m.host_losses.data() + k * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
   }
   s.memcpy_async(m.host_norm2.data(), m.dev_norm2, m.host_norm2.size() * sizeof(double));
@@ -416,12 +569,13 @@ StepStats Trainer::step() {
   st.grad_norm = norm;
   const bool apply = m.scaler.update(std::isfinite(norm));
   st.skipped = !apply;
-  // AdamW sees grads · clip / loss_scale: clipped, unscaled.
-  const float clip = apply ? clip_coefficient(norm, o.grad_clip) : 1.f;
-  AdamWStep as{m.adamw, m.steps_done + 1 - m.skipped_steps, static_cast<float>(st.lr),
-               clip / static_cast<float>(st.loss_scale)};
-  m.driver->optimizer(as, apply);
   m.mem->end_step();
+  // This step's update, applied inside the next step's forward: AdamW sees grads · clip /
+  // loss_scale (clipped, unscaled); its step count advances only over applied steps.
+  const float clip = apply ? clip_coefficient(norm, o.grad_clip) : 1.f;
+  m.pending = PendingUpdate{AdamWStep{m.adamw, m.steps_done + 1 - m.skipped_steps, static_cast<float>(st.lr),
+                                      clip / static_cast<float>(st.loss_scale)},
+                            apply};
   s.synchronize();
   m.opt_stream().synchronize();
   if (!apply) ++m.skipped_steps;
@@ -457,6 +611,15 @@ void Trainer::print_header(std::FILE* out) const {
   fmt::print(out, "  params     {} ({} units)\n", human_count(static_cast<double>(m.model->n_params())),
              m.model->units().size());
   fmt::print(out, "  data       {}\n", m.data_source);
+  if (!m.resumed_from.empty()) {
+    fmt::print(out, "  resumed    from {} at step {} of {}\n", m.resumed_from.string(), m.steps_done, o.steps);
+    for (const std::string& c : m.resume_changes) fmt::print(out, "             changed since the checkpoint: {}\n", c);
+  }
+  if (!o.checkpoint_dir.empty())
+    fmt::print(out, "  checkpoints {} ({}, keep {})\n", o.checkpoint_dir,
+               o.checkpoint_every > 0 ? fmt::format("every {} steps and at the end", o.checkpoint_every)
+                                      : std::string("at the end and on SIGINT/SIGTERM"),
+               o.keep);
   fmt::print(out, "  batch      {} x {} tokens x {} micro-batches = {} tokens/step, {} steps\n", o.batch, o.seq,
              o.grad_accum, tokens_per_step(), o.steps);
   fmt::print(out, "  optimizer  AdamW lr {:g} ({}, warmup {}, min {:g}), betas ({:g}, {:g}), eps {:g}, "
@@ -475,11 +638,13 @@ void Trainer::print_header(std::FILE* out) const {
              "--steps {} --lr {:g} --lr-schedule {} --warmup {} --min-lr {:g} --weight-decay {:g} --beta1 {:g} "
              "--beta2 {:g} --eps {:g} --grad-clip {:g} --seed {} --metrics '{}' --out '{}' --log-every {} "
              "--threads {} --offload-params {} --offload-grads {} --offload-optimizer {} --offload-activations {} "
-             "--checkpoint-activations {}{} --device-mem '{}' --host-mem '{}'\n",
+             "--checkpoint-activations {}{} --device-mem '{}' --host-mem '{}' --checkpoint-dir '{}' "
+             "--checkpoint-every {} --keep {} --resume '{}'\n",
              o.model, o.data, o.backend, o.dtype, o.batch, o.seq, o.grad_accum, o.steps, o.lr, o.lr_schedule, o.warmup,
              o.min_lr, o.weight_decay, o.beta1, o.beta2, o.eps, o.grad_clip, o.seed, o.metrics, o.out, o.log_every,
              o.threads, o.offload_params, o.offload_grads, o.offload_optimizer, o.offload_activations,
-             o.checkpoint_activations, nvme, o.device_mem, o.host_mem);
+             o.checkpoint_activations, nvme, o.device_mem, o.host_mem, o.checkpoint_dir, o.checkpoint_every, o.keep,
+             o.resume);
   std::fflush(out);
 }
 
@@ -491,15 +656,29 @@ int Trainer::run(std::FILE* out) {
   double first_loss = 0, last_loss = 0, min_loss = INFINITY, ms_after_first = 0;
   int64_t skipped = 0;
   uint64_t moved_total = 0;
-  for (int64_t i = 0; i < o.steps; ++i) {
+  const int64_t first_step = m.steps_done;
+  for (int64_t i = first_step; i < o.steps; ++i) {
     if (const int sig = stop_requested()) {  // SIGINT/SIGTERM: stop between steps
-      fmt::print(out, "stopped by {} after step {} of {}; nothing saved to --out (the run did not finish)\n",
-                 sig == SIGINT ? "SIGINT" : "SIGTERM", m.steps_done, o.steps);
+      const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+      if (!o.checkpoint_dir.empty() && m.steps_done > 0) {
+        const std::string path = m.last_checkpoint_step == m.steps_done
+                                     ? (fs::path(o.checkpoint_dir) / fmt::format("step-{:08d}", m.steps_done)).string()
+                                     : save_checkpoint();
+        fmt::print(out, "stopped by {} after step {} of {}; checkpoint {} (continue with --resume auto)\n", name,
+                   m.steps_done, o.steps, path);
+      } else {
+        fmt::print(out, "stopped by {} after step {} of {}; nothing saved to --out (the run did not finish){}\n", name,
+                   m.steps_done, o.steps, o.checkpoint_dir.empty() ? "; --checkpoint-dir DIR makes runs resumable" : "");
+      }
       std::fflush(out);
       return 128 + sig;
     }
     const StepStats st = step();
-    if (i == 0) first_loss = st.loss;
+    if (o.checkpoint_every > 0 && st.step % o.checkpoint_every == 0 && st.step < o.steps) {
+      const std::string path = save_checkpoint();
+      fmt::print(out, "checkpoint {}\n", path);
+    }
+    if (i == first_step) first_loss = st.loss;
     else ms_after_first += st.step_ms;
     last_loss = st.loss;
     min_loss = std::min(min_loss, st.loss);
@@ -546,12 +725,18 @@ int Trainer::run(std::FILE* out) {
       std::fflush(out);
     }
   }
+  m.flush();  // the last step's update
+  if (!o.checkpoint_dir.empty() && m.last_checkpoint_step != m.steps_done) {
+    const std::string path = save_checkpoint();
+    fmt::print(out, "checkpoint {}\n", path);
+  }
   const double total_s = ms_since(t_start) / 1e3;
   fmt::print(out, "done: {} steps, {} tokens in {:.1f} s", o.steps, m.tokens_done, total_s);
-  if (o.steps > 1)
-    fmt::print(out, " ({:.0f} tok/s, {:.1f} ms/step after step 1)",
-               static_cast<double>(tokens_per_step() * (o.steps - 1)) / (ms_after_first / 1e3),
-               ms_after_first / static_cast<double>(o.steps - 1));
+  const int64_t ran = o.steps - first_step;
+  if (ran > 1)
+    fmt::print(out, " ({:.0f} tok/s, {:.1f} ms/step after the first)",
+               static_cast<double>(tokens_per_step() * (ran - 1)) / (ms_after_first / 1e3),
+               ms_after_first / static_cast<double>(ran - 1));
   fmt::print(out, "; loss {:.4f} -> {:.4f} (min {:.4f})", first_loss, last_loss, min_loss);
   if (moved_total) fmt::print(out, "; {} moved between tiers", human_bytes(static_cast<double>(moved_total)));
   if (skipped) fmt::print(out, "; {} fp16 steps skipped", skipped);
@@ -570,6 +755,7 @@ void Trainer::save(const std::string& out_dir) const {
   Impl& m = *impl_;
   ModelConfig c = m.cfg;
   c.torch_dtype = "float32";
+  m.flush();  // a pending update belongs to the weights being saved
   m.stream->synchronize();
   m.opt_stream().synchronize();
   std::vector<TensorToSave> tensors;
@@ -585,7 +771,7 @@ void Trainer::save(const std::string& out_dir) const {
                          mem->release(Role::master, unit);
                        }});
   }
-  m.mem->begin_step(/*program=*/false);
+  m.mem->begin_step(TieredMemory::Program::aside);
   try {
     save_hf_model(out_dir, c, tensors);
   } catch (...) {
@@ -593,6 +779,48 @@ void Trainer::save(const std::string& out_dir) const {
     throw;
   }
   m.mem->end_step();
+}
+
+int64_t Trainer::steps_done() const { return impl_->steps_done; }
+
+// The whole training state after the last step (its pending update applied first), each
+// tensor streamed from wherever its unit lives: at most one unit's block is staged at a time.
+std::string Trainer::save_checkpoint() {
+  Impl& m = *impl_;
+  if (m.o.checkpoint_dir.empty()) throw std::logic_error("save_checkpoint without --checkpoint-dir");
+  m.flush();
+  TrainCheckpointContent c;
+  c.cfg = m.cfg;
+  c.cfg.torch_dtype = "float32";
+  c.state = m.state_json();
+  TieredMemory* mem = m.mem.get();
+  for (const ParamInfo& p : m.model->params()) {
+    const size_t bytes = static_cast<size_t>(p.numel) * 4;
+    const int unit = p.unit;
+    const int64_t off = p.unit_offset;
+    const int64_t unit_numel = m.model->units()[static_cast<size_t>(unit)].numel;
+    auto from = [mem, unit, bytes](Role role, int64_t offset) {
+      return [mem, unit, bytes, role, offset](void* dst) {
+        const float* src = static_cast<const float*>(mem->acquire(role, unit, offload::Mode::read, Side::host));
+        std::memcpy(dst, src + offset, bytes);
+        mem->release(role, unit);
+      };
+    };
+    c.model.push_back({p.name, p.shape, DType::f32, from(Role::master, off)});
+    c.optimizer.push_back({exp_avg_name(p.name), p.shape, DType::f32, from(Role::adam, off)});
+    c.optimizer.push_back({exp_avg_sq_name(p.name), p.shape, DType::f32, from(Role::adam, unit_numel + off)});
+  }
+  m.mem->begin_step(TieredMemory::Program::aside);
+  fs::path path;
+  try {
+    path = write_train_checkpoint(m.o.checkpoint_dir, m.steps_done, c, static_cast<int>(std::min<int64_t>(m.o.keep, 1 << 30)));
+  } catch (...) {
+    m.mem->end_step();
+    throw;
+  }
+  m.mem->end_step();
+  m.last_checkpoint_step = m.steps_done;
+  return path.string();
 }
 
 double Trainer::matmul_gflops_probe(int64_t mm, int64_t nn, int64_t kk, int reps) {

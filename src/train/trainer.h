@@ -50,6 +50,13 @@ struct TrainOptions {
   std::vector<std::string> nvme_paths;      // swap directories (one per SSD)
   std::string device_mem;                   // device budget, e.g. 24G
   std::string host_mem;                     // pinned host budget
+  // Training checkpoints (src/checkpoint/train_checkpoint.h): every n steps, at the end and
+  // when a signal stops the run; the newest `keep` are kept. resume: a checkpoint, a
+  // checkpoint directory, or "auto" (the newest under checkpoint_dir; a fresh start if none).
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;             // 0 = only at the end and on SIGINT/SIGTERM
+  int64_t keep = 2;
+  std::string resume;
 };
 
 // What one optimizer step did (also one line of --metrics).
@@ -101,6 +108,9 @@ class Trainer {
   size_t host_bytes() const;         // pinned host pool
   size_t nvme_bytes() const;         // swap space in use
   void save(const std::string& out_dir) const;
+  // Writes a training checkpoint of the state after the last step under --checkpoint-dir.
+  std::string save_checkpoint();
+  int64_t steps_done() const;
   double matmul_gflops_probe(int64_t m, int64_t n, int64_t k, int reps);  // bare fp32 GEMM, for bench
 
  private:

@@ -4,6 +4,8 @@
 // intact, and leave no swap files; SIGINT/SIGTERM stop after the current step (130/143) and a
 // second SIGINT at once, removing the swap files either way.
 #include <gtest/gtest.h>
+
+#include "tests/apps/cli_test_util.h"
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
@@ -22,17 +24,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
+using strata::test::slurp;
+using Result = strata::test::CliResult;
 
 class OffloadCli : public ::testing::Test {
  protected:
@@ -60,13 +53,7 @@ class OffloadCli : public ::testing::Test {
            " --threads 1 --seq 32 --host-mem 3M --offload-optimizer nvme --offload-grads nvme --offload-params nvme "
            "--nvme-path " + swap().string() + " ";
   }
-  Result run(const std::string& args, const std::string& env = "") {
-    const fs::path o = dir_ / "stdout", e = dir_ / "stderr";
-    const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(STRATA_BIN) + " " + args + " >" +
-                            o.string() + " 2>" + e.string();
-    const int rc = std::system(cmd.c_str());
-    return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
-  }
+  Result run(const std::string& args, const std::string& env = "") { return strata::test::run_strata(dir_, args, env); }
   // A model saved by an earlier, finished run: a failed run must leave it as it was.
   std::string save_earlier_model() {
     const Result r = run("train --model " + (dir_ / "tiny").string() + " --threads 1 --steps 1 --seq 16 --out " +

@@ -1,0 +1,238 @@
+// Training checkpoints: atomic directory writes, a checksummed manifest, `latest`, rotation.
+#include "src/checkpoint/train_checkpoint.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "io/crc32c.h"
+#include "src/checkpoint/file_util.h"
+#include "src/checkpoint/safetensors.h"
+
+namespace strata {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kManifest = "trainer.json";
+constexpr const char* kLatest = "latest";
+
+std::string step_name(int64_t step) { return fmt::format("step-{:08d}", step); }
+
+// step-N directories under dir, by step (complete checkpoints only: a temporary one is
+// .tmp-*, never step-*).
+std::map<int64_t, fs::path> complete_checkpoints(const fs::path& dir) {
+  std::map<int64_t, fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || name.size() <= 5) continue;
+    const std::string digits = name.substr(5);
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) continue;
+    if (!fs::is_directory(e.path(), ec)) continue;
+    out[std::stoll(digits)] = e.path();
+  }
+  return out;
+}
+
+// crc32c and size of a whole file, read in 8 MiB pieces.
+std::pair<uint64_t, uint32_t> file_crc(const fs::path& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw std::runtime_error(path.string() + ": cannot open: " + errno_text());
+  std::vector<char> buf(8 << 20);
+  uint64_t total = 0;
+  uint32_t crc = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error(path.string() + ": read failed at byte " + std::to_string(total) + ": " + errno_text());
+    }
+    if (n == 0) break;
+    crc = io::crc32c(buf.data(), static_cast<size_t>(n), crc);
+    total += static_cast<uint64_t>(n);
+  }
+  return {total, crc};
+}
+
+std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
+
+}  // namespace
+
+void prepare_checkpoint_dir(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("--checkpoint-dir " + dir.string() + ": cannot create it: " + ec.message());
+  if (!fs::is_directory(dir)) throw std::runtime_error("--checkpoint-dir " + dir.string() + ": not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw std::runtime_error("--checkpoint-dir " + dir.string() + ": not writable: " + errno_text());
+  // Temporary directories of runs killed while writing: .tmp-<pid>-XXXXXX, removed once that
+  // pid is gone. Never anything else.
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".tmp-", 0) != 0) continue;
+    const size_t dash = name.find('-', 5);
+    if (dash == std::string::npos) continue;
+    const std::string pid_text = name.substr(5, dash - 5);
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9)
+      continue;
+    const long pid = std::stol(pid_text);
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+    if (!rm)
+      std::fprintf(stderr, "strata: removed %s, an incomplete checkpoint left by a run (pid %ld) that was killed\n",
+                   e.path().c_str(), pid);
+  }
+}
+
+fs::path write_train_checkpoint(const fs::path& dir, int64_t step, const TrainCheckpointContent& c, int keep) {
+  if (keep < 1) throw std::invalid_argument("--keep must be at least 1");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error(dir.string() + ": cannot create the checkpoint directory: " + ec.message());
+  const fs::path final_path = dir / step_name(step);
+  TempDir tmp(make_temp_dir(dir / ".tmp-", (std::to_string(::getpid()) + "-").c_str()));
+
+  json files = json::array();
+  auto add = [&](const std::string& name, WrittenFile w) {
+    files.push_back({{"name", name}, {"bytes", w.bytes}, {"crc32c", hex32(w.crc32c)}});
+  };
+  add("model.safetensors", write_safetensors_file(tmp.path() / "model.safetensors", c.model));
+  add("optimizer.safetensors", write_safetensors_file(tmp.path() / "optimizer.safetensors", c.optimizer));
+  write_hf_config(c.cfg, tmp.path() / "config.json");
+  {
+    const auto [bytes, crc] = file_crc(tmp.path() / "config.json");
+    add("config.json", WrittenFile{bytes, crc});
+  }
+  json manifest = c.state;
+  manifest["format"] = kTrainCheckpointFormat;
+  manifest["version"] = kTrainCheckpointVersion;
+  manifest["step"] = step;
+  manifest["files"] = files;
+  write_file_synced(tmp.path() / kManifest, manifest.dump(2) + "\n");
+  if (::chmod(tmp.path().c_str(), 0755) != 0)
+    throw std::runtime_error(tmp.path().string() + ": chmod failed: " + errno_text());
+  fsync_dir(tmp.path());
+
+  // Into place. A checkpoint of the same step (a resumed run saving again) is replaced whole.
+  if (fs::exists(final_path, ec)) {
+    replace_directory(tmp.path(), final_path);
+  } else {
+    if (::rename(tmp.path().c_str(), final_path.c_str()) != 0)
+      throw std::runtime_error(final_path.string() + ": rename from " + tmp.path().string() + " failed: " + errno_text());
+  }
+  tmp.release();
+  fsync_dir(dir);
+
+  // `latest`, replaced by rename so it is always whole.
+  const fs::path latest_tmp = dir / fmt::format(".latest-{}", ::getpid());
+  write_file_synced(latest_tmp, step_name(step) + "\n");
+  if (::rename(latest_tmp.c_str(), (dir / kLatest).c_str()) != 0)
+    throw std::runtime_error((dir / kLatest).string() + ": rename failed: " + errno_text());
+  fsync_dir(dir);
+
+  // Rotation: the newest `keep` complete checkpoints stay (the one just written among them).
+  auto all = complete_checkpoints(dir);
+  while (static_cast<int>(all.size()) > keep && all.begin()->first != step) {
+    fs::remove_all(all.begin()->second, ec);
+    all.erase(all.begin());
+  }
+  return final_path;
+}
+
+bool is_train_checkpoint(const fs::path& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path / kManifest, ec);
+}
+
+json verify_train_checkpoint(const fs::path& ckpt) {
+  const fs::path mpath = ckpt / kManifest;
+  if (!is_train_checkpoint(ckpt))
+    throw std::runtime_error(ckpt.string() + ": not a training checkpoint (no " + kManifest + ")");
+  json m;
+  try {
+    const std::string text = read_text_file(mpath);
+    if (safetensors::json_nesting_depth(text) > 16) throw std::runtime_error("nested too deeply");
+    m = json::parse(text);
+    if (!m.is_object()) throw std::runtime_error("not a JSON object");
+    if (m.value("format", "") != kTrainCheckpointFormat) throw std::runtime_error("format is not " + std::string(kTrainCheckpointFormat));
+    if (!m.contains("version") || !m["version"].is_number_integer() || m["version"].get<int>() != kTrainCheckpointVersion)
+      throw std::runtime_error("unsupported version (this strata reads version " +
+                               std::to_string(kTrainCheckpointVersion) + ")");
+    if (!m.contains("step") || !m["step"].is_number_integer() || m["step"].get<int64_t>() < 0)
+      throw std::runtime_error("'step' missing or invalid");
+    if (!m.contains("files") || !m["files"].is_array()) throw std::runtime_error("'files' missing");
+  } catch (const json::exception& e) {
+    throw std::runtime_error(mpath.string() + ": malformed manifest: " + e.what());
+  } catch (const std::runtime_error& e) {
+    if (std::string(e.what()).rfind(mpath.string(), 0) == 0) throw;
+    throw std::runtime_error(mpath.string() + ": " + e.what());
+  }
+  std::map<std::string, bool> seen;
+  for (const json& f : m["files"]) {
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("bytes") ||
+        !f["bytes"].is_number_unsigned() || !f.contains("crc32c") || !f["crc32c"].is_string())
+      throw std::runtime_error(mpath.string() + ": malformed entry in 'files': " + f.dump());
+    const std::string name = f["name"].get<std::string>();
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+      throw std::runtime_error(mpath.string() + ": file name '" + name + "' is not a file in the checkpoint");
+    seen[name] = true;
+    const fs::path p = ckpt / name;
+    std::error_code ec;
+    const uint64_t want = f["bytes"].get<uint64_t>();
+    const uint64_t have = fs::file_size(p, ec);
+    if (ec) throw std::runtime_error(p.string() + ": missing from the checkpoint (" + ec.message() + ")");
+    if (have != want)
+      throw std::runtime_error(p.string() + ": " + std::to_string(have) + " bytes, the manifest says " +
+                               std::to_string(want) + " (truncated or replaced)");
+    const auto [bytes, crc] = file_crc(p);
+    if (bytes != want || hex32(crc) != f["crc32c"].get<std::string>())
+      throw std::runtime_error(p.string() + ": checksum mismatch (crc32c " + hex32(crc) + ", the manifest says " +
+                               f["crc32c"].get<std::string>() + "): the file is corrupt");
+  }
+  for (const char* required : {"model.safetensors", "optimizer.safetensors", "config.json"})
+    if (!seen.count(required))
+      throw std::runtime_error(mpath.string() + ": the manifest does not list " + required);
+  return m;
+}
+
+fs::path find_resume_checkpoint(const std::string& resume, const std::string& checkpoint_dir) {
+  const bool is_auto = resume == "auto";
+  if (is_auto && checkpoint_dir.empty())
+    throw std::invalid_argument("--resume auto looks under --checkpoint-dir; give --checkpoint-dir DIR");
+  const fs::path base = is_auto ? fs::path(checkpoint_dir) : fs::path(resume);
+  std::error_code ec;
+  if (!is_auto && !fs::exists(base, ec)) throw std::runtime_error("--resume " + resume + ": does not exist");
+  if (is_train_checkpoint(base)) return base;
+  if (!fs::is_directory(base, ec)) {
+    if (is_auto) return {};
+    throw std::runtime_error("--resume " + resume + ": not a checkpoint or a checkpoint directory");
+  }
+  const fs::path latest = base / kLatest;
+  if (fs::exists(latest, ec)) {
+    std::string name = read_text_file(latest);
+    while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+    if (name.rfind("step-", 0) == 0 && name.find('/') == std::string::npos && is_train_checkpoint(base / name))
+      return base / name;
+    std::fprintf(stderr, "strata: %s names '%s', which is not a checkpoint there; using the newest step-N\n",
+                 latest.c_str(), name.c_str());
+  }
+  const auto all = complete_checkpoints(base);
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (is_train_checkpoint(it->second)) return it->second;
+  if (is_auto) return {};
+  throw std::runtime_error("--resume " + resume + ": no checkpoint in it (no 'latest', no step-N directory)");
+}
+
+}  // namespace strata
