@@ -255,6 +255,8 @@ SwapSpace::~SwapSpace() {
 
 Extent SwapSpace::allocate(uint64_t bytes) {
   if (bytes == 0) throw std::invalid_argument("SwapSpace::allocate: zero bytes");
+  if (bytes > (uint64_t{1} << 62))  // no disk holds it, and rounding up would wrap
+    throw std::invalid_argument("SwapSpace::allocate: " + std::to_string(bytes) + " bytes is beyond any swap space");
   bytes = round_up(bytes);
   Impl& m = *impl_;
   std::lock_guard lk(m.mu);
@@ -267,7 +269,11 @@ Extent SwapSpace::allocate(uint64_t bytes) {
   const uint64_t n_stripes = (bytes + stripe - 1) / stripe;
   const uint32_t n_used = static_cast<uint32_t>(std::min<uint64_t>(n, n_stripes));
   std::vector<uint64_t> region_bytes(n_used, 0);
-  for (uint64_t k = 0; k < n_stripes; ++k) region_bytes[k % n_used] += std::min(stripe, bytes - k * stripe);
+  // Region j holds stripes j, j + n_used, ...: all full but the last stripe of the extent.
+  // Counted, not looped over: a huge extent must fail at fallocate, not spin here first.
+  for (uint32_t j = 0; j < n_used; ++j)
+    region_bytes[j] = (n_stripes / n_used + (j < n_stripes % n_used ? 1 : 0)) * stripe;
+  region_bytes[(n_stripes - 1) % n_used] -= n_stripes * stripe - bytes;
   try {
     for (uint32_t j = 0; j < n_used; ++j) {
       uint32_t d = (first + j) % n;

@@ -39,7 +39,7 @@ uint64_t parse_size(std::string_view s) {
       throw bad();
   }
   double bytes = v * mult;
-  if (!std::isfinite(bytes) || bytes < 0 || bytes > 1.8e19) throw bad();
+  if (!std::isfinite(bytes) || bytes < 0 || bytes >= 9.2e18) throw bad();  // llround must not overflow
   return static_cast<uint64_t>(std::llround(bytes));
 }
 

@@ -2,7 +2,11 @@
 // units homed on NVMe and a small pinned host budget, and prints one JSON line per schedule:
 // step time against the floor max(compute, NVMe transfer at the measured bandwidth), and bytes
 // moved by the planner against plain LRU on the same schedule and budget.
+#include <sys/statvfs.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -17,6 +21,7 @@
 #include "kernels/runtime.h"
 #include "offload/manager.h"
 #include "offload/size.h"
+#include "src/checked.h"
 
 namespace strata::app {
 namespace {
@@ -234,8 +239,39 @@ nlohmann::json run_workload(const Workload& w, const BenchOptions& o, io::SwapSp
 
 int run_bench(const BenchOptions& o) {
   if (o.nvme_paths.empty()) throw std::invalid_argument("bench offload: --nvme-path DIR is required");
+  if (o.host_units < 1) throw std::invalid_argument("bench offload: --host-units must be at least 1");
   if (o.units < o.host_units + 1) throw std::invalid_argument("bench offload: --units must exceed --host-units");
-  uint64_t unit = off::align_up(off::parse_size(o.unit_size));
+  if (o.units > (1 << 20)) throw std::invalid_argument("bench offload: --units must be at most 1048576");
+  if (o.steps < 1 || o.steps > 1000000)
+    throw std::invalid_argument("bench offload: --steps " + std::to_string(o.steps) + ": must be in [1, 1000000]");
+  if (!(std::isfinite(o.compute_ms) && o.compute_ms >= 0 && o.compute_ms <= 60000))
+    throw std::invalid_argument("bench offload: --compute-ms " + std::to_string(o.compute_ms) +
+                                ": must be a finite number of milliseconds in [0, 60000]");
+  uint64_t unit = 0;
+  try {
+    unit = off::parse_size(o.unit_size);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(std::string("bench offload: --unit-size: ") + e.what());
+  }
+  if (unit == 0 || unit > (uint64_t{1} << 50))
+    throw std::invalid_argument("bench offload: --unit-size " + o.unit_size + ": must be between 1 byte and 1P");
+  unit = off::align_up(unit);
+  // The largest schedule (zero3_mixed) homes 4 units' bytes per unit on NVMe: check it fits the
+  // free space of the swap directories before allocating anything.
+  const uint64_t need = checked_mul(checked_mul(unit, static_cast<uint64_t>(o.units), "bench offload: swap bytes"),
+                                    uint64_t{4}, "bench offload: swap bytes");
+  uint64_t free_bytes = 0;
+  for (const std::string& p : o.nvme_paths) {
+    struct statvfs sv {};
+    if (::statvfs(p.c_str(), &sv) != 0)
+      throw std::runtime_error("bench offload: --nvme-path " + p + ": " + std::strerror(errno));
+    free_bytes += static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+  }
+  if (need > free_bytes)
+    throw std::invalid_argument("bench offload: --units " + std::to_string(o.units) + " x --unit-size " +
+                                o.unit_size + " needs " + off::format_size(need) +
+                                " of swap (4 unit sizes per unit), but the --nvme-path directories have " +
+                                off::format_size(free_bytes) + " free; use fewer or smaller units");
   io::EngineOptions eo;
   eo.kind = io::parse_engine_kind(o.engine);
   auto engine = io::make_engine(eo);

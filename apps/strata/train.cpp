@@ -64,8 +64,16 @@ void register_train(CLI::App& app, Run& run) {
   auto opts = std::make_shared<TrainOptions>();
   CLI::App* cmd = app.add_subcommand("train", "Train or fine-tune a llama/gpt2-family model on token shards");
   add_train_flags(cmd, *opts);
-  cmd->callback([&run, opts] {
-    run = [opts]() -> int {
+  cmd->callback([&run, opts, cmd] {
+    // A --warmup longer than the run is allowed (the schedule is well defined) but is almost
+    // always a mistake: warned when given explicitly (the default of 5 is not worth a warning).
+    const bool warn_warmup = cmd->count("--warmup") > 0 && opts->warmup > opts->steps;
+    run = [opts, warn_warmup]() -> int {
+      if (warn_warmup)
+        std::fprintf(stderr,
+                     "strata: warning: --warmup %lld is longer than --steps %lld: the learning rate never reaches "
+                     "--lr %g\n",
+                     static_cast<long long>(opts->warmup), static_cast<long long>(opts->steps), opts->lr);
       install_stop_handlers();  // Ctrl-C / SIGTERM: stop after the current step, swap files removed
       Trainer trainer(*opts);
       return trainer.run(stdout);

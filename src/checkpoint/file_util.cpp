@@ -5,9 +5,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <stdexcept>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -114,6 +116,33 @@ std::filesystem::path make_temp_dir(const std::filesystem::path& base, const cha
   return templ;
 }
 
+std::filesystem::path make_owned_temp_dir(const std::filesystem::path& base, const std::string& suffix) {
+  const std::string tagged = suffix + std::to_string(::getpid()) + "-";
+  return make_temp_dir(base, tagged.c_str());
+}
+
+int remove_dead_pid_dirs(const std::filesystem::path& dir, const std::string& prefix) {
+  std::error_code ec;
+  int removed = 0;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const size_t dash = name.find('-', prefix.size());
+    if (dash == std::string::npos || dash == prefix.size()) continue;
+    const std::string pid_text = name.substr(prefix.size(), dash - prefix.size());
+    if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) continue;
+    const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    std::error_code rm;
+    if (!fs::is_directory(fs::symlink_status(it->path(), rm))) continue;
+    if (fs::remove_all(it->path(), rm) > 0 && !rm) {
+      ++removed;
+      std::fprintf(stderr, "strata: removed %s, left by a run (pid %ld) that did not finish\n", it->path().c_str(), pid);
+    }
+  }
+  return removed;
+}
+
 namespace {
 void fsync_parent(const fs::path& p) { fsync_dir(p.has_parent_path() ? p.parent_path() : fs::path(".")); }
 }  // namespace
@@ -140,7 +169,7 @@ void replace_directory(const std::filesystem::path& tmp, const std::filesystem::
       throw std::runtime_error(out.string() + ": cannot exchange with " + tmp.string() + ": " + errno_text());
   }
   // Filesystem without RENAME_EXCHANGE: move the old directory aside, move the new one in.
-  const fs::path aside = make_temp_dir(out, ".old-");  // reserves a name; rename replaces the empty dir
+  const fs::path aside = make_owned_temp_dir(out, ".old-");  // reserves a name; rename replaces the empty dir
   if (::rename(out.c_str(), aside.c_str()) != 0) {
     std::string why = errno_text();
     fs::remove(aside, ec);

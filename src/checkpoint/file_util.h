@@ -69,6 +69,13 @@ std::string read_text_file(const std::filesystem::path& path);
 
 // mkdtemp next to `base`: "<base><suffix>XXXXXX"; throws naming `base`.
 std::filesystem::path make_temp_dir(const std::filesystem::path& base, const char* suffix);
+// As make_temp_dir, with this process's pid after the suffix: "<base><suffix><pid>-XXXXXX", so
+// a later run can tell (remove_dead_pid_dirs) that the run which made it was killed.
+std::filesystem::path make_owned_temp_dir(const std::filesystem::path& base, const std::string& suffix);
+// Removes the directory trees in `dir` named "<prefix><pid>-..." whose pid is not a live
+// process: what a killed run left (SIGKILL, a crash, power loss). Never anything else; best
+// effort, each removal reported on stderr. Returns how many were removed.
+int remove_dead_pid_dirs(const std::filesystem::path& dir, const std::string& prefix);
 
 // Owns a directory tree: removed (best effort) on destruction unless released.
 class TempDir {

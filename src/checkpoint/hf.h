@@ -69,14 +69,19 @@ WrittenFile write_safetensors_file(const std::filesystem::path& path, const std:
 
 // Checks, before any work, that save_hf_model can write `out_dir` with the same rules it will
 // apply then: a trailing '/' is dropped; an existing out_dir must be a real directory (not a
-// file, not a symlink); its parent is created and a temporary sibling is made and removed
-// there. Throws std::runtime_error naming the path and the reason.
+// file, not a symlink) holding nothing but a saved model's files (config.json,
+// model*.safetensors, model.safetensors.index.json), since a save replaces the whole directory;
+// ".", "..", the working directory, its parents and "/" are refused; its parent is created and
+// a temporary sibling is made and removed there. Temporary siblings left by killed saves
+// ("<out>.tmp-<pid>-*", "<out>.old-<pid>-*" of dead pids) are removed. Throws
+// std::runtime_error naming the path, the reason and the fix.
 void check_hf_save_target(const std::filesystem::path& out_dir);
 
 // Writes config.json and the tensors to `out_dir` in HF layout: one model.safetensors when the
 // total is at most `shard_bytes`, else model-0000k-of-0000n.safetensors + index. Writes into
 // a sibling temporary directory, fsyncs, then renames over `out_dir` (an existing good
-// directory is only replaced once the new one is complete). Throws naming the path on failure.
+// directory is only replaced once the new one is complete; one holding files a save does not
+// write is refused, as in check_hf_save_target). Throws naming the path on failure.
 void save_hf_model(const std::filesystem::path& out_dir, const ModelConfig& cfg,
                    const std::vector<TensorToSave>& tensors, uint64_t shard_bytes = 5ull << 30);
 

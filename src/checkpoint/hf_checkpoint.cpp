@@ -50,6 +50,24 @@ void convert(const void* src, kernels::DType st, void* dst, kernels::DType dt, s
   });
 }
 
+// The first non-finite element of n stored values, or n. Checked on the stored bits, so
+// nothing is converted twice: an Inf/NaN exponent is all ones in every float format.
+size_t first_non_finite(const unsigned char* s, kernels::DType dt, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (dt == kernels::DType::f32) {
+      uint32_t b;
+      std::memcpy(&b, s + 4 * i, 4);
+      if ((b & 0x7f800000u) == 0x7f800000u) return i;
+    } else {
+      uint16_t h;
+      std::memcpy(&h, s + 2 * i, 2);
+      const uint16_t exp = dt == kernels::DType::bf16 ? 0x7f80 : 0x7c00;
+      if ((h & exp) == exp) return i;
+    }
+  }
+  return n;
+}
+
 class MappedCheckpoint final : public HfCheckpoint {
  public:
   explicit MappedCheckpoint(const fs::path& dir) : dir_(dir) {
@@ -85,7 +103,13 @@ class MappedCheckpoint final : public HfCheckpoint {
     if (t->shape != expected_shape)
       throw std::runtime_error(t->file + ": tensor '" + name + "': expected shape " + shape_str(expected_shape) +
                                ", found " + shape_str(t->shape));
-    convert(t->data, t->dtype, dst, dst_dtype, t->nbytes / kernels::dtype_size(t->dtype));
+    const size_t n = t->nbytes / kernels::dtype_size(t->dtype);
+    // A NaN or Inf weight (a diverged run's save, a corrupt file) would make every loss NaN.
+    const size_t bad = first_non_finite(static_cast<const unsigned char*>(t->data), t->dtype, n);
+    if (bad < n)
+      throw std::runtime_error(t->file + ": tensor '" + name + "' holds a non-finite value (NaN or Inf) at element " +
+                               std::to_string(bad) + "; the checkpoint is corrupt or was saved by a diverged run");
+    convert(t->data, t->dtype, dst, dst_dtype, n);
   }
 
  private:

@@ -96,8 +96,63 @@ fs::path normalised_out(const fs::path& out_dir) {
   if (out_dir.empty()) throw std::invalid_argument("save_hf_model: empty output path");
   return out_dir.has_filename() ? out_dir : out_dir.parent_path();
 }
-// Refuses what replace_directory would refuse, and creates the parent.
+
+// The files a save writes (config.json, model.safetensors, model-0000k-of-0000n.safetensors,
+// model.safetensors.index.json): a directory holding only these may be replaced.
+bool is_saved_file_name(const std::string& name) {
+  if (name == "config.json" || name == "model.safetensors.index.json") return true;
+  const std::string ext = ".safetensors";
+  return name.size() >= 5 + ext.size() && name.compare(0, 5, "model") == 0 &&
+         name.compare(name.size() - ext.size(), ext.size(), ext) == 0;
+}
+
+// Refuses an out_dir whose replacement would delete something a save did not write: ".",
+// "..", the working directory or one of its parents, the filesystem root, and a non-empty
+// directory holding anything but a model's files.
+void check_replaceable(const fs::path& out_dir) {
+  const std::string shown = out_dir.string();
+  const std::string fix = "; pass a new directory for the model (e.g. --out " +
+                          (out_dir / "model").lexically_normal().string() + ")";
+  const std::string last = out_dir.filename().string();
+  if (out_dir == "." || out_dir == ".." || last == "." || last == "..")
+    throw std::runtime_error(shown + ": names a directory by '.' or '..'; saving replaces the whole directory" + fix);
+  std::error_code ec;
+  const fs::path abs = fs::weakly_canonical(fs::absolute(out_dir, ec), ec);
+  if (!ec) {
+    if (abs == abs.root_path())
+      throw std::runtime_error(shown + ": is the filesystem root; saving replaces the whole directory" + fix);
+    const fs::path cwd = fs::weakly_canonical(fs::current_path(ec), ec);
+    if (!ec) {
+      const auto [a, c] = std::mismatch(abs.begin(), abs.end(), cwd.begin(), cwd.end());
+      if (a == abs.end())
+        throw std::runtime_error(shown + ": is the working directory" + std::string(c == cwd.end() ? "" : " or one of its parents") +
+                                 "; saving replaces the whole directory" + fix);
+    }
+  }
+  const fs::file_status st = fs::symlink_status(out_dir, ec);
+  if (!fs::is_directory(st)) return;  // absent (a fresh save) or refused by prepare_parent
+  std::vector<std::string> foreign;
+  size_t n_foreign = 0;
+  for (fs::directory_iterator it(out_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code e2;
+    if (fs::is_regular_file(fs::symlink_status(it->path(), e2)) && is_saved_file_name(name)) continue;
+    if (++n_foreign <= 3) foreign.push_back("'" + name + (fs::is_directory(it->symlink_status(e2)) ? "/'" : "'"));
+  }
+  if (ec) throw std::runtime_error(shown + ": cannot list the directory: " + ec.message());
+  if (n_foreign == 0) return;
+  std::string list;
+  for (size_t i = 0; i < foreign.size(); ++i) list += (i ? ", " : "") + foreign[i];
+  if (n_foreign > foreign.size()) list += " and " + std::to_string(n_foreign - foreign.size()) + " more";
+  throw std::runtime_error(shown + ": is not empty and not a model directory (it holds " + list +
+                           ", which strata did not write); saving would replace the whole directory" + fix +
+                           ", or an empty one");
+}
+
+// Refuses what replace_directory would refuse, and creates the parent. Removes temporary
+// siblings that earlier, killed saves to this directory left.
 void prepare_parent(const fs::path& out_dir) {
+  check_replaceable(out_dir);
   std::error_code ec;
   const fs::file_status st = fs::symlink_status(out_dir, ec);
   if (fs::exists(st) && !fs::is_directory(st))
@@ -107,13 +162,16 @@ void prepare_parent(const fs::path& out_dir) {
   fs::create_directories(parent, ec);
   if (ec) throw std::runtime_error(out_dir.string() + ": cannot create parent directory " + parent.string() + ": " +
                                    ec.message());
+  const std::string name = out_dir.filename().string();
+  remove_dead_pid_dirs(parent, name + ".tmp-");
+  remove_dead_pid_dirs(parent, name + ".old-");
 }
 }  // namespace
 
 void check_hf_save_target(const std::filesystem::path& out_dir_in) {
   const fs::path out_dir = normalised_out(out_dir_in);
   prepare_parent(out_dir);
-  TempDir probe(make_temp_dir(out_dir, ".tmp-"));  // the sibling the save will write into
+  TempDir probe(make_owned_temp_dir(out_dir, ".tmp-"));  // the sibling the save will write into
 }
 
 void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& cfg,
@@ -156,7 +214,7 @@ void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& c
   }
 
   prepare_parent(out_dir);
-  TempDir tmp(make_temp_dir(out_dir, ".tmp-"));
+  TempDir tmp(make_owned_temp_dir(out_dir, ".tmp-"));
   // mkdtemp makes 0700; a model directory is normally readable by others.
   if (::chmod(tmp.path().c_str(), 0755) != 0)
     throw std::runtime_error(tmp.path().string() + ": chmod failed: " + errno_text());

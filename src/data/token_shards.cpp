@@ -9,6 +9,7 @@
 
 #include <glob.h>
 
+#include "src/checked.h"
 #include "src/checkpoint/file_util.h"
 
 namespace strata {
@@ -66,8 +67,22 @@ class MappedShard final : public TokenShard {
     return t;
   }
   const fs::path& path() const override { return map_.path(); }
+  uint64_t token_bytes() const override { return token_bytes_; }
+  int64_t find_token_at_least(uint64_t limit) const override {
+    return token_bytes_ == 2 ? find<uint16_t>(limit) : find<uint32_t>(limit);
+  }
 
  private:
+  template <class T>
+  int64_t find(uint64_t limit) const {
+    for (int64_t i = 0; i < n_tokens_; ++i) {
+      T t;
+      std::memcpy(&t, tokens_ + sizeof(T) * static_cast<size_t>(i), sizeof(T));
+      if (static_cast<uint64_t>(t) >= limit) return i;
+    }
+    return -1;
+  }
+
   static void expect_version(const std::string& file, const int32_t* header, int32_t version) {
     if (header[1] != version)
       throw std::runtime_error(file + ": magic " + std::to_string(header[0]) + " expects version " +
@@ -139,7 +154,9 @@ DataLoader::DataLoader(const std::vector<std::filesystem::path>& shards, int64_t
   if (world <= 0 || rank < 0 || rank >= world)
     throw std::invalid_argument("DataLoader: rank " + std::to_string(rank) + " outside world " + std::to_string(world));
   if (vocab_size <= 0) throw std::invalid_argument("DataLoader: vocab_size must be positive");
-  const int64_t window = tokens_per_step() + 1;
+  const int64_t window = checked_add(checked_mul(checked_mul(batch, seq, "DataLoader: B x T"), int64_t{world},
+                                                 "DataLoader: world x B x T"),
+                                     int64_t{1}, "DataLoader: window");
   for (const auto& path : shards) {
     shards_.push_back(TokenShard::open(path));
     // As llm.c: every shard must hold at least one whole window, else it would be skipped forever.
@@ -148,6 +165,14 @@ DataLoader::DataLoader(const std::vector<std::filesystem::path>& shards, int64_t
                                " tokens, fewer than one window of world·B·T+1 = " + std::to_string(window) +
                                " tokens (world " + std::to_string(world) + ", B " + std::to_string(batch) + ", T " +
                                std::to_string(seq) + ")");
+    // Every id, once, now: a bad token found by the loader hours into a run loses the run.
+    const TokenShard& sh = *shards_.back();
+    if (const int64_t at = sh.find_token_at_least(static_cast<uint64_t>(vocab_size)); at >= 0)
+      throw std::runtime_error(path.string() + ": token " + std::to_string(sh.token(at)) + " at position " +
+                               std::to_string(at) + " (byte offset " +
+                               std::to_string(kHeaderBytes + static_cast<uint64_t>(at) * sh.token_bytes()) +
+                               ") is >= vocab_size " + std::to_string(vocab_size) +
+                               "; the shard was tokenized for a larger vocabulary than the model's");
   }
 }
 

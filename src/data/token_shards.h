@@ -17,6 +17,9 @@ class TokenShard {
   virtual ~TokenShard() = default;
   virtual int64_t n_tokens() const = 0;
   virtual uint32_t token(int64_t i) const = 0;
+  // The position of the first token >= limit, or -1 (one pass over the mapped tokens).
+  virtual int64_t find_token_at_least(uint64_t limit) const = 0;
+  virtual uint64_t token_bytes() const = 0;  // 2 (version 1) or 4 (version 7)
   virtual const std::filesystem::path& path() const = 0;
 };
 
@@ -35,8 +38,9 @@ class DataLoader {
  public:
   DataLoader(const std::vector<std::filesystem::path>& shards, int64_t batch, int64_t seq, int rank, int world,
              int64_t vocab_size);
-  // Fills inputs (B·T) and targets (B·T). A token id ≥ vocab_size throws naming the shard and
-  // the token's position in it.
+  // Opens the shards and scans every token once: an id >= vocab_size throws here, naming the
+  // shard, the token's position and byte offset, and the id.
+  // Fills inputs (B·T) and targets (B·T).
   void next(int32_t* inputs, int32_t* targets);
   void reset();  // back to the first window of the first shard
   // Position for checkpoint/resume.

@@ -3,6 +3,8 @@
 // the named presets used by benches.
 #include "src/model/config.h"
 
+#include "src/checked.h"
+
 #include <stdexcept>
 #include <string>
 
@@ -14,24 +16,38 @@ void require(bool ok, const char* field, const std::string& why) {
   if (!ok) throw std::invalid_argument(std::string("model config: ") + field + ": " + why);
 }
 
+// Over 2^40 (1.1 trillion) parameters is no model strata can hold on one machine.
+void check_param_count(int64_t n) {
+  require(n <= (int64_t{1} << 40), "parameters",
+          std::to_string(n) + " parameters is beyond what strata supports (at most 2^40); check the sizes in "
+          "config.json");
+}
+
 }  // namespace
 
 int64_t ModelConfig::n_params() const {
+  // Checked: the fields come from config.json, and a count that wraps would size buffers wrong.
+  auto mul = [](int64_t a, int64_t b) { return checked_mul(a, b, "model config: parameter count"); };
+  auto add = [](int64_t a, int64_t b) { return checked_add(a, b, "model config: parameter count"); };
   const int64_t V = vocab_size, C = hidden_size, L = n_layers, F = intermediate_size;
   if (family == Family::gpt2) {
     // wte, wpe; per block ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj; ln_f; head tied to wte.
-    const int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * F + F) + (F * C + C);
-    return V * C + max_position_embeddings * C + L * per_layer + 2 * C;
+    int64_t per_layer = add(mul(mul(C, 3), C), mul(3, C));  // c_attn
+    per_layer = add(per_layer, add(mul(C, C), C));          // attn.c_proj
+    per_layer = add(per_layer, add(mul(C, F), F));          // c_fc
+    per_layer = add(per_layer, add(mul(F, C), C));          // mlp.c_proj
+    per_layer = add(per_layer, mul(4, C));                  // ln_1, ln_2
+    return add(add(add(mul(V, C), mul(max_position_embeddings, C)), mul(L, per_layer)), mul(2, C));
   }
   const int64_t D = effective_head_dim();
-  const int64_t q = n_heads * D, kv = n_kv_heads * D;
-  int64_t attn = C * q + 2 * C * kv + q * C;
-  if (attention_bias) attn += q + 2 * kv;
-  if (o_bias) attn += C;
-  int64_t mlp = 3 * C * F;
-  if (mlp_bias) mlp += 2 * F + C;
-  const int64_t per_layer = attn + mlp + 2 * C;  // + input_layernorm, post_attention_layernorm
-  return V * C + L * per_layer + C + (tie_word_embeddings ? 0 : V * C);
+  const int64_t q = mul(n_heads, D), kv = mul(n_kv_heads, D);
+  int64_t attn = add(add(mul(C, q), mul(mul(2, C), kv)), mul(q, C));
+  if (attention_bias) attn = add(attn, add(q, mul(2, kv)));
+  if (o_bias) attn = add(attn, C);
+  int64_t mlp = mul(mul(3, C), F);
+  if (mlp_bias) mlp = add(mlp, add(mul(2, F), C));
+  const int64_t per_layer = add(add(attn, mlp), mul(2, C));  // + input_layernorm, post_attention_layernorm
+  return add(add(add(mul(V, C), mul(L, per_layer)), C), tie_word_embeddings ? 0 : mul(V, C));
 }
 
 void ModelConfig::validate() const {
@@ -51,6 +67,19 @@ void ModelConfig::validate() const {
   require(max_position_embeddings > 0, "max_position_embeddings",
           "must be positive, got " + std::to_string(max_position_embeddings));
   require(norm_eps > 0, "norm_eps", "must be positive");
+  // Upper bounds far beyond any real model, so a typo (or a hostile file) is an error here
+  // rather than an overflow or a machine swapping itself to death later.
+  auto at_most = [](int64_t v, int64_t limit, const char* field) {
+    require(v <= limit, field, std::to_string(v) + " is beyond what strata supports (at most " +
+                                   std::to_string(limit) + "); check config.json");
+  };
+  at_most(vocab_size, kMaxVocab, "vocab_size");
+  at_most(hidden_size, int64_t{1} << 18, "hidden_size");
+  at_most(n_layers, int64_t{1} << 14, "num_hidden_layers");
+  at_most(n_heads, int64_t{1} << 14, "num_attention_heads");
+  at_most(head_dim, int64_t{1} << 14, "head_dim");
+  at_most(intermediate_size, int64_t{1} << 20, "intermediate_size");
+  at_most(max_position_embeddings, int64_t{1} << 24, "max_position_embeddings");
 
   if (family == Family::gpt2) {
     require(model_type == "gpt2", "model_type", "family gpt2 needs model_type gpt2, got '" + model_type + "'");
@@ -60,6 +89,7 @@ void ModelConfig::validate() const {
     require(effective_head_dim() * n_heads == hidden_size, "head_dim", "gpt2 needs n_embd / n_head");
     require(tie_word_embeddings, "tie_word_embeddings", "gpt2's LM head is always tied to wte");
     require(rope_scaling.type.empty(), "rope_scaling", "gpt2 has no rotary embeddings");
+    check_param_count(n_params());
     return;
   }
 
@@ -86,6 +116,7 @@ void ModelConfig::validate() const {
     require(rs.original_max_position_embeddings > 0, "rope_scaling.original_max_position_embeddings",
             "must be positive");
   }
+  check_param_count(n_params());
 }
 
 ModelConfig default_model_config() {

@@ -42,10 +42,14 @@ struct ModelConfig {
   std::string activation = "silu";      // llama: silu (SwiGLU); gpt2: gelu_new / gelu
   std::string torch_dtype = "float32";  // written back to config.json
 
-  // Number of parameters (embeddings and head counted once when tied).
+  // Token ids are int32 and shards store uint32: a vocabulary beyond this is a config typo.
+  static constexpr int64_t kMaxVocab = int64_t{1} << 24;
+  // Number of parameters (embeddings and head counted once when tied). Throws
+  // std::invalid_argument if the count overflows int64.
   int64_t n_params() const;
   // Throws std::invalid_argument naming the field when the config is inconsistent
-  // (e.g. n_heads not dividing hidden_size without head_dim, n_heads % n_kv_heads != 0).
+  // (e.g. n_heads not dividing hidden_size without head_dim, n_heads % n_kv_heads != 0), or
+  // a size is beyond its sane upper bound (num_hidden_layers 1e9, vocab_size 2^62).
   void validate() const;
   // head_dim when given, else hidden_size / n_heads (HF's default for every family).
   int64_t effective_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / n_heads; }

@@ -84,9 +84,18 @@ std::string embedded_corpus_text(size_t bytes) {
   return out;
 }
 
+namespace {
+// strata-corpus-<pid>-XXXXXX in the temp folder, after removing those of runs that were killed.
+std::filesystem::path corpus_dir() {
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path();
+  remove_dead_pid_dirs(tmp, "strata-corpus-");
+  return make_owned_temp_dir(tmp / "strata-corpus", "-");
+}
+}  // namespace
+
 // The directory is a member: if writing the shard throws, it is removed with the half-built object.
 EmbeddedCorpusShard::EmbeddedCorpusShard()
-    : dir_(make_temp_dir(std::filesystem::temp_directory_path() / "strata-corpus", "-")),
+    : dir_(corpus_dir()),
       path_(dir_.path() / "corpus_bytes.bin") {
   const std::string text = embedded_corpus_text();
   std::vector<uint32_t> tokens(text.begin(), text.end());

@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <chrono>
+#include <cstdio>
+#include <string>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -51,6 +53,24 @@ uint64_t physical_ram() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
+
+// What the host can still give this process: MemAvailable + SwapFree from /proc/meminfo (0 when
+// it cannot be read, and then nothing is checked).
+uint64_t host_memory_available() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  uint64_t avail = 0, swap = 0;
+  char line[256];
+  while (std::fgets(line, sizeof(line), f)) {
+    unsigned long long kb = 0;
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = kb * 1024;
+    else if (std::sscanf(line, "SwapFree: %llu kB", &kb) == 1) swap = kb * 1024;
+  }
+  std::fclose(f);
+  return avail ? avail + swap : 0;
+}
+
+std::string gib(uint64_t b) { return offload::format_size(b); }
 
 // Fault injection for the CLI tests: STRATA_TEST_IO_FAULT=read:N (or write:N) fails the N-th
 // NVMe piece of that kind with EIO, as a failing disk would.
@@ -294,6 +314,18 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
       opt_stream_(opt_stream),
       placement_(placement) {
   plan_ = plan(model, rt.info().backend, placement, grad_accum, extra_device_bytes);
+  // The pools in RAM (on the CPU backend the device pool is RAM too) must fit what the host
+  // has, checked before anything is allocated: past it the run would swap the machine to a
+  // standstill or be killed by the OOM killer with no message.
+  const bool cpu = rt.info().backend == kernels::Backend::cpu;
+  const uint64_t ram_need = plan_.budget[1] + (cpu ? plan_.budget[0] : 0);
+  if (const uint64_t avail = host_memory_available(); avail && ram_need > avail)
+    throw std::runtime_error(
+        "the model does not fit in host memory: " + std::to_string(model.n_params()) + " parameters need " +
+        gib(ram_need) + " of RAM (" + (cpu ? "device pool " + gib(plan_.budget[0]) + " + " : std::string()) +
+        "host pool " + gib(plan_.budget[1]) + "), but this machine has " + gib(avail) +
+        " available (MemAvailable + free swap); use a smaller model, or move state to disk with --offload-optimizer "
+        "nvme --offload-grads nvme --offload-params nvme --nvme-path DIR");
   layout_ = build_layout(model, rt.info().backend, placement, grad_accum, extra_device_bytes);
   master_is_weights_ = layout_->master_is_weights;
 

@@ -13,13 +13,18 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <fcntl.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 #include "kernels/runtime.h"
+#include "src/checked.h"
+#include "src/checkpoint/file_util.h"
 #include "src/checkpoint/hf.h"
 #include "src/checkpoint/train_checkpoint.h"
 #include "src/data/token_shards.h"
@@ -141,7 +146,9 @@ struct Trainer::Impl {
   std::vector<double> host_norm2;     // (units) Σ g² per unit
   int32_t* dev_tokens = nullptr;      // same layout as host_tokens, in the step buffers
   double* dev_norm2 = nullptr;        // (units)
-  std::ofstream metrics;
+  UniqueFd metrics;                   // --metrics: closed after a failed write (warned once)
+  uint64_t metrics_bytes = 0;         // whole lines written so far
+  void write_metrics_line(const std::string& line, int64_t step);
   int64_t steps_done = 0;
   int64_t tokens_done = 0;
   int64_t skipped_steps = 0;          // fp16 overflows: AdamW's step count does not advance
@@ -174,6 +181,37 @@ void Trainer::Impl::flush() {
   stream->synchronize();
   opt_stream().synchronize();
   pending.reset();
+}
+
+// One JSON line, whole or not at all: a single write of the built line; on a failure (disk
+// full, I/O error) the partial line is cut off again, one warning names the path and errno,
+// and no more metrics are written. Training goes on: metrics are not worth the model.
+void Trainer::Impl::write_metrics_line(const std::string& line, int64_t step) {
+  if (metrics.get() < 0) return;
+  size_t done = 0;
+  int err = 0;
+  while (done < line.size()) {
+    const ssize_t w = ::write(metrics.get(), line.data() + done, line.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      err = w < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (!err) {
+    metrics_bytes += done;
+    return;
+  }
+  if (done > 0 && ::ftruncate(metrics.get(), static_cast<off_t>(metrics_bytes)) != 0)
+    fmt::print(stderr, "strata: warning: --metrics {}: cannot cut off the partial line of step {}: {}\n", o.metrics,
+               step, errno_text());
+  fmt::print(stderr,
+             "strata: warning: --metrics {}: writing step {} failed: {}; no more metrics are written, training "
+             "continues\n",
+             o.metrics, step, errno_text(err));
+  std::fflush(stderr);
+  metrics = UniqueFd();
 }
 
 // Every unit's master weights (random init or the checkpoint), its working weights and zeroed
@@ -316,19 +354,60 @@ struct ResolvedRun {
   fs::path resume;  // the checkpoint to continue from (empty: a fresh start)
 };
 
-ResolvedRun resolve_run(const TrainOptions& o) {
-  ResolvedRun r;
-  if (o.batch <= 0) throw std::invalid_argument("--batch must be positive, got " + std::to_string(o.batch));
-  if (o.seq <= 0) throw std::invalid_argument("--seq must be positive, got " + std::to_string(o.seq));
-  if (o.grad_accum <= 0) throw std::invalid_argument("--grad-accum must be positive, got " + std::to_string(o.grad_accum));
-  if (o.steps <= 0) throw std::invalid_argument("--steps must be positive, got " + std::to_string(o.steps));
-  if (o.log_every <= 0) throw std::invalid_argument("--log-every must be positive");
-  if (o.warmup < 0) throw std::invalid_argument("--warmup must not be negative");
+std::string flag_value(double v) { return fmt::format("{:g}", v); }
+
+// Every numeric flag, before anything is read or allocated: non-finite, negative or absurd
+// values are one-line errors naming the flag (a NaN learning rate trains to NaN weights; a
+// product of sizes that overflows divides by zero later).
+void validate_options(const TrainOptions& o) {
+  auto positive = [](int64_t v, const char* flag) {
+    if (v <= 0) throw std::invalid_argument(std::string(flag) + " must be positive, got " + std::to_string(v));
+  };
+  positive(o.batch, "--batch");
+  positive(o.seq, "--seq");
+  positive(o.grad_accum, "--grad-accum");
+  positive(o.steps, "--steps");
+  positive(o.log_every, "--log-every");
+  if (o.warmup < 0) throw std::invalid_argument("--warmup must not be negative, got " + std::to_string(o.warmup));
+  // Token counts: B·T per micro-batch (int32 positions in the kernels), ·accum per step, ·steps
+  // in all, and the step buffers' bytes, each overflow-checked.
+  const int64_t bt = checked_mul(o.batch, o.seq, "--batch x --seq");
+  if (bt > (int64_t{1} << 31) - 1)
+    throw std::invalid_argument(fmt::format("--batch {} x --seq {} = {} tokens per micro-batch is beyond what strata "
+                                            "supports (at most 2^31 - 1); use a smaller --batch and --grad-accum",
+                                            o.batch, o.seq, bt));
+  const int64_t per_step = checked_mul(bt, o.grad_accum, "--batch x --seq x --grad-accum");
+  checked_mul(per_step, int64_t{2 * sizeof(int32_t)}, "step token buffer bytes");
+  checked_mul(per_step, o.steps, "tokens in the run (--batch x --seq x --grad-accum x --steps)");
+  // Learning rates and AdamW: finite, in range. Beyond 1e6 no learning rate means anything (and
+  // 1e300 is infinity once it is a float).
+  constexpr double kMaxLr = 1e6;
+  auto in_range = [](double v, double lo, double hi, const char* flag, const char* range) {
+    if (!(std::isfinite(v) && v >= lo && v <= hi))
+      throw std::invalid_argument(std::string(flag) + " " + flag_value(v) + ": must be " + range);
+  };
   // 0 is allowed (as torch.optim.AdamW does): the weights stay as loaded, decay included, so a
   // run measures loss and grad norm of a checkpoint and --out re-saves it unchanged.
-  if (!(o.lr >= 0)) throw std::invalid_argument("--lr must be >= 0, got " + std::to_string(o.lr));
-  if (!(o.min_lr >= 0)) throw std::invalid_argument("--min-lr must be >= 0, got " + std::to_string(o.min_lr));
-  if (o.grad_clip < 0) throw std::invalid_argument("--grad-clip must be >= 0 (0 = off)");
+  in_range(o.lr, 0, kMaxLr, "--lr", "a finite number in [0, 1e6]");
+  in_range(o.min_lr, 0, kMaxLr, "--min-lr", "a finite number in [0, 1e6]");
+  in_range(o.weight_decay, 0, kMaxLr, "--weight-decay", "a finite number in [0, 1e6]");
+  if (!(std::isfinite(o.beta1) && o.beta1 >= 0 && o.beta1 < 1))
+    throw std::invalid_argument("--beta1 " + flag_value(o.beta1) + ": must be in [0, 1)");
+  if (!(std::isfinite(o.beta2) && o.beta2 >= 0 && o.beta2 < 1))
+    throw std::invalid_argument("--beta2 " + flag_value(o.beta2) + ": must be in [0, 1)");
+  // eps is used as a float: it must stay a positive normal float.
+  in_range(o.eps, 1e-30, 1, "--eps", "a finite number in [1e-30, 1] (e.g. 1e-8)");
+  in_range(o.grad_clip, 0, 1e30, "--grad-clip", "a finite number >= 0 (0 = off)");
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  if (o.threads < 0 || static_cast<unsigned>(o.threads) > 4 * hw)
+    throw std::invalid_argument(fmt::format("--threads {}: must be between 0 (all cores) and {} (4 x the {} hardware "
+                                            "threads of this machine)",
+                                            o.threads, 4 * hw, hw));
+}
+
+ResolvedRun resolve_run(const TrainOptions& o) {
+  ResolvedRun r;
+  validate_options(o);
   r.dtype = kernels::parse_dtype(o.dtype);
   r.backend = kernels::parse_backend(o.backend);
   if (!kernels::backend_trains(r.backend))
@@ -440,7 +519,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     try {
       check_hf_save_target(o.out);
     } catch (const std::exception& e) {
-      throw std::runtime_error("--out " + o.out + ": " + e.what());
+      throw std::runtime_error(std::string("--out ") + e.what());  // the messages start with the path
     }
   }
   // Data.
@@ -508,8 +587,12 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   // Last, after every check: a run that fails to start leaves an earlier metrics file intact.
   // A resumed run appends to it.
   if (!o.metrics.empty()) {
-    m.metrics.open(o.metrics, std::ios::out | (m.resumed_from.empty() ? std::ios::trunc : std::ios::app));
-    if (!m.metrics) throw std::runtime_error("--metrics " + o.metrics + ": cannot open for writing");
+    m.metrics = UniqueFd(::open(o.metrics.c_str(),
+                                O_WRONLY | O_CREAT | O_CLOEXEC | (m.resumed_from.empty() ? O_TRUNC : O_APPEND), 0644));
+    if (m.metrics.get() < 0)
+      throw std::runtime_error("--metrics " + o.metrics + ": cannot open for writing: " + errno_text());
+    const off_t end = ::lseek(m.metrics.get(), 0, SEEK_END);  // a resumed run appends
+    m.metrics_bytes = end > 0 ? static_cast<uint64_t>(end) : 0;
   }
   m.startup_s = ms_since(t_start) / 1e3;
 }
@@ -567,8 +650,12 @@ StepStats Trainer::step() {
   for (double u : m.host_norm2) norm2 += u;
   const double norm = std::sqrt(norm2) / m.scaler.scale();
   st.grad_norm = norm;
-  const bool apply = m.scaler.update(std::isfinite(norm));
-  st.skipped = !apply;
+  // Divergence: a non-finite loss, or a non-finite norm that is not an fp16 overflow (which the
+  // loss scaler handles by skipping the step). Nothing is applied: the weights stay those of
+  // the last good step, and run() stops.
+  st.diverged = !std::isfinite(st.loss) || (!m.scaler.enabled() && !std::isfinite(norm));
+  const bool apply = !st.diverged && m.scaler.update(std::isfinite(norm));
+  st.skipped = !apply && !st.diverged;
   m.mem->end_step();
   // This step's update, applied inside the next step's forward: AdamW sees grads · clip /
   // loss_scale (clipped, unscaled); its step count advances only over applied steps.
@@ -578,7 +665,7 @@ StepStats Trainer::step() {
                             apply};
   s.synchronize();
   m.opt_stream().synchronize();
-  if (!apply) ++m.skipped_steps;
+  if (st.skipped) ++m.skipped_steps;
   ++m.steps_done;
   m.tokens_done += n * o.grad_accum;
   st.tokens = m.tokens_done;
@@ -685,7 +772,7 @@ int Trainer::run(std::FILE* out) {
     skipped += st.skipped;
     moved_total += st.bytes_moved();
     const offload::OffloadStats& os = m.last_stats;
-    if (m.metrics.is_open()) {
+    if (m.metrics.get() >= 0) {
       nlohmann::json j;
       j["step"] = st.step;
       j["loss"] = st.loss;
@@ -709,9 +796,7 @@ int Trainer::run(std::FILE* out) {
       j["device_peak_bytes"] = os.tiers[0].bytes_peak;
       j["host_peak_bytes"] = os.tiers[1].bytes_peak;
       j["nvme_peak_bytes"] = os.tiers[2].bytes_peak;
-      m.metrics << j.dump() << '\n';
-      m.metrics.flush();
-      if (!m.metrics) throw std::runtime_error("--metrics " + o.metrics + ": write failed");
+      m.write_metrics_line(j.dump() + "\n", st.step);
     }
     if (st.step == 1 || st.step == o.steps || st.step % o.log_every == 0) {
       std::string io;
@@ -724,6 +809,11 @@ int Trainer::run(std::FILE* out) {
                  st.skipped ? fmt::format(" | fp16 overflow: step skipped, loss scale {:g}", m.scaler.scale()) : "");
       std::fflush(out);
     }
+    if (st.diverged)
+      throw std::runtime_error(fmt::format(
+          "step {}: loss {} and grad norm {}: the run diverged (not finite); the step was not applied and nothing "
+          "was saved to --out; lower --lr, add --warmup or set --grad-clip",
+          st.step, st.loss, st.grad_norm));
   }
   m.flush();  // the last step's update
   if (!o.checkpoint_dir.empty() && m.last_checkpoint_step != m.steps_done) {
@@ -769,6 +859,13 @@ void Trainer::save(const std::string& out_dir) const {
                              static_cast<const float*>(mem->acquire(Role::master, unit, offload::Mode::read, Side::host));
                          std::memcpy(dst, master + off, bytes);
                          mem->release(Role::master, unit);
+                         // The last update can overflow (a diverging run whose loss was still
+                         // finite): such weights are never saved over a good directory.
+                         const float* f = static_cast<const float*>(dst);
+                         for (size_t i = 0; i < bytes / 4; ++i)
+                           if (!std::isfinite(f[i]))
+                             throw std::runtime_error("the weights are not finite (element " + std::to_string(i) +
+                                                      "): the run diverged; nothing was saved");
                        }});
   }
   m.mem->begin_step(TieredMemory::Program::aside);
@@ -799,11 +896,19 @@ std::string Trainer::save_checkpoint() {
     const int unit = p.unit;
     const int64_t off = p.unit_offset;
     const int64_t unit_numel = m.model->units()[static_cast<size_t>(unit)].numel;
-    auto from = [mem, unit, bytes](Role role, int64_t offset) {
-      return [mem, unit, bytes, role, offset](void* dst) {
+    const std::string name = p.name;
+    auto from = [mem, unit, bytes, name](Role role, int64_t offset) {
+      return [mem, unit, bytes, role, offset, name](void* dst) {
         const float* src = static_cast<const float*>(mem->acquire(role, unit, offload::Mode::read, Side::host));
         std::memcpy(dst, src + offset, bytes);
         mem->release(role, unit);
+        // A last update that overflowed never becomes a checkpoint (rotation would then drop
+        // the good ones): the run stops instead, the previous checkpoint kept.
+        const float* f = static_cast<const float*>(dst);
+        for (size_t i = 0; i < bytes / 4; ++i)
+          if (!std::isfinite(f[i]))
+            throw std::runtime_error("'" + name + "' is not finite (element " + std::to_string(i) +
+                                     "): the run diverged; no checkpoint written, the previous one is kept");
       };
     };
     c.model.push_back({p.name, p.shape, DType::f32, from(Role::master, off)});

@@ -69,6 +69,7 @@ struct StepStats {
   double step_ms = 0;
   double tokens_per_s = 0;
   bool skipped = false;      // fp16 overflow: update skipped, loss scale halved
+  bool diverged = false;     // loss (or, outside fp16, grad norm) not finite: nothing applied
   double loss_scale = 1;
   // Offload: bytes moved per link during this step, time compute waited for blocks, and
   // the time each link was busy.
@@ -98,7 +99,9 @@ class Trainer {
   explicit Trainer(const TrainOptions& opts);
   ~Trainer();
 
-  StepStats step();                  // one optimizer step
+  // One optimizer step. A diverged step (StepStats::diverged) applies no update; run() then
+  // stops with an error, and callers of step() should too.
+  StepStats step();
   int run(std::FILE* out);           // the whole run: header, steps, metrics, summary, save
   void print_header(std::FILE* out) const;
   const ModelConfig& config() const;

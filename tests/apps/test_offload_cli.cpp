@@ -162,4 +162,25 @@ TEST_F(OffloadCli, LeftoversOfAKilledRunAreRemovedByTheNext) {
   EXPECT_EQ(std::distance(fs::directory_iterator(swap()), fs::directory_iterator{}), 1);
 }
 
+// `strata bench offload` validates its inputs before touching the disk: --steps 0 divided by
+// zero (SIGFPE), --compute-ms inf spun forever, and a huge --units x --unit-size spun in the swap
+// allocator; each is now a one-line error, within seconds.
+TEST_F(OffloadCli, BenchOffloadRefusesBadInputsQuickly) {
+  const std::string bench = "timeout 60 " + std::string(STRATA_BIN) + " bench offload --nvme-path " + swap().string();
+  for (const char* args : {"--units 8 --unit-size 1M --steps 0", "--units 8 --unit-size 1M --compute-ms inf",
+                                 "--units 8 --unit-size 1M --compute-ms nan", "--units 1000000 --unit-size 1T",
+                                 "--units 8 --unit-size 0", "--units 8 --host-units 0 --unit-size 1M"}) {
+    const fs::path e = dir_ / "stderr";
+    const int rc = std::system((bench + " " + args + " >/dev/null 2>" + e.string()).c_str());
+    ASSERT_TRUE(WIFEXITED(rc)) << args << ": killed by a signal";
+    const int status = WEXITSTATUS(rc);
+    EXPECT_NE(status, 0) << args;
+    EXPECT_NE(status, 124) << args << ": timed out";
+    const std::string err = slurp(e);
+    EXPECT_NE(err.find("bench offload"), std::string::npos) << args << ": " << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << args << ": " << err;
+  }
+  EXPECT_TRUE(fs::is_empty(swap()));
+}
+
 }  // namespace

@@ -2,10 +2,13 @@
 // bad --seq / unwritable --out are one-line errors with a non-zero exit, the same seed gives the
 // same metrics (timing fields aside), and the loss falls on the embedded corpus.
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -48,14 +51,33 @@ class TrainCli : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   // env: "NAME=value ..." set for this run only.
-  Result run(const std::string& args, const std::string& env = "") {
+  // cwd: the directory strata runs in ("" = the test's).
+  Result run(const std::string& args, const std::string& env = "", const fs::path& cwd = "") {
     const fs::path o = dir_ / "stdout", e = dir_ / "stderr";
-    const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(STRATA_BIN) + " " + args + " >" +
-                            o.string() + " 2>" + e.string();
+    const std::string cmd = (cwd.empty() ? "" : "cd '" + cwd.string() + "' && ") + (env.empty() ? "" : "env " + env + " ") +
+                            std::string(STRATA_BIN) + " " + args + " >" + o.string() + " 2>" + e.string();
     const int rc = std::system(cmd.c_str());
     return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
   }
   std::string tiny() const { return "--model " + (dir_ / "tiny").string() + " --threads 1 "; }
+  // A config.json with the tiny model's fields, `field` set to `value` (a JSON literal).
+  fs::path config_with(const std::string& field, const std::string& value) {
+    nlohmann::json j = nlohmann::json::parse(slurp(dir_ / "tiny" / "config.json"));
+    j[field] = nlohmann::json::parse(value);
+    const fs::path d = dir_ / ("cfg_" + field);
+    fs::create_directories(d);
+    std::ofstream(d / "config.json") << j.dump();
+    return d;
+  }
+  // A refusal before training: a clean exit status (not a signal), one line naming `what`, no
+  // header printed.
+  void expect_refused(const Result& r, const std::string& what, const std::string& context) {
+    EXPECT_GT(r.status, 0) << context;
+    EXPECT_LT(r.status, 128) << context << " (killed by a signal?)";
+    EXPECT_NE(r.err.find(what), std::string::npos) << context << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << context << ": " << r.err;
+    EXPECT_EQ(r.out.find("strata train"), std::string::npos) << context << ": header printed";
+  }
   fs::path dir_;
 };
 
@@ -159,6 +181,179 @@ TEST_F(TrainCli, ProfileOpsPrintsATableAtExit) {
   EXPECT_NE(on.err.find("STRATA_PROFILE_OPS: CPU op wall time"), std::string::npos) << on.err;
   for (const char* op : {"matmul", "adamw", "attention_backward", "cross_entropy"})
     EXPECT_NE(on.err.find(op), std::string::npos) << op << " missing from:\n" << on.err;
+}
+
+// --out replaces a whole directory, so one holding anything strata did not write is refused
+// before training, and so are ".", "..", the working directory (and its parents) and "/".
+TEST_F(TrainCli, OutNeverDeletesFilesStrataDidNotWrite) {
+  fs::create_directories(dir_ / "v" / "sub");
+  std::ofstream(dir_ / "v" / "thesis.txt") << "hi\n";
+  const std::string train = "train " + tiny() + "--steps 1 --batch 1 --seq 8 ";
+  Result r = run(train + "--out " + (dir_ / "v").string());
+  expect_refused(r, "thesis.txt", "--out v");
+  EXPECT_NE(r.err.find((dir_ / "v").string()), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(dir_ / "v" / "thesis.txt"), "hi\n");
+  EXPECT_TRUE(fs::is_directory(dir_ / "v" / "sub"));
+
+  fs::create_directories(dir_ / "work" / "deeper");
+  std::ofstream(dir_ / "work" / "notes.txt") << "mine\n";
+  for (const std::string& out : {std::string("."), std::string("./"), std::string(".."), (dir_ / "work").string(), (dir_ / "work").string() + "/", std::string("/")}) {
+    r = run(train + "--out " + out, "", dir_ / "work");
+    expect_refused(r, "--out", "--out " + out);
+    r = run(train + "--out " + out, "", dir_ / "work" / "deeper");  // a parent of the working directory
+    EXPECT_NE(r.status, 0) << out;
+  }
+  EXPECT_EQ(slurp(dir_ / "work" / "notes.txt"), "mine\n");
+
+  // What strata wrote itself is replaced: a second run over the same --out succeeds.
+  for (int i = 0; i < 2; ++i) {
+    r = run(train + "--out " + (dir_ / "model").string());
+    ASSERT_EQ(r.status, 0) << r.err;
+  }
+  EXPECT_TRUE(fs::exists(dir_ / "model" / "model.safetensors"));
+}
+
+// --lr 1e3 diverges: the run stops at the first non-finite loss or grad norm, naming the step,
+// with a non-zero exit, and leaves an earlier --out as it was (no NaN weights saved).
+TEST_F(TrainCli, DivergenceStopsTheRunAndKeepsOut) {
+  const fs::path out = dir_ / "model";
+  ASSERT_EQ(run("train " + tiny() + "--steps 1 --batch 1 --seq 8 --out " + out.string()).status, 0);
+  const std::string before = slurp(out / "model.safetensors");
+  const fs::path m = dir_ / "m.jsonl";
+  const Result r = run("train " + tiny() + "--lr 1e3 --warmup 0 --steps 20 --batch 1 --seq 8 --out " + out.string() +
+                       " --metrics " + m.string());
+  EXPECT_GT(r.status, 0);
+  EXPECT_LT(r.status, 128);
+  EXPECT_NE(r.err.find("diverged"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("step "), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.out.find("saved the model"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(out / "model.safetensors"), before);
+  const auto v = read_metrics(m);  // every line whole; the last is the diverged step
+  ASSERT_FALSE(v.empty());
+  EXPECT_LT(v.size(), 20u);
+}
+
+// Every numeric flag is validated before the header: no NaN/Inf/negative/absurd value trains,
+// and none crashes (SIGFPE from an overflowing B·T was the bug).
+TEST_F(TrainCli, BadHyperparametersAreRefusedBeforeTraining) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--lr inf", "--lr"},          {"--lr nan", "--lr"},
+      {"--lr 1e300", "--lr"},        {"--lr -1", "--lr"},
+      {"--min-lr inf", "--min-lr"},  {"--weight-decay nan", "--weight-decay"},
+      {"--weight-decay -0.1", "--weight-decay"}, {"--beta1 1", "--beta1"},
+      {"--beta1 nan", "--beta1"},    {"--beta2 -0.5", "--beta2"},
+      {"--beta2 1.5", "--beta2"},    {"--eps 0", "--eps"},
+      {"--eps -1e-8", "--eps"},      {"--eps nan", "--eps"},
+      {"--grad-clip nan", "--grad-clip"}, {"--grad-clip -1", "--grad-clip"},
+      {"--threads 100000", "--threads"},  {"--threads -2", "--threads"},
+      {"--batch 4611686018427387904", "--batch"}, {"--batch 0", "--batch"},
+      {"--grad-accum 4611686018427387904", "--grad-accum"}, {"--steps 0", "--steps"},
+      {"--warmup -1", "--warmup"},   {"--log-every 0", "--log-every"}};
+  for (const auto& [flags, name] : cases) {
+    const Result r = run("train " + tiny() + "--seq 8 --batch 1 --steps 1 " + flags);
+    EXPECT_GT(r.status, 0) << flags;
+    EXPECT_LT(r.status, 128) << flags << " (killed by a signal?)";
+    EXPECT_NE(r.err.find(name), std::string::npos) << flags << ": " << r.err;
+    EXPECT_EQ(r.out.find("strata train"), std::string::npos) << flags << ": header printed";
+  }
+  // B·T overflow with the embedded corpus and with --data (past the corpus-size check).
+  expect_refused(run("train " + tiny() + "--batch 4611686018427387904 --seq 8 --steps 1"), "--batch", "B x T");
+}
+
+// Sizes in config.json: a vocab whose byte count wraps, a billion layers; and a model too big
+// for this machine's memory is refused with the numbers before anything is allocated.
+TEST_F(TrainCli, AbsurdConfigsAreRefusedWithTheField) {
+  expect_refused(run("train --model " + config_with("vocab_size", "4611686018427387904").string() +
+                     " --threads 1 --steps 1 --batch 1 --seq 8"),
+                 "vocab_size", "vocab 2^62");
+  expect_refused(run("train --model " + config_with("num_hidden_layers", "1000000000").string() +
+                     " --threads 1 --steps 1 --batch 1 --seq 8"),
+                 "num_hidden_layers", "1e9 layers");
+  expect_refused(run("train --model " + config_with("hidden_size", "1099511627776").string() +
+                     " --threads 1 --steps 1 --batch 1 --seq 8"),
+                 "hidden_size", "hidden 2^40");
+  // 16384 wide, 64 layers, MLP 65536: ~270 billion parameters, > 4 TiB of RAM.
+  nlohmann::json j = nlohmann::json::parse(slurp(dir_ / "tiny" / "config.json"));
+  j["hidden_size"] = 16384;
+  j["num_hidden_layers"] = 64;
+  j["num_attention_heads"] = 128;
+  j["num_key_value_heads"] = 128;
+  j["intermediate_size"] = 65536;
+  fs::create_directories(dir_ / "huge");
+  std::ofstream(dir_ / "huge" / "config.json") << j.dump();
+  const Result r = run("train --model " + (dir_ / "huge").string() + " --threads 1 --steps 1 --batch 1 --seq 8");
+  expect_refused(r, "host memory", "huge model");
+  EXPECT_NE(r.err.find("available"), std::string::npos) << r.err;
+}
+
+// --metrics on a full disk: one warning with the path and errno, training goes on and the model
+// is saved; the file holds only whole lines.
+TEST_F(TrainCli, MetricsWriteFailureWarnsAndTrainingContinues) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  const Result r = run("train " + tiny() + "--steps 3 --batch 1 --seq 8 --metrics /dev/full --out " +
+                       (dir_ / "model").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("/dev/full"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;  // warned once
+  EXPECT_NE(r.out.find("saved the model"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(dir_ / "model" / "model.safetensors"));
+}
+
+TEST_F(TrainCli, MetricsOnAFullTmpfsKeepsWholeLines) {
+  const fs::path small = dir_ / "small";
+  fs::create_directories(small);
+  if (::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=8k") != 0)
+    GTEST_SKIP() << "cannot mount a small tmpfs (needs root): " << std::strerror(errno);
+  const fs::path m = small / "m.jsonl";
+  const Result r = run("train " + tiny() + "--steps 40 --batch 1 --seq 8 --log-every 100 --metrics " + m.string());
+  const std::string text = slurp(m);
+  ::umount2(small.c_str(), MNT_DETACH);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find(m.string()), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("done: 40 steps"), std::string::npos) << r.out;
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n');
+  std::stringstream lines(text);
+  int n = 0;
+  for (std::string line; std::getline(lines, line); ++n) {
+    EXPECT_TRUE(nlohmann::json::accept(line)) << "line " << n << ": " << line;
+    EXPECT_EQ(nlohmann::json::parse(line)["step"], n + 1);
+  }
+  EXPECT_GT(n, 0);
+  EXPECT_LT(n, 40);
+}
+
+TEST_F(TrainCli, WarmupLongerThanStepsWarns) {
+  const Result r = run("train " + tiny() + "--steps 2 --warmup 10 --batch 1 --seq 8");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("--warmup 10"), std::string::npos) << r.err;
+}
+
+// The embedded corpus lives in strata-corpus-<pid>-XXXXXX in the temp folder; a run removes the
+// ones whose process is gone (a crash or SIGKILL left them), and no others.
+TEST_F(TrainCli, CorpusLeftoversOfDeadRunsAreRemoved) {
+  const fs::path tmp = dir_ / "tmp";
+  fs::create_directories(tmp);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  const fs::path dead = tmp / ("strata-corpus-" + std::to_string(child) + "-abcdef");
+  const fs::path live = tmp / ("strata-corpus-" + std::to_string(::getpid()) + "-abcdef");
+  for (const fs::path& d : {dead, live}) {
+    fs::create_directories(d);
+    std::ofstream(d / "corpus_bytes.bin") << "x";
+  }
+  const Result r = run("train " + tiny() + "--steps 1 --batch 1 --seq 8", "TMPDIR=" + tmp.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));
+  size_t left = 0;  // the run's own directory is gone too
+  for (const auto& e : fs::directory_iterator(tmp)) left += e.path() != live;
+  EXPECT_EQ(left, 0u);
 }
 
 }  // namespace

@@ -129,3 +129,25 @@ TEST(Schedule, ValidateRejectsBadPrograms) {
   EXPECT_THROW(ok.validate(0), std::invalid_argument);
   EXPECT_NO_THROW(ok.validate(1));
 }
+
+// Belady's tie-break: among victims whose next use is equally far (here: none in the step),
+// a clean copy goes before a dirty one, which would cost a write-back. In both block orders, so
+// neither flipping nor dropping the tie-break passes.
+TEST(Planner, CleanCopyIsEvictedBeforeDirtyOnATie) {
+  for (BlockId dirty : {BlockId{0}, BlockId{1}}) {
+    const BlockId clean = 1 - dirty;
+    Residency r = blocks_on_host({kAlign, kAlign, kAlign}, 2 * kAlign);
+    r.alloc(dirty, Tier::device);
+    r.acquire(dirty, Tier::device, Mode::write);  // the home copy is stale now
+    r.release(dirty, Tier::device, Mode::write);
+    r.load(clean, Tier::device);
+    ASSERT_FALSE(r.copy(dirty, Tier::host).valid);
+    ASSERT_TRUE(r.copy(clean, Tier::host).valid);
+    Schedule s;
+    s.use(2, Tier::device, Mode::read);  // needs one of the two slots
+    const Plan p = simulate(r, s, {Policy::belady, false});
+    EXPECT_EQ(p.link_bytes[static_cast<size_t>(Link::d2h)], 0u) << "dirty block " << dirty << " written back";
+    EXPECT_EQ(p.link_bytes[static_cast<size_t>(Link::h2d)], kAlign);
+    EXPECT_EQ(p.bytes_moved(), kAlign);
+  }
+}

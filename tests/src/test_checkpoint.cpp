@@ -2,11 +2,14 @@
 // round-to-nearest-even, byte-identical re-save, sharding with an index, malformed files
 // (each error names the file and tensor), and crash-safe replacement of an existing directory.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -429,11 +432,9 @@ TEST_F(CheckpointDir, FailedSaveLeavesOldDirectoryIntact) {
 TEST_F(CheckpointDir, SuccessfulSaveReplacesOldDirectory) {
   fs::path dir = root_ / "model";
   save_hf_model(dir, tiny_config(), to_save(sample_tensors()), 300);  // sharded
-  write_bytes(dir / "stray.txt", "old");
   auto ts = sample_tensors();
   ts.resize(2);
   save_hf_model(dir, tiny_config(), to_save(ts));  // single file now
-  EXPECT_FALSE(fs::exists(dir / "stray.txt"));
   EXPECT_FALSE(fs::exists(dir / "model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(dir / "model-00001-of-00003.safetensors"));
   EXPECT_EQ(HfCheckpoint::open(dir)->tensors().size(), 2u);
@@ -443,6 +444,123 @@ TEST_F(CheckpointDir, SuccessfulSaveReplacesOldDirectory) {
   save_hf_model(dir.string() + "/", tiny_config(), to_save(sample_tensors()));
   EXPECT_EQ(HfCheckpoint::open(dir)->tensors().size(), sample_tensors().size());
   EXPECT_EQ(count_entries_containing(".tmp-"), 0);
+}
+
+// A save replaces the whole directory, so it refuses one holding anything it did not write, and
+// the working directory, its parents and the root, before writing anything.
+TEST_F(CheckpointDir, SaveNeverReplacesFilesItDidNotWrite) {
+  fs::path dir = root_ / "v";
+  fs::create_directories(dir / "sub");
+  write_bytes(dir / "thesis.txt", "hi");
+  for (const fs::path& out : {dir, fs::path(dir.string() + "/")}) {
+    try {
+      check_hf_save_target(out);
+      FAIL() << out;
+    } catch (const std::runtime_error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(dir.string()), std::string::npos) << msg;
+      EXPECT_NE(msg.find("thesis.txt"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("sub/"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("new directory"), std::string::npos) << msg;
+    }
+    EXPECT_THROW(save_hf_model(out, tiny_config(), to_save(sample_tensors())), std::runtime_error);
+  }
+  EXPECT_EQ(read_file(dir / "thesis.txt"), "hi");
+  EXPECT_TRUE(fs::is_directory(dir / "sub"));
+  EXPECT_EQ(count_entries_containing(".tmp-"), 0);
+
+  // A stray file next to a saved model is kept too.
+  fs::path model = root_ / "model";
+  save_hf_model(model, tiny_config(), to_save(sample_tensors()), 300);
+  write_bytes(model / "notes.md", "mine");
+  EXPECT_THROW(save_hf_model(model, tiny_config(), to_save(sample_tensors())), std::runtime_error);
+  EXPECT_EQ(read_file(model / "notes.md"), "mine");
+  fs::remove(model / "notes.md");
+  EXPECT_NO_THROW(check_hf_save_target(model));  // only what a save writes: replaceable
+  // An empty directory is fine.
+  fs::create_directories(root_ / "empty");
+  EXPECT_NO_THROW(save_hf_model(root_ / "empty", tiny_config(), to_save(sample_tensors())));
+
+  // ".", "..", the working directory, a parent of it, and the root.
+  const fs::path cwd = fs::current_path();
+  fs::create_directories(root_ / "work");
+  fs::current_path(root_ / "work");
+  for (const fs::path& out : {fs::path("."), fs::path("./"), fs::path(".."), fs::path("x/.."), root_ / "work",
+                              root_, fs::path("/")}) {
+    try {
+      check_hf_save_target(out);
+      ADD_FAILURE() << out << " accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("new directory"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(fs::is_directory(root_ / "work"));
+  EXPECT_TRUE(fs::exists(dir / "thesis.txt"));
+  fs::current_path(cwd);
+}
+
+// Temporary directories of a save that was killed (its pid is gone) are removed by the next
+// save to the same place; those of a live process, and anything else, are not.
+TEST_F(CheckpointDir, LeftoversOfKilledSavesAreRemoved) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // a pid that is now dead
+  const std::string dead = std::to_string(child), live = std::to_string(::getpid());
+  for (const std::string& name : {"model.tmp-" + dead + "-abc123", "model.old-" + dead + "-abc123",
+                                 "model.tmp-" + live + "-abc123", std::string("model.tmp-x-abc123"), "other.tmp-" + dead + "-a"}) {
+    fs::create_directories(root_ / name);
+    write_bytes(root_ / name / "model.safetensors", "partial");
+  }
+  save_hf_model(root_ / "model", tiny_config(), to_save(sample_tensors()));
+  EXPECT_FALSE(fs::exists(root_ / ("model.tmp-" + dead + "-abc123")));
+  EXPECT_FALSE(fs::exists(root_ / ("model.old-" + dead + "-abc123")));
+  EXPECT_TRUE(fs::exists(root_ / ("model.tmp-" + live + "-abc123")));
+  EXPECT_TRUE(fs::exists(root_ / "model.tmp-x-abc123"));
+  EXPECT_TRUE(fs::exists(root_ / ("other.tmp-" + dead + "-a")));
+}
+
+// The split rule at its boundary: tensors that add up to exactly shard_bytes stay in one file;
+// one byte more starts a second shard.
+TEST_F(CheckpointDir, ShardSplitsOnlyPastTheLimit) {
+  const auto ts = sample_tensors();
+  std::vector<HostTensor> two{ts[0], ts[3]};  // 512 + 32 bytes
+  const uint64_t total = two[0].bytes.size() + two[1].bytes.size();
+  save_hf_model(root_ / "exact", tiny_config(), to_save(two), total);
+  EXPECT_TRUE(fs::exists(root_ / "exact" / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(root_ / "exact" / "model.safetensors.index.json"));
+  save_hf_model(root_ / "over", tiny_config(), to_save(two), total - 1);
+  EXPECT_FALSE(fs::exists(root_ / "over" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(root_ / "over" / "model-00001-of-00002.safetensors"));
+  EXPECT_TRUE(fs::exists(root_ / "over" / "model-00002-of-00002.safetensors"));
+  EXPECT_EQ(HfCheckpoint::open(root_ / "over")->tensors().size(), 2u);
+}
+
+// A NaN or Inf weight is refused at load, naming the file, the tensor and the element.
+TEST_F(CheckpointDir, NonFiniteWeightsAreRefusedNamingTheTensor) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+      auto ts = sample_tensors();
+      HostTensor& t = ts[1];
+      t = random_tensor(t.name, t.shape, dt, 9);
+      kernels::store_from_f32(t.bytes.data(), dt, 5, bad);
+      const fs::path dir = root_ / "bad";
+      fs::remove_all(dir);
+      save_hf_model(dir, tiny_config(), to_save(ts));
+      auto ck = HfCheckpoint::open(dir);
+      std::vector<float> out(256);
+      try {
+        ck->read_into(t.name, t.shape, out.data(), DType::f32);
+        ADD_FAILURE() << "accepted a non-finite value";
+      } catch (const std::runtime_error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find(t.name), std::string::npos) << msg;
+        EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("element 5"), std::string::npos) << msg;
+      }
+      EXPECT_NO_THROW(ck->read_into(ts[0].name, ts[0].shape, out.data(), DType::f32));  // the others still load
+    }
+  }
 }
 
 TEST_F(CheckpointDir, UnwritablePathFailsNamingIt) {
