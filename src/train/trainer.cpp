@@ -796,6 +796,12 @@ int Trainer::run(std::FILE* out) {
       j["device_peak_bytes"] = os.tiers[0].bytes_peak;
       j["host_peak_bytes"] = os.tiers[1].bytes_peak;
       j["nvme_peak_bytes"] = os.tiers[2].bytes_peak;
+      // The offload plan in use, what it expected to move per step, and how often a step left
+      // the planned schedule (cumulative): where measured bytes exceed the plan, these say why.
+      j["plan_policy"] = os.policy;
+      j["planned_bytes"] = os.planned_bytes;
+      j["schedule_changes"] = os.schedule_changes;
+      j["cold_restarts"] = os.cold_restarts;
       m.write_metrics_line(j.dump() + "\n", st.step);
     }
     if (st.step == 1 || st.step == o.steps || st.step % o.log_every == 0) {
