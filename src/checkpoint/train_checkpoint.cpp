@@ -143,9 +143,13 @@ fs::path write_train_checkpoint(const fs::path& dir, int64_t step, const TrainCh
   fsync_dir(dir);
 
   // Rotation: the newest `keep` complete checkpoints stay (the one just written among them).
+  // An old checkpoint is first renamed out of the step-N namespace (atomic), then removed: a
+  // kill in the middle of the removal leaves a .tmp-<pid>-* directory (removed by the next
+  // run), never a step-N directory with files missing.
   auto all = complete_checkpoints(dir);
   while (static_cast<int>(all.size()) > keep && all.begin()->first != step) {
-    fs::remove_all(all.begin()->second, ec);
+    const fs::path doomed = dir / fmt::format(".tmp-{}-drop-{}", ::getpid(), all.begin()->second.filename().string());
+    if (::rename(all.begin()->second.c_str(), doomed.c_str()) == 0) fs::remove_all(doomed, ec);
     all.erase(all.begin());
   }
   return final_path;
