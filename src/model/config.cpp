@@ -3,6 +3,9 @@
 // the named presets used by benches.
 #include "src/model/config.h"
 
+#include <cmath>
+#include <limits>
+#include <utility>
 #include <stdexcept>
 #include <string>
 
@@ -14,24 +17,38 @@ void require(bool ok, const char* field, const std::string& why) {
   if (!ok) throw std::invalid_argument(std::string("model config: ") + field + ": " + why);
 }
 
+// Bounds validate() puts on a config read from a file, so its arithmetic cannot overflow: every
+// dimension below 2^31 keeps the 128-bit parameter count exact, and at most 2^48 parameters
+// keep bytes-per-parameter products (×16 for fp32 master + Adam) inside int64.
+constexpr int64_t kMaxDim = int64_t{1} << 31;
+constexpr int64_t kMaxParams = int64_t{1} << 48;
+
+// The parameter count in 128 bits (dimensions are checked to be in (0, 2^31) by validate; with
+// those, nothing here overflows).
+__int128 count_params(const ModelConfig& c) {
+  using I = __int128;
+  const I V = c.vocab_size, C = c.hidden_size, L = c.n_layers, F = c.intermediate_size;
+  if (c.family == Family::gpt2) {
+    // wte, wpe; per block ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj; ln_f; head tied to wte.
+    const I per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * F + F) + (F * C + C);
+    return V * C + I{c.max_position_embeddings} * C + L * per_layer + 2 * C;
+  }
+  const I D = c.n_heads > 0 ? c.effective_head_dim() : 0;
+  const I q = I{c.n_heads} * D, kv = I{c.n_kv_heads} * D;
+  I attn = C * q + 2 * C * kv + q * C;
+  if (c.attention_bias) attn += q + 2 * kv;
+  if (c.o_bias) attn += C;
+  I mlp = 3 * C * F;
+  if (c.mlp_bias) mlp += 2 * F + C;
+  const I per_layer = attn + mlp + 2 * C;  // + input_layernorm, post_attention_layernorm
+  return V * C + L * per_layer + C + (c.tie_word_embeddings ? 0 : V * C);
+}
+
 }  // namespace
 
 int64_t ModelConfig::n_params() const {
-  const int64_t V = vocab_size, C = hidden_size, L = n_layers, F = intermediate_size;
-  if (family == Family::gpt2) {
-    // wte, wpe; per block ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj; ln_f; head tied to wte.
-    const int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * F + F) + (F * C + C);
-    return V * C + max_position_embeddings * C + L * per_layer + 2 * C;
-  }
-  const int64_t D = effective_head_dim();
-  const int64_t q = n_heads * D, kv = n_kv_heads * D;
-  int64_t attn = C * q + 2 * C * kv + q * C;
-  if (attention_bias) attn += q + 2 * kv;
-  if (o_bias) attn += C;
-  int64_t mlp = 3 * C * F;
-  if (mlp_bias) mlp += 2 * F + C;
-  const int64_t per_layer = attn + mlp + 2 * C;  // + input_layernorm, post_attention_layernorm
-  return V * C + L * per_layer + C + (tie_word_embeddings ? 0 : V * C);
+  const __int128 n = count_params(*this);
+  return n > std::numeric_limits<int64_t>::max() ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(n);
 }
 
 void ModelConfig::validate() const {
@@ -50,7 +67,17 @@ void ModelConfig::validate() const {
   require(intermediate_size > 0, "intermediate_size", "must be positive, got " + std::to_string(intermediate_size));
   require(max_position_embeddings > 0, "max_position_embeddings",
           "must be positive, got " + std::to_string(max_position_embeddings));
-  require(norm_eps > 0, "norm_eps", "must be positive");
+  require(norm_eps > 0 && std::isfinite(norm_eps), "norm_eps", "must be positive and finite");
+  // Sizes from a file are bounded before any arithmetic on them (a fuzzed config.json had
+  // hidden_size 4e9, whose parameter count overflowed int64).
+  const std::pair<const char*, int64_t> dims[] = {
+      {"vocab_size", vocab_size}, {"hidden_size", hidden_size}, {"num_hidden_layers", n_layers},
+      {"num_attention_heads", n_heads}, {"num_key_value_heads", n_kv_heads}, {"head_dim", head_dim},
+      {"intermediate_size", intermediate_size}, {"max_position_embeddings", max_position_embeddings}};
+  for (const auto& [field, v] : dims)
+    require(v < kMaxDim, field, std::to_string(v) + " is not below 2^31 (corrupt config?)");
+  require(count_params(*this) <= kMaxParams, "hidden_size",
+          "these sizes give more than 2^48 parameters (corrupt config?)");
 
   if (family == Family::gpt2) {
     require(model_type == "gpt2", "model_type", "family gpt2 needs model_type gpt2, got '" + model_type + "'");
@@ -66,7 +93,7 @@ void ModelConfig::validate() const {
   require(model_type == "llama" || model_type == "mistral" || model_type == "qwen2", "model_type",
           "family llama needs model_type llama, mistral or qwen2, got '" + model_type + "'");
   require(activation == "silu", "hidden_act", "expected silu, got '" + activation + "'");
-  require(rope_theta > 0, "rope_theta", "must be positive");
+  require(rope_theta > 0 && std::isfinite(rope_theta), "rope_theta", "must be positive and finite");
   require(effective_head_dim() % 2 == 0, "head_dim", "rotary embeddings need an even head_dim");
   if (model_type == "llama") {
     require(o_bias == attention_bias, "attention_bias", "llama puts biases on q, k, v and o together");
@@ -80,9 +107,9 @@ void ModelConfig::validate() const {
   const RopeScaling& rs = rope_scaling;
   if (!rs.type.empty()) {
     require(rs.type == "llama3", "rope_scaling", "type '" + rs.type + "' is not supported (only llama3)");
-    require(rs.factor > 0, "rope_scaling.factor", "must be positive");
-    require(rs.low_freq_factor > 0 && rs.high_freq_factor > rs.low_freq_factor, "rope_scaling.high_freq_factor",
-            "must be greater than low_freq_factor > 0");
+    require(rs.factor > 0 && std::isfinite(rs.factor), "rope_scaling.factor", "must be positive and finite");
+    require(rs.low_freq_factor > 0 && rs.high_freq_factor > rs.low_freq_factor && std::isfinite(rs.high_freq_factor),
+            "rope_scaling.high_freq_factor", "must be finite and greater than low_freq_factor > 0");
     require(rs.original_max_position_embeddings > 0, "rope_scaling.original_max_position_embeddings",
             "must be positive");
   }

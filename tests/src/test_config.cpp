@@ -183,6 +183,24 @@ TEST(ModelConfig, ValidateNamesTheField) {
   expect_field(c, "vocab_size");
 }
 
+// Found by fuzz/fuzz_hf_config: a config.json with hidden_size 4e9 passed validation and its
+// parameter count overflowed int64 (undefined behaviour, then nonsense budgets). Sizes from a
+// file are now bounded, and the count is computed in 128 bits.
+TEST_F(ConfigDir, HugeSizesAreRejectedNotOverflowed) {
+  const std::string rest = R"("vocab_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "intermediate_size": 128, "max_position_embeddings": 64, "hidden_act": "silu")";
+  expect_error(R"({"model_type": "llama", "hidden_size": 4000000000, )" + rest + "}", {"hidden_size", "2^31"});
+  // Each dimension below 2^31, yet 2^30 · 2^30 · ... parameters.
+  expect_error(R"({"model_type": "llama", "hidden_size": 1073741824, "vocab_size": 1073741824, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 64})",
+               {"hidden_size", "2^48 parameters"});
+  ModelConfig c = small_llama();
+  c.head_dim = 0;
+  c.hidden_size = 4'000'000'000;  // attention alone is 4·C² ≈ 6.4e19 parameters
+  EXPECT_EQ(c.n_params(), INT64_MAX);  // saturates instead of wrapping (validate rejects it)
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+}
+
 TEST_F(ConfigDir, RoundTripEveryFamily) {
   std::vector<ModelConfig> configs;
   ModelConfig llama = small_llama();
