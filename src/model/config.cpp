@@ -52,6 +52,15 @@ int64_t ModelConfig::n_params() const {
 }
 
 void ModelConfig::validate() const {
+  // Sizes from a file are bounded before any arithmetic on them (a fuzzed config.json had
+  // hidden_size 4e9, whose parameter count overflowed int64).
+  const std::pair<const char*, int64_t> dims[] = {
+      {"vocab_size", vocab_size}, {"hidden_size", hidden_size}, {"num_hidden_layers", n_layers},
+      {"num_attention_heads", n_heads}, {"num_key_value_heads", n_kv_heads}, {"head_dim", head_dim},
+      {"intermediate_size", intermediate_size}, {"max_position_embeddings", max_position_embeddings},
+      {"rope_scaling.original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+  for (const auto& [field, v] : dims)
+    require(v < kMaxDim, field, std::to_string(v) + " is not below 2^31 (corrupt config?)");
   require(vocab_size > 0, "vocab_size", "must be positive, got " + std::to_string(vocab_size));
   require(hidden_size > 0, "hidden_size", "must be positive, got " + std::to_string(hidden_size));
   require(n_layers > 0, "num_hidden_layers", "must be positive, got " + std::to_string(n_layers));
@@ -68,14 +77,6 @@ void ModelConfig::validate() const {
   require(max_position_embeddings > 0, "max_position_embeddings",
           "must be positive, got " + std::to_string(max_position_embeddings));
   require(norm_eps > 0 && std::isfinite(norm_eps), "norm_eps", "must be positive and finite");
-  // Sizes from a file are bounded before any arithmetic on them (a fuzzed config.json had
-  // hidden_size 4e9, whose parameter count overflowed int64).
-  const std::pair<const char*, int64_t> dims[] = {
-      {"vocab_size", vocab_size}, {"hidden_size", hidden_size}, {"num_hidden_layers", n_layers},
-      {"num_attention_heads", n_heads}, {"num_key_value_heads", n_kv_heads}, {"head_dim", head_dim},
-      {"intermediate_size", intermediate_size}, {"max_position_embeddings", max_position_embeddings}};
-  for (const auto& [field, v] : dims)
-    require(v < kMaxDim, field, std::to_string(v) + " is not below 2^31 (corrupt config?)");
   require(count_params(*this) <= kMaxParams, "hidden_size",
           "these sizes give more than 2^48 parameters (corrupt config?)");
 
