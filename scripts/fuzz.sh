@@ -12,7 +12,7 @@ shift || true
 BUILD="${FUZZ_BUILD_DIR:-$STRATA_ROOT/build-fuzz}"
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (apt-get install clang)"; exit 1; }
 
-CC=clang CXX=clang++ cmake -S "$STRATA_ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_FUZZ=ON \
+CC=clang CXX=clang++ cmake -S "$STRATA_ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Fuzz -DSTRATA_FUZZ=ON \
   -DSTRATA_CUDA=OFF -DSTRATA_BUILD_TESTS=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_WERROR=ON >/dev/null
 cmake --build "$BUILD" --target strata_fuzz -j "$(nproc)"
 

@@ -13,7 +13,7 @@ strata_build "$BUILD_DIR" -DSTRATA_WERROR=ON -DSTRATA_BUILD_TESTS=ON -DSTRATA_BU
 bash "$STRATA_ROOT/scripts/check_packages.sh" "$BUILD_DIR"
 (cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" "$@")
 # A short libFuzzer pass over the parsers' seed corpora (regression inputs included): about a
-# minute on 2 cores with the build, STRATA_FUZZ_SECONDS per target (default 5; 0 skips it).
-if [ "${STRATA_FUZZ_SECONDS:-5}" != 0 ]; then
-  bash "$STRATA_ROOT/scripts/fuzz.sh" "${STRATA_FUZZ_SECONDS:-5}"
+# minute on 2 cores with the build, STRATA_FUZZ_SECONDS per target (default 3; 0 skips it).
+if [ "${STRATA_FUZZ_SECONDS:-3}" != 0 ]; then
+  bash "$STRATA_ROOT/scripts/fuzz.sh" "${STRATA_FUZZ_SECONDS:-3}"
 fi
