@@ -32,12 +32,26 @@ IoError::IoError(const std::string& what_op, std::string path, uint64_t offset, 
     : std::runtime_error(io_message(what_op, path, offset, length, err, hint)),
       path_(std::move(path)), offset_(offset), length_(length), errno_(err) {}
 
-ChecksumError::ChecksumError(uint64_t extent_id, uint64_t bytes, uint32_t expected, uint32_t actual,
-                             const std::string& where)
-    : std::runtime_error("checksum mismatch reading extent " + std::to_string(extent_id) + " (" +
-                         std::to_string(bytes) + " bytes, " + where + "): crc32c expected " +
-                         std::to_string(expected) + " got " + std::to_string(actual)),
-      extent_id_(extent_id), expected_(expected), actual_(actual) {}
+namespace {
+std::string checksum_message(const ChecksumError::Where& w) {
+  char crcs[64];
+  std::snprintf(crcs, sizeof crcs, "crc32c expected %08x got %08x", w.expected, w.actual);
+  return "checksum mismatch reading swap file " + w.path + " at byte offset " + std::to_string(w.file_offset) + " (" +
+         std::to_string(w.block_bytes) + "-byte block " + std::to_string(w.block_bytes ? w.extent_offset / w.block_bytes : 0) +
+         " of extent " + std::to_string(w.extent_id) + ", extent offset " + std::to_string(w.extent_offset) +
+         (w.bad_blocks > 1 ? "; " + std::to_string(w.bad_blocks) + " bad blocks in this read" : std::string()) + "): " +
+         crcs + (w.context.empty() ? std::string() : "; " + w.context) +
+         "; the disk returned other bytes than were written: check the drive (dmesg, smartctl) and its filesystem";
+}
+}  // namespace
+
+ChecksumError::ChecksumError(Where w) : std::runtime_error(checksum_message(w)), w_(std::move(w)) {}
+
+ChecksumError ChecksumError::with_context(const std::string& context) const {
+  Where w = w_;
+  w.context = w.context.empty() ? context : w.context + ", " + context;
+  return ChecksumError(std::move(w));
+}
 
 const char* to_string(EngineKind k) {
   switch (k) {

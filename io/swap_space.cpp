@@ -1,6 +1,6 @@
 // SwapSpace: per-path swap files grown with fallocate (so a full disk fails at allocate()),
 // a first-fit free list per file, RAID-0 striping of large extents across paths, and crc32c
-// per extent write verified on read.
+// per 4 KiB block written, verified on every read of it (whole-extent or sub-range).
 #include "io/swap_space.h"
 
 #include <dirent.h>
@@ -48,8 +48,11 @@ struct SwapSpace::Impl {
     uint64_t bytes = 0;
     uint64_t stripe = 0;
     std::vector<Region> regions;
-    bool has_crc = false;
-    uint32_t crc = 0;
+    // Per 4 KiB checksum block (with checksums on): the crc32c of what was last written there,
+    // and whether it was ever written (a block never written is read unverified). Sized at
+    // allocate and never resized, so I/O on disjoint ranges updates them without the lock.
+    std::unique_ptr<uint32_t[]> crc;
+    std::unique_ptr<uint8_t[]> written;
   };
 
   SwapOptions opts;
@@ -65,6 +68,12 @@ struct SwapSpace::Impl {
   uint64_t alloc_region(Dir& d, uint64_t bytes);  // throws IoError on ENOSPC etc.
   void free_region(Dir& d, uint64_t off, uint64_t bytes);
   void close_all();
+  // Where extent byte `offset` lives: its path index and byte offset in that path's swap file.
+  std::pair<uint32_t, uint64_t> locate(const Info& info, uint64_t offset) const {
+    const uint64_t n = info.regions.size(), k = offset / info.stripe;
+    const Region& r = info.regions[k % n];
+    return {r.dir, r.off + (k / n) * info.stripe + (offset - k * info.stripe)};
+  }
 };
 
 namespace {
@@ -285,6 +294,10 @@ Extent SwapSpace::allocate(uint64_t bytes) {
     throw;
   }
   info.stripe = n_used == 1 ? bytes : stripe;
+  if (m.opts.checksums) {
+    info.crc = std::make_unique<uint32_t[]>(bytes / kChecksumBlock);
+    info.written = std::make_unique<uint8_t[]>(bytes / kChecksumBlock);  // zeroed: nothing written yet
+  }
   Extent e{m.next_id++, bytes};
   m.bytes_allocated += bytes;
   m.extents.emplace(e.id, std::move(info));
@@ -318,10 +331,12 @@ IoHandle SwapSpace::extent_io(IoOp op, const Extent& e, uint64_t offset, uint64_
   if (!is_aligned(offset) || !is_aligned(length) || !is_aligned(buf))
     throw AlignmentError("extent " + std::to_string(e.id) + ": buffer, offset and length must be 4 KiB aligned (offset " +
                          std::to_string(offset) + ", length " + std::to_string(length) + ")");
-  const bool whole = offset == 0 && length == e.bytes;
+  static_assert(kChecksumBlock == kDirectAlign, "every aligned I/O covers whole checksum blocks");
   std::vector<IoSpan> spans;
   RequestOptions ro;
   std::string where;
+  uint32_t* crc = nullptr;
+  uint8_t* written = nullptr;
   {
     std::lock_guard lk(m.mu);
     auto it = m.extents.find(e.id);
@@ -341,21 +356,57 @@ IoHandle SwapSpace::extent_io(IoOp op, const Extent& e, uint64_t offset, uint64_
                        static_cast<char*>(buf) + (lo - offset)});
     }
     where = "path " + m.dirs[info.regions[0].dir].root + (n > 1 ? " (striped)" : "");
-    if (m.opts.checksums && op == IoOp::write) {
-      info.has_crc = whole;
-      if (whole) info.crc = crc32c(buf, length);
-    }
-    if (m.opts.checksums && op == IoOp::read && whole && info.has_crc) {
-      uint32_t expected = info.crc;
-      uint64_t id = e.id;
-      ro.verify = [&m, buf, length, expected, id, where] {
-        uint32_t actual = crc32c(buf, length);
-        if (actual != expected) {
-          m.checksum_failures.fetch_add(1);
-          throw ChecksumError(id, length, expected, actual, where);
+    // The arrays outlive this I/O (an extent is not freed with I/O in flight); the caller keeps
+    // at most one operation per range in flight, so no two threads touch the same entries.
+    crc = info.crc.get() ? info.crc.get() + offset / kChecksumBlock : nullptr;
+    written = info.written.get() ? info.written.get() + offset / kChecksumBlock : nullptr;
+  }
+  const uint64_t n_blocks = length / kChecksumBlock;
+  if (crc && op == IoOp::write) {
+    // On the submitting thread, where the bytes are (and warm in cache), outside the lock.
+    crc32c_blocks(buf, n_blocks, kChecksumBlock, crc);
+    std::memset(written, 1, n_blocks);
+  }
+  if (crc && op == IoOp::read) {
+    const uint64_t id = e.id;
+    ro.verify = [&m, buf, offset, n_blocks, crc, written, id] {
+      // Runs once, on the first thread to wait for the read (the lane that completes it).
+      constexpr uint64_t kBatch = 64;
+      uint32_t got[kBatch];
+      uint64_t bad = 0, first = 0;
+      uint32_t first_expected = 0, first_actual = 0;
+      for (uint64_t b0 = 0; b0 < n_blocks; b0 += kBatch) {
+        const uint64_t nb = std::min(kBatch, n_blocks - b0);
+        crc32c_blocks(static_cast<const char*>(buf) + b0 * kChecksumBlock, nb, kChecksumBlock, got);
+        for (uint64_t j = 0; j < nb; ++j) {
+          const uint64_t b = b0 + j;
+          if (!written[b] || got[j] == crc[b]) continue;
+          if (bad++ > 0) continue;
+          first = b;
+          first_expected = crc[b];
+          first_actual = got[j];
         }
-      };
-    }
+      }
+      if (bad == 0) return;
+      m.checksum_failures.fetch_add(1);
+      ChecksumError::Where w;
+      w.extent_id = id;
+      w.extent_offset = offset + first * kChecksumBlock;
+      w.block_bytes = kChecksumBlock;
+      w.bad_blocks = bad;
+      w.expected = first_expected;
+      w.actual = first_actual;
+      {
+        std::lock_guard lk(m.mu);
+        auto it = m.extents.find(id);
+        if (it != m.extents.end()) {
+          auto [dir, file_offset] = m.locate(it->second, w.extent_offset);
+          w.path = m.dirs[dir].file;
+          w.file_offset = file_offset;
+        }
+      }
+      throw ChecksumError(std::move(w));
+    };
   }
   ro.label = "extent " + std::to_string(e.id) + " (" + std::to_string(length) + " bytes at extent offset " +
              std::to_string(offset) + ", " + where + ")";

@@ -1,6 +1,6 @@
 // SwapSpace: 4 KiB-aligned extents in preallocated swap files, one file per --nvme-path
-// directory (one per SSD), large extents striped RAID-0 across them. Optional crc32c per extent
-// write, verified on read. Files live in a private 0700 directory and are removed on destruction.
+// directory (one per SSD), large extents striped RAID-0 across them. crc32c per 4 KiB block
+// written, verified on every read of it, so corruption on disk is an error, never training data. Files live in a private 0700 directory and are removed on destruction.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -11,10 +11,14 @@
 
 namespace strata::io {
 
+inline constexpr uint64_t kChecksumBlock = 4096;  // bytes per crc32c (the O_DIRECT alignment)
+
 struct SwapOptions {
   std::vector<std::string> paths;      // directories, one per SSD; at least one
   uint64_t stripe_bytes = 1 << 20;     // RAID-0 stripe unit across paths (multiple of 4 KiB)
-  bool checksums = false;              // crc32c per whole-extent write, verified on whole-extent read
+  // crc32c per 4 KiB block, computed on the writing thread and verified on every read (whole or
+  // sub-range) by the first thread to wait for it. Costs 5 bytes of RAM per 4 KiB of extent.
+  bool checksums = true;
   bool allow_buffered = false;         // a path whose filesystem rejects O_DIRECT: use buffered I/O (warns)
   bool test_reject_direct = false;     // tests: act as if every path's filesystem rejected O_DIRECT
 };
@@ -48,12 +52,12 @@ class SwapSpace {
   Extent allocate(uint64_t bytes);
   void free(Extent& e);  // no I/O may be in flight on it; resets e
 
-  // Whole-extent I/O: buf is 4 KiB aligned and holds e.bytes. With checksums on, write records the
-  // crc32c of buf and read verifies it in wait() (ChecksumError naming the extent on mismatch).
+  // Whole-extent I/O: buf is 4 KiB aligned and holds e.bytes. With checksums on, a write records
+  // the crc32c of each 4 KiB block of buf and a read verifies every block it covers that was ever
+  // written, in wait(): a ChecksumError names the swap file, the byte offset in it and the block.
   IoHandle write(const Extent& e, const void* buf);
   IoHandle read(const Extent& e, void* buf);
-  // Sub-range I/O (aligned offset/length inside the extent). A partial write drops the extent's
-  // checksum; a partial read is not verified.
+  // Sub-range I/O (aligned offset/length inside the extent), checksummed the same way.
   IoHandle write(const Extent& e, uint64_t offset, uint64_t length, const void* buf);
   IoHandle read(const Extent& e, uint64_t offset, uint64_t length, void* buf);
 

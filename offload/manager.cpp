@@ -44,6 +44,7 @@ BlockId BlockManager::add_block(const std::string& name, uint64_t bytes, Tier ho
   if (home == Tier::nvme && !store_)
     throw std::invalid_argument("offload: block '" + name + "' lives on NVMe but no --nvme-path store was given");
   BlockId b = res_.add_block({name, bytes, home});
+  if (home == Tier::nvme) store_->name_range(res_.copy(b, Tier::nvme).offset, align_up(bytes), name);
   copies_.emplace_back();
   open_handles_.push_back(0);
   // The home copy starts with whatever its range held: the client writes it before reading.

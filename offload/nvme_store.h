@@ -27,10 +27,15 @@ class NvmeStore {
   // A long-lived staging buffer the engine may register (io_uring fixed buffers). Best effort.
   virtual void register_buffer(void* /*p*/, size_t /*bytes*/) {}
   virtual void unregister_buffer(void* /*p*/) {}  // before the buffer is freed, nothing in flight
+  // Names the block whose home is [offset, offset + bytes), so a read that fails verification
+  // says which block's bytes were corrupt. Called before any I/O on the range.
+  virtual void name_range(uint64_t /*offset*/, uint64_t /*bytes*/, const std::string& /*name*/) {}
 };
 
 // The production store: one extent of `bytes` in `space` (fallocated now, so a full disk fails
-// here with the path), freed on destruction. `space` must outlive the store.
+// here with the path), freed on destruction. `space` must outlive the store. Reads are verified
+// against the crc32c of what was written when the space has checksums on; a mismatch is an
+// io::ChecksumError naming the swap file, the byte offset and the block (name_range).
 std::unique_ptr<NvmeStore> make_swap_store(io::SwapSpace& space, uint64_t bytes);
 
 }  // namespace strata::offload

@@ -1,4 +1,7 @@
-// The NvmeStore over io/: a SwapSpace extent, sub-range I/O through the space's IoEngine.
+// The NvmeStore over io/: a SwapSpace extent, sub-range I/O through the space's IoEngine. A read
+// that fails checksum verification is reported with the name of the block that owns the bytes.
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "io/swap_space.h"
@@ -7,14 +10,46 @@
 namespace strata::offload {
 namespace {
 
+// Block names by store offset (name_range), looked up only when a read fails verification.
+class RangeNames {
+ public:
+  void add(uint64_t offset, uint64_t bytes, const std::string& name) {
+    std::lock_guard lk(mu_);
+    names_[offset] = {bytes, name};
+  }
+  std::string describe(uint64_t offset) const {
+    std::lock_guard lk(mu_);
+    auto it = names_.upper_bound(offset);
+    if (it == names_.begin()) return "";
+    --it;
+    if (offset >= it->first + it->second.first) return "";
+    return "offload block '" + it->second.second + "' at byte " + std::to_string(offset - it->first);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uint64_t, std::pair<uint64_t, std::string>> names_;  // offset -> (bytes, name)
+};
+
 class IoPart final : public Waitable {
  public:
-  explicit IoPart(io::IoHandle h) : h_(std::move(h)) {}
-  void wait() override { h_.wait(); }
+  IoPart(io::IoHandle h, const RangeNames* names) : h_(std::move(h)), names_(names) {}
+  void wait() override {
+    if (!names_) return h_.wait();
+    try {
+      h_.wait();
+    } catch (const io::ChecksumError& e) {
+      // The extent is the whole store, so the extent offset is the store offset.
+      const std::string block = names_->describe(e.extent_offset());
+      if (block.empty()) throw;
+      throw e.with_context(block);
+    }
+  }
   bool ready() override { return h_.ready(); }
 
  private:
   io::IoHandle h_;
+  const RangeNames* names_;  // reads only
 };
 
 class SwapStore final : public NvmeStore {
@@ -26,15 +61,17 @@ class SwapStore final : public NvmeStore {
   }
   uint64_t capacity() const override { return extent_.bytes; }
   std::shared_ptr<Waitable> read(uint64_t offset, uint64_t length, void* buf) override {
-    return std::make_shared<IoPart>(space_.read(extent_, offset, length, buf));
+    return std::make_shared<IoPart>(space_.read(extent_, offset, length, buf), &names_);
   }
   std::shared_ptr<Waitable> write(uint64_t offset, uint64_t length, const void* buf) override {
-    return std::make_shared<IoPart>(space_.write(extent_, offset, length, buf));
+    return std::make_shared<IoPart>(space_.write(extent_, offset, length, buf), nullptr);
   }
   void register_buffer(void* p, size_t bytes) override { space_.engine().register_buffer(p, bytes); }
   void unregister_buffer(void* p) override { space_.engine().unregister_buffer(p); }
+  void name_range(uint64_t offset, uint64_t bytes, const std::string& name) override { names_.add(offset, bytes, name); }
 
  private:
+  RangeNames names_;
   io::SwapSpace& space_;
   io::Extent extent_;
 };

@@ -7,6 +7,9 @@ STRATA_PACKAGES=(
   ocl-icd-opencl-dev opencl-c-headers
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # scripts/fuzz.sh (CI's short fuzz run): clang and its libFuzzer/sanitizer runtimes, which
+  # clang-14 only Recommends.
+  clang libclang-rt-14-dev
 )
 
 strata_install_deps() {

@@ -11,5 +11,9 @@ strata_install_deps
 strata_build "$BUILD_DIR" -DSTRATA_WERROR=ON -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES=90
 # Every system file the build used must come from the install list (what a fresh machine gets).
 bash "$STRATA_ROOT/scripts/check_packages.sh" "$BUILD_DIR"
-cd "$BUILD_DIR"
-ctest --output-on-failure -j "$(nproc)" "$@"
+(cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" "$@")
+# A short libFuzzer pass over the parsers' seed corpora (regression inputs included): about a
+# minute on 2 cores with the build, STRATA_FUZZ_SECONDS per target (default 3; 0 skips it).
+if [ "${STRATA_FUZZ_SECONDS:-3}" != 0 ]; then
+  bash "$STRATA_ROOT/scripts/fuzz.sh" "${STRATA_FUZZ_SECONDS:-3}"
+fi

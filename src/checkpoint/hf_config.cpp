@@ -94,9 +94,11 @@ RopeScaling read_rope_scaling(const Fields& f) {
   rs.factor = num("factor");
   rs.low_freq_factor = num("low_freq_factor");
   rs.high_freq_factor = num("high_freq_factor");
-  double orig = num("original_max_position_embeddings");
-  if (orig != std::floor(orig)) f.fail("rope_scaling.original_max_position_embeddings", "expected an integer");
-  rs.original_max_position_embeddings = static_cast<int64_t>(orig);
+  // The integer rule of every other size field: a float like 8192.0 is accepted, but only when it
+  // is finite and exact (a fuzzed 1e300 was cast to int64: undefined behaviour).
+  (void)num("original_max_position_embeddings");
+  rs.original_max_position_embeddings =
+      f.as_int(r.at("original_max_position_embeddings"), "rope_scaling.original_max_position_embeddings");
   return rs;
 }
 
@@ -154,7 +156,10 @@ ModelConfig read_gpt2(const Fields& f) {
   if (c.n_heads <= 0) f.fail("n_head", "must be positive, got " + std::to_string(c.n_heads));
   c.n_kv_heads = c.n_heads;
   c.head_dim = c.hidden_size / c.n_heads;
-  c.intermediate_size = f.int_field("n_inner", 4 * c.hidden_size);
+  // GPT-2's default MLP width, 4·n_embd, only for an n_embd that validate() can accept (a fuzzed
+  // n_embd of 2^63-1 overflowed 4·n_embd); any other n_embd is rejected there by name.
+  const bool sane_embd = c.hidden_size > 0 && c.hidden_size < (int64_t{1} << 40);
+  c.intermediate_size = f.int_field("n_inner", sane_embd ? 4 * c.hidden_size : 1);
   c.max_position_embeddings = f.has("n_positions") ? f.int_field("n_positions") : f.int_field("n_ctx");
   c.norm_eps = f.num_field("layer_norm_epsilon", 1e-5);
   c.activation = f.str_field("activation_function", "gelu_new");

@@ -5,6 +5,9 @@
 
 #include "src/checked.h"
 
+#include <cmath>
+#include <limits>
+#include <utility>
 #include <stdexcept>
 #include <string>
 
@@ -15,6 +18,9 @@ namespace {
 void require(bool ok, const char* field, const std::string& why) {
   if (!ok) throw std::invalid_argument(std::string("model config: ") + field + ": " + why);
 }
+
+// Every size field of a config is below 2^31 before any arithmetic on it.
+constexpr int64_t kMaxDim = int64_t{1} << 31;
 
 // Over 2^40 (1.1 trillion) parameters is no model strata can hold on one machine.
 void check_param_count(int64_t n) {
@@ -51,6 +57,15 @@ int64_t ModelConfig::n_params() const {
 }
 
 void ModelConfig::validate() const {
+  // Sizes from a file are bounded before any arithmetic on them (a fuzzed config.json had
+  // hidden_size 4e9, whose parameter count overflowed int64).
+  const std::pair<const char*, int64_t> dims[] = {
+      {"vocab_size", vocab_size}, {"hidden_size", hidden_size}, {"num_hidden_layers", n_layers},
+      {"num_attention_heads", n_heads}, {"num_key_value_heads", n_kv_heads}, {"head_dim", head_dim},
+      {"intermediate_size", intermediate_size}, {"max_position_embeddings", max_position_embeddings},
+      {"rope_scaling.original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+  for (const auto& [field, v] : dims)
+    require(v < kMaxDim, field, std::to_string(v) + " is not below 2^31 (corrupt config?)");
   require(vocab_size > 0, "vocab_size", "must be positive, got " + std::to_string(vocab_size));
   require(hidden_size > 0, "hidden_size", "must be positive, got " + std::to_string(hidden_size));
   require(n_layers > 0, "num_hidden_layers", "must be positive, got " + std::to_string(n_layers));
@@ -66,7 +81,7 @@ void ModelConfig::validate() const {
   require(intermediate_size > 0, "intermediate_size", "must be positive, got " + std::to_string(intermediate_size));
   require(max_position_embeddings > 0, "max_position_embeddings",
           "must be positive, got " + std::to_string(max_position_embeddings));
-  require(norm_eps > 0, "norm_eps", "must be positive");
+  require(norm_eps > 0 && std::isfinite(norm_eps), "norm_eps", "must be positive and finite");
   // Upper bounds far beyond any real model, so a typo (or a hostile file) is an error here
   // rather than an overflow or a machine swapping itself to death later.
   auto at_most = [](int64_t v, int64_t limit, const char* field) {
@@ -96,7 +111,7 @@ void ModelConfig::validate() const {
   require(model_type == "llama" || model_type == "mistral" || model_type == "qwen2", "model_type",
           "family llama needs model_type llama, mistral or qwen2, got '" + model_type + "'");
   require(activation == "silu", "hidden_act", "expected silu, got '" + activation + "'");
-  require(rope_theta > 0, "rope_theta", "must be positive");
+  require(rope_theta > 0 && std::isfinite(rope_theta), "rope_theta", "must be positive and finite");
   require(effective_head_dim() % 2 == 0, "head_dim", "rotary embeddings need an even head_dim");
   if (model_type == "llama") {
     require(o_bias == attention_bias, "attention_bias", "llama puts biases on q, k, v and o together");
@@ -110,9 +125,9 @@ void ModelConfig::validate() const {
   const RopeScaling& rs = rope_scaling;
   if (!rs.type.empty()) {
     require(rs.type == "llama3", "rope_scaling", "type '" + rs.type + "' is not supported (only llama3)");
-    require(rs.factor > 0, "rope_scaling.factor", "must be positive");
-    require(rs.low_freq_factor > 0 && rs.high_freq_factor > rs.low_freq_factor, "rope_scaling.high_freq_factor",
-            "must be greater than low_freq_factor > 0");
+    require(rs.factor > 0 && std::isfinite(rs.factor), "rope_scaling.factor", "must be positive and finite");
+    require(rs.low_freq_factor > 0 && rs.high_freq_factor > rs.low_freq_factor && std::isfinite(rs.high_freq_factor),
+            "rope_scaling.high_freq_factor", "must be finite and greater than low_freq_factor > 0");
     require(rs.original_max_position_embeddings > 0, "rope_scaling.original_max_position_embeddings",
             "must be positive");
   }

@@ -2,6 +2,7 @@
 // acquire path (host waits only for I/O, counted as stall; streams wait for events).
 #include "src/train/tiered_memory.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,17 +74,38 @@ uint64_t host_memory_available() {
 std::string gib(uint64_t b) { return offload::format_size(b); }
 
 // Fault injection for the CLI tests: STRATA_TEST_IO_FAULT=read:N (or write:N) fails the N-th
-// NVMe piece of that kind with EIO, as a failing disk would.
-io::EngineOptions engine_options() {
+// NVMe piece of that kind with EIO, as a failing disk would; flip:N flips one bit in the swap
+// file(s) under the N-th written piece once it is on disk, as silent corruption would (the
+// checksums, not this hook, must then catch it). `files` is filled in once the swap exists.
+io::EngineOptions engine_options(std::shared_ptr<const std::vector<std::string>> files) {
   io::EngineOptions eo;
   const char* spec = std::getenv("STRATA_TEST_IO_FAULT");
   if (!spec || !*spec) return eo;
   const std::string text(spec);
   const size_t colon = text.find(':');
   if (colon == std::string::npos) return eo;
-  const io::IoOp op = text.substr(0, colon) == "write" ? io::IoOp::write : io::IoOp::read;
+  const std::string kind = text.substr(0, colon);
   const int64_t nth = std::stoll(text.substr(colon + 1));
   auto seen = std::make_shared<std::atomic<int64_t>>(0);
+  if (kind == "flip") {
+    eo.completion_hook = [nth, seen, files](io::IoOp o, uint64_t offset, uint64_t length, int64_t result) -> int64_t {
+      if (o != io::IoOp::write || result != static_cast<int64_t>(length) || ++*seen != nth) return result;
+      const auto at = static_cast<off_t>(offset + length / 2);
+      for (const std::string& f : *files) {  // the piece's file is not known here: flip it in each
+        const int fd = ::open(f.c_str(), O_RDWR | O_CLOEXEC);
+        if (fd < 0) continue;
+        unsigned char byte = 0;
+        if (::pread(fd, &byte, 1, at) == 1) {
+          byte ^= 0x10;
+          if (::pwrite(fd, &byte, 1, at) == 1) (void)::fdatasync(fd);
+        }
+        ::close(fd);
+      }
+      return result;
+    };
+    return eo;
+  }
+  const io::IoOp op = kind == "write" ? io::IoOp::write : io::IoOp::read;
   eo.completion_hook = [op, nth, seen](io::IoOp o, uint64_t, uint64_t, int64_t result) -> int64_t {
     if (o == op && ++*seen == nth) return -EIO;
     return result;
@@ -341,11 +363,14 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
   if (plan_.budget[2] > 0) {
     if (placement.nvme_paths.empty())
       throw std::invalid_argument("an --offload-* flag puts state on NVMe but no --nvme-path DIR was given");
-    engine_ = io::make_engine(engine_options());
+    auto files = std::make_shared<std::vector<std::string>>();
+    engine_ = io::make_engine(engine_options(files));
     io::SwapOptions so;
     so.paths = placement.nvme_paths;
     so.allow_buffered = true;  // a filesystem without O_DIRECT (tmpfs) still works, with a warning
+    so.checksums = true;       // every NVMe read is verified: corrupt state is an error, not training data
     swap_ = std::make_unique<io::SwapSpace>(so, *engine_);
+    *files = swap_->files();
     store = offload::make_swap_store(*swap_, plan_.budget[2]);
   }
   offload::ManagerConfig mc;

@@ -1,7 +1,7 @@
 // `strata train` with state on NVMe, end to end through the built binary: a failing disk (EIO
 // on a read or a write mid-run) and a full one (ENOSPC when the swap files grow) end the run
 // with one line naming the path and the operation and a non-zero exit, leave an earlier --out
-// intact, and leave no swap files; SIGINT/SIGTERM stop after the current step (130/143) and a
+// intact, and leave no swap files; so does a bit flipped on disk (caught by the checksums); SIGINT/SIGTERM stop after the current step (130/143) and a
 // second SIGINT at once, removing the swap files either way.
 #include <gtest/gtest.h>
 
@@ -88,6 +88,23 @@ TEST_F(OffloadCli, WriteErrorMidRunIsOneLineAndKeepsOut) {
                        "STRATA_TEST_IO_FAULT=write:60");
   EXPECT_NE(r.out.find("step 1/4"), std::string::npos) << "the fault should hit mid-run:\n" << r.out;
   expect_one_line_error(r, "write ");
+  EXPECT_EQ(slurp(dir_ / "model" / "model.safetensors"), before);
+}
+
+// Silent corruption: one bit of the swap file flips after a write mid-run (the test hook does
+// it behind the engine's back, as a bad drive would). The read-back is verified against the
+// crc32c recorded at write time, so the run stops with one line naming the swap file, the byte
+// offset and the block, instead of training on the corrupt state.
+TEST_F(OffloadCli, BitFlipOnNvmeMidRunIsReportedNotTrainedOn) {
+  const std::string before = save_earlier_model();
+  const Result r = run("train " + nvme_args() + "--steps 4 --out " + (dir_ / "model").string(),
+                       "STRATA_TEST_IO_FAULT=flip:60");
+  EXPECT_NE(r.out.find("step 1/4"), std::string::npos) << "the flip should hit mid-run:\n" << r.out;
+  expect_one_line_error(r, "checksum mismatch reading swap file ");
+  EXPECT_NE(r.err.find("/swap at byte offset "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("-byte block "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("offload block '"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("step 4/4"), std::string::npos) << r.out;
   EXPECT_EQ(slurp(dir_ / "model" / "model.safetensors"), before);
 }
 

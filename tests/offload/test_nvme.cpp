@@ -2,6 +2,7 @@
 // device<->NVMe staged through small pinned buffers), I/O errors reaching the waiting acquire,
 // and the production store over io/'s SwapSpace and IoEngine.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -249,6 +250,56 @@ TEST(Nvme, SwapSpaceStoreRoundTripsAndReportsIoErrors) {
     }
     if (a) t.mgr->release(a);
     if (b) t.mgr->release(b);
+    t.mgr->end_step();
+    t.mgr->drain();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A bit flipped in the swap file under a block's NVMe home: the acquire that reads it back
+// fails with the checksum error from io/, which now names the block as well as the file.
+TEST(Nvme, SwapSpaceStoreNamesTheCorruptBlock) {
+  char tmpl[] = "/tmp/strata_offload_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::filesystem::path dir(tmpl);
+  io::EngineOptions eo;
+  eo.kind = io::EngineKind::threads;
+  auto engine = io::make_engine(eo);
+  {
+    io::SwapOptions so;
+    so.paths = {dir.string()};
+    so.allow_buffered = true;
+    io::SwapSpace space(so, *engine);
+    Thrash t(make_swap_store(space, 8 * kAlign));  // the space's only extent: file offset = store offset
+    Schedule s;
+    s.use(0, Tier::host, Mode::read);
+    s.use(1, Tier::host, Mode::read);
+    for (int step = 0; step < 2; ++step) run_step(*t.mgr, s, t.versions);
+    const uint64_t at = t.mgr->residency().copy(1, Tier::nvme).offset + kAlign + 123;
+    {
+      const int fd = ::open(space.files()[0].c_str(), O_RDWR);
+      ASSERT_GE(fd, 0);
+      char c = 0;
+      ASSERT_EQ(::pread(fd, &c, 1, static_cast<off_t>(at)), 1);
+      c ^= 1;
+      ASSERT_EQ(::pwrite(fd, &c, 1, static_cast<off_t>(at)), 1);
+      ::close(fd);
+    }
+    t.mgr->begin_step();
+    Handle a = t.mgr->acquire(0, Tier::host, Mode::read);
+    a.wait();
+    t.mgr->release(a);
+    Handle b = t.mgr->acquire(1, Tier::host, Mode::read);
+    try {
+      b.wait();
+      FAIL() << "corruption under block 'b' was not reported";
+    } catch (const io::ChecksumError& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(e.path(), space.files()[0]);
+      EXPECT_EQ(e.file_offset(), at / kAlign * kAlign);
+      EXPECT_NE(m.find("offload block 'b' at byte " + std::to_string(kAlign)), std::string::npos) << m;
+    }
+    t.mgr->release(b);
     t.mgr->end_step();
     t.mgr->drain();
   }

@@ -183,6 +183,45 @@ TEST(ModelConfig, ValidateNamesTheField) {
   expect_field(c, "vocab_size");
 }
 
+// Found by fuzz/fuzz_hf_config: a config.json with hidden_size 4e9 passed validation and its
+// parameter count overflowed int64 (undefined behaviour, then nonsense budgets). Sizes from a
+// file are now bounded, and the count is computed in 128 bits.
+TEST_F(ConfigDir, HugeSizesAreRejectedNotOverflowed) {
+  const std::string rest = R"("vocab_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "intermediate_size": 128, "max_position_embeddings": 64, "hidden_act": "silu")";
+  expect_error(R"({"model_type": "llama", "hidden_size": 4000000000, )" + rest + "}", {"hidden_size", "2^31"});
+  // Each dimension below 2^31, yet far beyond any model: the per-field bounds name the field.
+  expect_error(R"({"model_type": "llama", "hidden_size": 1073741824, "vocab_size": 1073741824, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 64})",
+               {"vocab_size", "beyond what strata supports"});
+  ModelConfig c = small_llama();
+  c.head_dim = 0;
+  c.hidden_size = 4'000'000'000;  // attention alone is 4·C² ≈ 6.4e19 parameters
+  EXPECT_THROW(c.n_params(), std::exception);  // an overflow is an error, never a wrapped count
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+}
+
+// Found reviewing what fuzz_hf_config reaches, confirmed under its UBSan build: a llama3
+// rope_scaling.original_max_position_embeddings of 1e300 was cast to int64, and a gpt2 n_embd of
+// 2^63-1 overflowed the default n_inner (4·n_embd). Both are now errors naming the field.
+TEST_F(ConfigDir, OutOfRangeNumbersAreErrorsNotUndefinedBehaviour) {
+  const std::string llama = R"("vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "intermediate_size": 128, "max_position_embeddings": 64)";
+  expect_error(R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0, "original_max_position_embeddings": 1e300}, )" + llama + "}",
+               {"rope_scaling.original_max_position_embeddings", "integer"});
+  expect_error(R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0, "original_max_position_embeddings": 4294967296}, )" + llama + "}",
+               {"rope_scaling.original_max_position_embeddings", "2^31"});
+  EXPECT_NO_THROW(read_hf_config(write(R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3",
+      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32.0}, )" +
+                                       llama + "}")));
+  for (const char* embd : {"9223372036854775807", "-9223372036854775807", "4000000000"})
+    expect_error(std::string(R"({"model_type": "gpt2", "vocab_size": 300, "n_layer": 2, "n_head": 4, "n_positions": 64,
+        "n_embd": )") + embd + "}",
+                 {"hidden_size"});
+}
+
 TEST_F(ConfigDir, RoundTripEveryFamily) {
   std::vector<ModelConfig> configs;
   ModelConfig llama = small_llama();
