@@ -193,19 +193,23 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   auto l = std::make_unique<TieredMemory::Layout>();
   l->backend = backend;
   l->placement = pl;
-  l->master_is_weights = model.dtype() == DType::f32 && pl.params == pl.optimizer;
+  const Sharding& sh = pl.sharding;
+  // Sharded master weights are never the (whole) working weights.
+  l->master_is_weights = model.dtype() == DType::f32 && pl.params == pl.optimizer && !sh.sharded_optimizer();
   const size_t esz = kernels::dtype_size(model.dtype());
   for (auto& v : l->ids) v.clear();
   for (const Unit& u : model.units()) {
     const auto n = static_cast<uint64_t>(u.numel);
+    const auto n_opt = static_cast<uint64_t>(sh.sharded_optimizer() ? sh.shard(u.numel) : u.numel);
+    const auto n_grad = static_cast<uint64_t>(sh.sharded_grads() ? sh.shard(u.numel) : u.numel);
     const int w = l->add(u.name + ".weights", n * esz, pl.params, static_cast<int>(Role::weights));
     l->ids[static_cast<int>(Role::weights)].push_back(w);
     l->ids[static_cast<int>(Role::master)].push_back(
-        l->master_is_weights ? w : l->add(u.name + ".master", n * 4, pl.optimizer, static_cast<int>(Role::master)));
+        l->master_is_weights ? w : l->add(u.name + ".master", n_opt * 4, pl.optimizer, static_cast<int>(Role::master)));
     l->ids[static_cast<int>(Role::adam)].push_back(
-        l->add(u.name + ".adam", n * 8, pl.optimizer, static_cast<int>(Role::adam)));
+        l->add(u.name + ".adam", n_opt * 8, pl.optimizer, static_cast<int>(Role::adam)));
     l->ids[static_cast<int>(Role::grads)].push_back(
-        l->add(u.name + ".grads", n * 4, pl.grads, static_cast<int>(Role::grads)));
+        l->add(u.name + ".grads", n_grad * 4, pl.grads, static_cast<int>(Role::grads)));
   }
   for (int64_t layer = 0; layer < model.dims().L; ++layer)
     l->ids[static_cast<int>(Role::input)].push_back(
@@ -220,7 +224,7 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   auto tier = [&cl](int b, Side side) { return cl.tier_of(b, side); };
   {
     ScheduleRecorder rec(l->ids, tier, l->master_is_weights, l->programs[static_cast<int>(Program::step)]);
-    StepDriver driver(const_cast<Transformer&>(model), rec);
+    StepDriver driver(const_cast<Transformer&>(model), rec, sh);
     const PendingUpdate update;
     for (int64_t k = 0; k < grad_accum; ++k)
       driver.forward_backward(nullptr, nullptr, 1.f, k == 0, k + 1 == grad_accum, nullptr,
@@ -228,7 +232,7 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   }
   {
     ScheduleRecorder rec(l->ids, tier, l->master_is_weights, l->programs[static_cast<int>(Program::update)]);
-    StepDriver(const_cast<Transformer&>(model), rec).optimizer(AdamWStep{});
+    StepDriver(const_cast<Transformer&>(model), rec, sh).optimizer(AdamWStep{});
   }
   for (const auto& p : l->programs) p.validate(l->specs.size());
   // Initialising and saving stage one unit's master, weights and AdamW state through host memory

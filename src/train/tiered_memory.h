@@ -29,6 +29,7 @@ struct Placement {
   std::vector<std::string> nvme_paths;               // swap directories, one per SSD
   uint64_t device_mem = 0;                           // 0: what the plan needs
   uint64_t host_mem = 0;                             // 0: what the plan needs, within physical RAM
+  Sharding sharding;                                 // ZeRO: this rank's part of each unit
   bool uses_nvme() const;
 };
 // "none" (the compute device) | "cpu" (pinned host RAM) | "nvme"; `flag` names the option in errors.

@@ -57,6 +57,9 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;             // 0 = only at the end and on SIGINT/SIGTERM
   int64_t keep = 2;
   std::string resume;
+  // ZeRO stage across the ranks of an mpirun job (src/train/run_memory.h Sharding): 0 = data
+  // parallel (grads all-reduced), 1 = optimizer state sharded, 2 = grads sharded too.
+  int zero_stage = 0;
 };
 
 // What one optimizer step did (also one line of --metrics).
@@ -106,7 +109,9 @@ class Trainer {
   void print_header(std::FILE* out) const;
   const ModelConfig& config() const;
   int64_t n_params() const;
-  int64_t tokens_per_step() const;   // B·T·grad_accum
+  int64_t tokens_per_step() const;   // B·T·grad_accum·world (the global batch)
+  int rank() const;                  // this process's rank in the job (0 without mpirun)
+  int world() const;
   size_t device_bytes() const;       // device pool (CPU backend: RAM standing in for the device)
   size_t host_bytes() const;         // pinned host pool
   size_t nvme_bytes() const;         // swap space in use
