@@ -53,6 +53,11 @@ class RunMemory {
   virtual bool master_is_weights() const = 0;
   virtual kernels::Stream& stream(Side side) = 0;
   virtual kernels::Ops& ops(Side side) = 0;
+  // ZeRO stage 2: whole-unit fp32 grads on the compute side, into which a unit's backward
+  // writes before the reduce-scatter keeps this rank's shard. Slot 0: the embedding (with a
+  // tied head, written by the head phase and added to by the embedding's backward), 1: an
+  // untied head, 2: every other unit, one at a time. Null in a dry run and below stage 2.
+  virtual float* grad_scratch(int /*slot*/) { return nullptr; }
 };
 
 }  // namespace strata

@@ -56,6 +56,10 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     optimizer_unit(fn, update->st, update->apply);
     if (!m.tied_head()) optimizer_unit(hu, update->st, update->apply);
   }
+  // Stage 2: the backward writes each unit's whole grads into a scratch (every micro-batch as
+  // if it were the first), and the grads blocks keep only this rank's shard.
+  const bool rs = sh_.sharded_grads();
+  const bool cfirst = rs || first;
   {
     const void* w_fn = mem_.acquire(Role::weights, fn, Mode::read, Side::compute);
     const void* w_head = mem_.acquire(Role::weights, hu, Mode::read, Side::compute);
@@ -63,8 +67,13 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     float* g_head = static_cast<float*>(mem_.acquire(Role::grads, hu, gmode, Side::compute));
     compute([&] {
       kernels::Stream& s = mem_.stream(Side::compute);
-      m.head(s, targets, w_fn, w_head, g_fn, g_head, grad_scale, first);
-      if (last) {
+      float* c_fn = rs ? mem_.grad_scratch(2) : g_fn;
+      float* c_head = rs ? mem_.grad_scratch(m.tied_head() ? 0 : 1) : g_head;
+      m.head(s, targets, w_fn, w_head, c_fn, c_head, grad_scale, cfirst);
+      if (rs) {
+        shard_grads(s, fn, c_fn, g_fn, first, last, norm2 + fn);
+        if (!m.tied_head()) shard_grads(s, hu, c_head, g_head, first, last, norm2 + hu);
+      } else if (last) {
         finish_grads(s, fn, g_fn, norm2 + fn);
         if (!m.tied_head()) finish_grads(s, hu, g_head, norm2 + hu);  // tied: after the embedding's
       }
@@ -82,6 +91,12 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     float* g = static_cast<float*>(mem_.acquire(Role::grads, u, gmode, Side::compute));
     compute([&] {
       kernels::Stream& s = mem_.stream(Side::compute);
+      if (rs) {
+        float* c = mem_.grad_scratch(2);
+        m.block_backward(s, l, w, x, c, true);
+        shard_grads(s, u, c, g, first, last, norm2 + u);
+        return;
+      }
       m.block_backward(s, l, w, x, g, first);
       if (last) finish_grads(s, u, g, norm2 + u);
     });
@@ -97,6 +112,12 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     float* g = static_cast<float*>(mem_.acquire(Role::grads, eu, mode, Side::compute));
     compute([&] {
       kernels::Stream& s = mem_.stream(Side::compute);
+      if (rs) {
+        float* c = mem_.grad_scratch(0);
+        m.embed_backward(s, ids, c, true);
+        shard_grads(s, eu, c, g, first, last, norm2 + eu);
+        return;
+      }
       m.embed_backward(s, ids, g, first);
       if (last) finish_grads(s, eu, g, norm2 + eu);
     });
@@ -116,6 +137,20 @@ void StepDriver::finish_grads(kernels::Stream& s, int u, float* g, double* norm2
   comm_->all_reduce(g, g, static_cast<size_t>(unit.numel), DType::f32, s);
   const int64_t S = sh_.shard(unit.numel), lo = sh_.rank * S, hi = std::min(lo + S, unit.n_real);
   if (hi > lo) mem_.ops(Side::compute).sum_squares(s, {.dtype = DType::f32, .n = hi - lo, .x = g + lo, .out = norm2});
+}
+
+void StepDriver::shard_grads(kernels::Stream& s, int u, float* whole, float* shard, bool first, bool last,
+                             double* norm2) {
+  const Unit& unit = model_.units()[static_cast<size_t>(u)];
+  const int64_t S = sh_.shard(unit.numel), lo = sh_.rank * S;
+  float* mine = whole + lo;
+  comm_->reduce_scatter(whole, mine, static_cast<size_t>(S), DType::f32, s);  // in place
+  if (first)
+    s.memcpy_async(shard, mine, static_cast<size_t>(S) * 4);
+  else
+    mem_.ops(Side::compute).add(s, {.dtype = DType::f32, .n = S, .a = shard, .b = mine, .out = shard});
+  const int64_t n = std::min(S, unit.n_real - lo);
+  if (last && n > 0) mem_.ops(Side::compute).sum_squares(s, {.dtype = DType::f32, .n = n, .x = shard, .out = norm2});
 }
 
 void StepDriver::optimizer(const AdamWStep& st, bool apply) {

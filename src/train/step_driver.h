@@ -58,6 +58,10 @@ class StepDriver {
   // A unit's grads are final (the step's last micro-batch): sum them across ranks and add this
   // rank's shard's Σ g² to *norm2 (compute stream; part of compute()).
   void finish_grads(kernels::Stream& s, int u, float* g, double* norm2);
+  // Stage 2: a unit's whole grads of this micro-batch (in `whole`, a scratch) are summed across
+  // ranks into this rank's shard (reduce-scatter, in place), which is stored in (first) or
+  // added to the shard grads block; on the last micro-batch the shard's Σ g² goes to *norm2.
+  void shard_grads(kernels::Stream& s, int u, float* whole, float* shard, bool first, bool last, double* norm2);
 
   Transformer& model_;
   RunMemory& mem_;

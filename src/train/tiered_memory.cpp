@@ -103,6 +103,7 @@ struct TieredMemory::Layout {
   std::vector<int> role_of;                   // per block: its role (kNumRoles = a buffer)
   std::array<std::vector<int>, kNumRoles> ids;  // [role][index] -> block
   int workspace = -1, extra = -1;
+  std::array<int, 3> grad_scratch{-1, -1, -1};  // stage 2: whole-unit grads (RunMemory::grad_scratch)
   // The programs the manager plans: [step] one training step (the previous step's update inside
   // its forward), [update] a pending update on its own (before a save or checkpoint).
   std::array<offload::Schedule, kNumPrograms> programs;
@@ -217,6 +218,18 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
                model.checkpointing().at(layer) ? pl.activations : Tier::device, static_cast<int>(Role::input)));
   l->workspace = l->add("workspace", model.workspace_bytes(), Tier::device, kNumRoles);
   l->extra = l->add("step_buffers", extra_bytes, Tier::device, kNumRoles);
+  if (sh.sharded_grads()) {  // buffers without a home of their own, in the device budget
+    std::array<int64_t, 3> most{};
+    for (size_t u = 0; u < model.units().size(); ++u) {
+      const int ui = static_cast<int>(u);
+      const size_t slot = ui == model.embed_unit() ? 0 : (ui == model.head_unit() && !model.tied_head()) ? 1 : 2;
+      most[slot] = std::max(most[slot], model.units()[u].numel);
+    }
+    for (size_t slot = 0; slot < 3; ++slot)
+      if (most[slot] > 0)
+        l->grad_scratch[slot] = l->add("grad_scratch." + std::to_string(slot), static_cast<uint64_t>(most[slot]) * 4,
+                                       Tier::device, kNumRoles);
+  }
 
   // The step's program, as the driver will run it: grad_accum micro-batches, the first with the
   // previous step's AdamW inside its forward (src/train/step_driver.h PendingUpdate).
@@ -354,6 +367,9 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
   open_side_.assign(layout_->specs.size(), Side::compute);
   model.bind_workspace(compute, mgr_->home_data(static_cast<BlockId>(layout_->workspace)));
   extra_ = mgr_->home_data(static_cast<BlockId>(layout_->extra));
+  for (size_t slot = 0; slot < 3; ++slot)
+    if (layout_->grad_scratch[slot] >= 0)
+      grad_scratch_[slot] = static_cast<float*>(mgr_->home_data(static_cast<BlockId>(layout_->grad_scratch[slot])));
   compute.synchronize();
 }
 

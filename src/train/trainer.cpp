@@ -436,8 +436,9 @@ void validate_options(const TrainOptions& o) {
   // eps is used as a float: it must stay a positive normal float.
   in_range(o.eps, 1e-30, 1, "--eps", "a finite number in [1e-30, 1] (e.g. 1e-8)");
   in_range(o.grad_clip, 0, 1e30, "--grad-clip", "a finite number >= 0 (0 = off)");
-  if (o.zero_stage < 0 || o.zero_stage > 1)
-    throw std::invalid_argument(fmt::format("--zero-stage {}: must be 0 (data parallel) or 1 (optimizer state sharded)",
+  if (o.zero_stage < 0 || o.zero_stage > 2)
+    throw std::invalid_argument(fmt::format("--zero-stage {}: must be 0 (data parallel), 1 (optimizer state sharded) "
+                                            "or 2 (gradients sharded too); stage 3 is not implemented",
                                             o.zero_stage));
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   if (o.threads < 0 || static_cast<unsigned>(o.threads) > 4 * hw)
@@ -778,8 +779,9 @@ void Trainer::print_header(std::FILE* out) const {
   if (m.sh.world > 1)
     fmt::print(out, "  ranks      {} ({}), ZeRO stage {}: {}\n", m.sh.world, comm_backend_name(m.comm->backend()),
                m.sh.stage,
-               m.sh.stage == 0 ? "grads all-reduced, every rank holds everything"
-                               : "master weights and AdamW state sharded, grads all-reduced");
+               m.sh.stage == 0   ? "grads all-reduced, every rank holds everything"
+               : m.sh.stage == 1 ? "master weights and AdamW state sharded, grads all-reduced"
+                                 : "master weights, AdamW state and grads sharded, grads reduce-scattered per unit");
   fmt::print(out, "  batch      {} x {} tokens x {} micro-batches{} = {} tokens/step, {} steps\n", o.batch, o.seq,
              o.grad_accum, m.sh.world > 1 ? fmt::format(" x {} ranks", m.sh.world) : std::string(), tokens_per_step(),
              o.steps);

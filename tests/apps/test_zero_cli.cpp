@@ -125,44 +125,64 @@ TEST_F(ZeroCli, TwoRanksMatchOneRankWithTheDoubleBatch) {
 }
 
 // Every ZeRO stage runs the same sums in the same order: bitwise the same losses, norms and
-// weights at the same world size, whether the optimizer state is in RAM or on NVMe.
+// weights at the same world size, whether the optimizer state and grads are in RAM or on NVMe.
+// With gradient accumulation stage 2 reduce-scatters every micro-batch and adds the shards
+// (as DeepSpeed does) where stages 0 and 1 add the whole grads locally and sum once: the same
+// math in another order, so there it matches to fp32 tolerance, not bitwise.
 TEST_F(ZeroCli, StagesAreBitwiseIdentical) {
-  std::string ref_metrics, ref_weights;
-  for (const std::string offload : {"", "nvme"})
-    for (int stage : {0, 1}) {
-      std::string tag = std::to_string(stage);  // (not "s" + ...: GCC 12's -Wrestrict false positive)
-      tag.insert(tag.begin(), 's');
-      tag += offload;
-      std::string args = tiny(2) + "--grad-accum 2 --zero-stage " + std::to_string(stage) + " --metrics " +
-                         (dir_ / (tag + ".jsonl")).string() + " --out " + (dir_ / tag).string();
-      if (!offload.empty()) {
-        fs::create_directories(dir_ / (tag + "_swap"));
-        args += " --offload-optimizer nvme --offload-grads nvme --nvme-path " + (dir_ / (tag + "_swap")).string();
+  for (int accum : {1, 2}) {
+    std::vector<double> ref_values;
+    std::string ref_metrics, ref_weights;
+    for (const std::string offload : {"", "nvme"})
+      for (int stage : {0, 1, 2}) {
+        std::string tag = std::to_string(stage);  // (not "s" + ...: GCC 12's -Wrestrict false positive)
+        tag.insert(tag.begin(), 's');
+        tag += offload;
+        tag += "a";
+        tag += std::to_string(accum);
+        std::string args = tiny(2) + "--grad-accum " + std::to_string(accum) + " --zero-stage " +
+                           std::to_string(stage) + " --metrics " + (dir_ / (tag + ".jsonl")).string() + " --out " +
+                           (dir_ / tag).string();
+        if (!offload.empty()) {
+          fs::create_directories(dir_ / (tag + "_swap"));
+          args += " --offload-optimizer nvme --offload-grads nvme --nvme-path " + (dir_ / (tag + "_swap")).string();
+        }
+        CliResult r = run(2, args, "", tag);
+        ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
+        std::string m;
+        std::vector<double> values;
+        for (auto j : metrics(dir_ / (tag + ".jsonl"))) {
+          m += j["loss"].dump() + " " + j["grad_norm"].dump() + "\n";
+          values.push_back(j["loss"].get<double>());
+          values.push_back(j["grad_norm"].get<double>());
+        }
+        const std::string w = slurp(dir_ / tag / "model.safetensors");
+        if (ref_metrics.empty()) {
+          ref_metrics = m;
+          ref_weights = w;
+          ref_values = values;
+          continue;
+        }
+        if (stage == 2 && accum > 1) {
+          ASSERT_EQ(values.size(), ref_values.size());
+          for (size_t i = 0; i < values.size(); ++i) EXPECT_LT(rel(values[i], ref_values[i]), 1e-5) << tag << " " << i;
+          continue;
+        }
+        EXPECT_EQ(m, ref_metrics) << tag;
+        EXPECT_TRUE(w == ref_weights) << tag << ": the saved weights differ from stage 0's";
       }
-      CliResult r = run(2, args, "", tag);
-      ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
-      std::string m;
-      for (auto j : metrics(dir_ / (tag + ".jsonl"))) m += j["loss"].dump() + " " + j["grad_norm"].dump() + "\n";
-      const std::string w = slurp(dir_ / tag / "model.safetensors");
-      if (ref_metrics.empty()) {
-        ref_metrics = m;
-        ref_weights = w;
-        continue;
-      }
-      EXPECT_EQ(m, ref_metrics) << tag;
-      EXPECT_TRUE(w == ref_weights) << tag << ": the saved weights differ from stage 0's";
-    }
+  }
 }
 
 // A sharded run's checkpoint (gathered to rank 0, unsharded by name) resumes bit for bit.
 TEST_F(ZeroCli, ShardedCheckpointResumesBitExact) {
   const std::string ck = (dir_ / "ck").string();
-  CliResult full = run(2, tiny(2) + "--zero-stage 1 --checkpoint-every 2 --checkpoint-dir " + ck + " --out " +
+  CliResult full = run(2, tiny(2) + "--zero-stage 2 --checkpoint-every 2 --checkpoint-dir " + ck + " --out " +
                               (dir_ / "full").string(),
                        "", "full");
   ASSERT_EQ(full.status, 0) << full.err;
   ASSERT_TRUE(fs::exists(dir_ / "ck" / "step-00000002")) << full.out;
-  CliResult rest = run(2, tiny(2) + "--zero-stage 1 --resume " + (dir_ / "ck" / "step-00000002").string() + " --out " +
+  CliResult rest = run(2, tiny(2) + "--zero-stage 2 --resume " + (dir_ / "ck" / "step-00000002").string() + " --out " +
                               (dir_ / "resumed").string(),
                        "", "rest");
   ASSERT_EQ(rest.status, 0) << rest.err;
