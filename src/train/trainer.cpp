@@ -526,16 +526,34 @@ size_t step_buffer_bytes(const TrainOptions& o, size_t n_units) {
 
 }  // namespace
 
-RunPlan plan_run(const TrainOptions& o, bool minimums) {
-  const ResolvedRun r = resolve_run(o);
+uint64_t comm_bytes_per_step(const Transformer& model, const Sharding& sh, int64_t grad_accum) {
+  if (sh.world <= 1) return 0;
+  const double part = static_cast<double>(sh.world - 1) / sh.world;
+  const double esz = static_cast<double>(kernels::dtype_size(model.dtype()));
+  double b = 0;
+  for (const Unit& u : model.units()) {
+    const double n = static_cast<double>(u.numel);
+    if (sh.stage <= 1) b += 2 * part * n * 4;                                   // grads all-reduced
+    if (sh.stage >= 1) b += part * n * esz;                                     // weights all-gathered
+    if (sh.stage >= 2) b += part * n * 4 * static_cast<double>(grad_accum);     // grads reduce-scattered
+  }
+  return static_cast<uint64_t>(b);
+}
+
+RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
+  if (world < 1) throw std::invalid_argument("--world must be at least 1, got " + std::to_string(world));
+  ResolvedRun r = resolve_run(o);
   auto rt = kernels::make_runtime(kernels::Backend::cpu);  // sizes only: no device needed
-  Transformer model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt);
+  Transformer model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world);
+  r.placement.sharding = Sharding{o.zero_stage, world, 0};
   RunPlan p;
   p.memory = TieredMemory::plan(model, r.backend, r.placement, o.grad_accum,
                                 step_buffer_bytes(o, model.units().size()), minimums);
   p.cfg = r.cfg;
   p.n_params = model.n_params();
-  p.tokens_per_step = o.batch * o.seq * o.grad_accum;
+  p.tokens_per_step = o.batch * o.seq * o.grad_accum * world;
+  p.world = world;
+  p.comm_bytes = comm_bytes_per_step(model, r.placement.sharding, o.grad_accum);
   return p;
 }
 
@@ -747,6 +765,7 @@ StepStats Trainer::step() {
   }
   st.stall_ms = m.mem->stall_ms() - m.last_stall;
   st.compute_ms = m.busy_ms() - busy0;
+  st.comm_bytes = comm_bytes_per_step(*m.model, m.sh, o.grad_accum);
   m.last_stats = now;
   m.last_stall = m.mem->stall_ms();
   return st;
@@ -882,6 +901,8 @@ int Trainer::run(std::FILE* rank0_out) {
       j["io_ms"] = st.link_ms[2] + st.link_ms[3];
       j["stall_ms"] = st.stall_ms;
       j["compute_ms"] = st.compute_ms;
+      j["comm_bytes_sent"] = st.comm_bytes;
+      j["comm_bytes_received"] = st.comm_bytes;
       j["device_peak_bytes"] = os.tiers[0].bytes_peak;
       j["host_peak_bytes"] = os.tiers[1].bytes_peak;
       j["nvme_peak_bytes"] = os.tiers[2].bytes_peak;
