@@ -26,13 +26,14 @@ struct PlanOptions {
   double nvme_bw = 0;      // GB/s, both directions; 0: probe the first --nvme-path
   double probe_s = 2;      // seconds per probe
   bool json = false;
+  int world = 1;           // plan one rank of a job of this many ranks
 };
 
 std::string gib(uint64_t b) { return b ? offload::format_size(b) : std::string("-"); }
 
 int run_plan(const PlanOptions& po) {
   const TrainOptions& o = po.train;
-  const RunPlan p = plan_run(o, /*minimums=*/true);
+  const RunPlan p = plan_run(o, /*minimums=*/true, po.world);
   const MemoryPlan& mp = p.memory;
   const kernels::Backend backend = kernels::parse_backend(o.backend);
 
@@ -91,13 +92,21 @@ int run_plan(const PlanOptions& po) {
     j["adamw_ms"] = f.adamw_ms;
     j["nvme_ms"] = f.nvme_ms;
     j["predicted_step_ms"] = f.predicted_ms;
+    j["world"] = p.world;
+    j["zero_stage"] = o.zero_stage;
+    j["comm_bytes_sent_per_rank"] = p.comm_bytes;
+    j["comm_bytes_received_per_rank"] = p.comm_bytes;
     fmt::print("{}\n", j.dump());
     return 0;
   }
   fmt::print("strata plan: {} params, {} tokens/step ({} x {} x {} micro-batches), {} on {}\n", p.n_params,
              p.tokens_per_step, o.batch, o.seq, o.grad_accum, o.dtype, o.backend);
-  fmt::print("placement: params {}, grads {}, optimizer {}, activations {} (checkpointing {})\n\n", o.offload_params,
+  fmt::print("placement: params {}, grads {}, optimizer {}, activations {} (checkpointing {})\n", o.offload_params,
              o.offload_grads, o.offload_optimizer, o.offload_activations, o.checkpoint_activations);
+  if (p.world > 1)
+    fmt::print("ranks: {}, ZeRO stage {}: the tiers below are per rank; each rank sends {} and receives {} per step\n",
+               p.world, o.zero_stage, gib(p.comm_bytes), gib(p.comm_bytes));
+  fmt::print("\n");
   fmt::print("{:<8}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}\n", "tier", "budget", "minimum", "weights",
              "master", "adam", "grads", "inputs", "buffers", "no-evict");
   for (int t = 0; t < 3; ++t) {
@@ -135,6 +144,7 @@ void register_plan(CLI::App& app, Run& run) {
   cmd->add_option("--nvme-bw", opts->nvme_bw, "NVMe bandwidth in GB/s (0: probe the first --nvme-path for a few seconds)");
   cmd->add_option("--probe-seconds", opts->probe_s, "seconds per rate probe (GEMM, AdamW)");
   cmd->add_flag("--json", opts->json, "one JSON object instead of the tables");
+  cmd->add_option("--world", opts->world, "plan one rank of an mpirun job of this many ranks (with --zero-stage)");
   cmd->callback([&run, opts] { run = [opts]() -> int { return run_plan(*opts); }; });
 }
 

@@ -1,8 +1,11 @@
 // `strata train`: every TrainOptions field as a flag (CLI11 shows each default in --help), then
 // the Trainer runs and prints a header, a progress line per step and a summary.
 #include <cstdio>
+#include <exception>
+#include <memory>
 
 #include "apps/strata/commands.h"
+#include "src/comm/communicator.h"
 #include "src/train/stop_signal.h"
 #include "src/train/trainer.h"
 
@@ -55,6 +58,9 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "steps, at the end, and when SIGINT/SIGTERM stops the run");
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0 = only at the end and on a signal)");
   cmd->add_option("--keep", o.keep, "how many of the newest checkpoints to keep");
+  cmd->add_option("--zero-stage", o.zero_stage,
+                  "ZeRO stage across the ranks of an mpirun job: 0 = data parallel (grads all-reduced), 1 = master "
+                  "weights and AdamW state sharded across ranks, 2 = grads reduce-scattered and sharded too");
   cmd->add_option("--resume", o.resume,
                   "continue from a checkpoint: its path, a --checkpoint-dir (its newest), or auto (the newest under "
                   "--checkpoint-dir; a fresh start when there is none)");
@@ -75,8 +81,16 @@ void register_train(CLI::App& app, Run& run) {
                      "--lr %g\n",
                      static_cast<long long>(opts->warmup), static_cast<long long>(opts->steps), opts->lr);
       install_stop_handlers();  // Ctrl-C / SIGTERM: stop after the current step, swap files removed
-      Trainer trainer(*opts);
-      return trainer.run(stdout);
+      std::unique_ptr<Trainer> trainer;
+      try {
+        trainer = std::make_unique<Trainer>(*opts);
+        return trainer->run(stdout);
+      } catch (const std::exception& e) {
+        // In an mpirun job, take every rank down here, before unwinding into the Trainer: its
+        // streams may be inside a collective that waits for a rank that will never reach it.
+        // (Outside a job this prints the one-line error and returns, as main would.)
+        return report_fatal_error(e.what());
+      }
     };
   });
 }

@@ -78,8 +78,9 @@ std::string checkpointing_name(const Checkpointing& c) {
 }
 
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
-                         Checkpointing ckpt, int64_t logits_chunk_bytes)
+                         Checkpointing ckpt, int64_t logits_chunk_bytes, int shard_world)
     : cfg_(cfg), dtype_(dtype), rt_(rt), ckpt_(ckpt) {
+  if (shard_world < 1) throw std::invalid_argument("shard_world must be >= 1, got " + std::to_string(shard_world));
   cfg_.validate();
   if (batch <= 0) throw std::invalid_argument("batch must be positive, got " + std::to_string(batch));
   if (seq <= 0) throw std::invalid_argument("seq must be positive, got " + std::to_string(seq));
@@ -112,13 +113,13 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int
   const int64_t max_rows = std::max<int64_t>(logits_chunk_bytes / row_bytes, 1);
   const int64_t n_chunks = (d.N + max_rows - 1) / max_rows;
   d.chunk_rows = (d.N + n_chunks - 1) / n_chunks;
-  build_layout();
+  build_layout(shard_world);
   plan_workspace(nullptr);  // sizes workspace_bytes_
 }
 
 Transformer::~Transformer() = default;
 
-void Transformer::build_layout() {
+void Transformer::build_layout(int shard_world) {
   const ModelDims& d = dims_;
   const bool gpt2 = cfg_.family == Family::gpt2;
   int64_t flat = 0;
@@ -144,7 +145,7 @@ void Transformer::build_layout() {
   };
   auto end_unit = [&] {
     Unit& u = units_.back();
-    u.numel = round_up(u.n_real, kUnitAlignElems);
+    u.numel = round_up(u.n_real, kUnitAlignElems * shard_world);
     flat += u.numel;
   };
 

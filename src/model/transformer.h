@@ -156,8 +156,10 @@ class Transformer {
   // Sizes everything for micro-batches of (batch, seq) in working dtype `dtype`. Throws
   // std::invalid_argument when seq exceeds max_position_embeddings. logits_chunk_bytes bounds
   // the LM-head chunk: at most that many bytes of logits exist at once (whole rows, >= 1 row).
+  // shard_world: units are padded to a multiple of shard_world × kUnitAlignElems elements, so
+  // each splits into that many equal, aligned ZeRO shards (src/train/run_memory.h Sharding).
   Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
-              Checkpointing ckpt = {}, int64_t logits_chunk_bytes = kLogitsChunkBytes);
+              Checkpointing ckpt = {}, int64_t logits_chunk_bytes = kLogitsChunkBytes, int shard_world = 1);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -219,7 +221,7 @@ class Transformer {
   float* loss_rows() const { return losses_; }  // (N) per-row losses of the last head()
 
  private:
-  void build_layout();
+  void build_layout(int shard_world);
   void plan_workspace(char* base);
   BlockCtx block_ctx(kernels::Stream& s, int64_t layer, const void* w, float* g) const;
   const BlockActs& acts_for(int64_t layer) const;

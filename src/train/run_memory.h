@@ -14,6 +14,25 @@
 
 namespace strata {
 
+// ZeRO sharding across the ranks of a data-parallel job (DESIGN.md "Distributed"). Every unit
+// is padded to a multiple of world × kUnitAlignElems elements, so it splits into `world`
+// equal contiguous shards, shard r belonging to rank r:
+//     unit [0, numel) = shard 0 [0, S) | shard 1 [S, 2S) | ... ,  S = numel / world.
+// stage 0: every rank holds everything; grads are all-reduced (a fixed-order sum).
+// stage 1: master weights and AdamW state are shard-sized; after the update the new working
+//          weights are all-gathered.
+// stage 2: as 1, and grads are reduce-scattered: the grads block holds only the shard.
+// The reductions are the same fixed-order sums in every stage, and the norm is always the sum
+// over ranks (in rank order) of each shard's Σ g², so every stage gives bitwise the same run.
+struct Sharding {
+  int stage = 0;
+  int world = 1;
+  int rank = 0;
+  bool sharded_optimizer() const { return world > 1 && stage >= 1; }
+  bool sharded_grads() const { return world > 1 && stage >= 2; }
+  int64_t shard(int64_t numel) const { return numel / world; }  // elements per rank
+};
+
 enum class Role : uint8_t { weights = 0, master = 1, adam = 2, grads = 3, input = 4 };
 constexpr int kNumRoles = 5;
 // Who uses an acquired block: the model's compute, the optimizer (which may run elsewhere: on
@@ -34,6 +53,11 @@ class RunMemory {
   virtual bool master_is_weights() const = 0;
   virtual kernels::Stream& stream(Side side) = 0;
   virtual kernels::Ops& ops(Side side) = 0;
+  // ZeRO stage 2: whole-unit fp32 grads on the compute side, into which a unit's backward
+  // writes before the reduce-scatter keeps this rank's shard. Slot 0: the embedding (with a
+  // tied head, written by the head phase and added to by the embedding's backward), 1: an
+  // untied head, 2: every other unit, one at a time. Null in a dry run and below stage 2.
+  virtual float* grad_scratch(int /*slot*/) { return nullptr; }
 };
 
 }  // namespace strata

@@ -2,6 +2,8 @@
 // keep it the same from step to step (a dry run records it before step 1).
 #include "src/train/step_driver.h"
 
+#include <algorithm>
+
 namespace strata {
 using offload::Mode;
 
@@ -54,6 +56,10 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     optimizer_unit(fn, update->st, update->apply);
     if (!m.tied_head()) optimizer_unit(hu, update->st, update->apply);
   }
+  // Stage 2: the backward writes each unit's whole grads into a scratch (every micro-batch as
+  // if it were the first), and the grads blocks keep only this rank's shard.
+  const bool rs = sh_.sharded_grads();
+  const bool cfirst = rs || first;
   {
     const void* w_fn = mem_.acquire(Role::weights, fn, Mode::read, Side::compute);
     const void* w_head = mem_.acquire(Role::weights, hu, Mode::read, Side::compute);
@@ -61,10 +67,15 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     float* g_head = static_cast<float*>(mem_.acquire(Role::grads, hu, gmode, Side::compute));
     compute([&] {
       kernels::Stream& s = mem_.stream(Side::compute);
-      m.head(s, targets, w_fn, w_head, g_fn, g_head, grad_scale, first);
-      if (last) {
-        m.grad_sum_squares(s, fn, g_fn, norm2 + fn);
-        if (!m.tied_head()) m.grad_sum_squares(s, hu, g_head, norm2 + hu);  // tied: after the embedding's
+      float* c_fn = rs ? mem_.grad_scratch(2) : g_fn;
+      float* c_head = rs ? mem_.grad_scratch(m.tied_head() ? 0 : 1) : g_head;
+      m.head(s, targets, w_fn, w_head, c_fn, c_head, grad_scale, cfirst);
+      if (rs) {
+        shard_grads(s, fn, c_fn, g_fn, first, last, norm2 + fn);
+        if (!m.tied_head()) shard_grads(s, hu, c_head, g_head, first, last, norm2 + hu);
+      } else if (last) {
+        finish_grads(s, fn, g_fn, norm2 + fn);
+        if (!m.tied_head()) finish_grads(s, hu, g_head, norm2 + hu);  // tied: after the embedding's
       }
     });
     mem_.release(Role::grads, hu);
@@ -80,8 +91,14 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     float* g = static_cast<float*>(mem_.acquire(Role::grads, u, gmode, Side::compute));
     compute([&] {
       kernels::Stream& s = mem_.stream(Side::compute);
+      if (rs) {
+        float* c = mem_.grad_scratch(2);
+        m.block_backward(s, l, w, x, c, true);
+        shard_grads(s, u, c, g, first, last, norm2 + u);
+        return;
+      }
       m.block_backward(s, l, w, x, g, first);
-      if (last) m.grad_sum_squares(s, u, g, norm2 + u);
+      if (last) finish_grads(s, u, g, norm2 + u);
     });
     mem_.release(Role::grads, u);
     mem_.release(Role::input, li);
@@ -95,11 +112,45 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     float* g = static_cast<float*>(mem_.acquire(Role::grads, eu, mode, Side::compute));
     compute([&] {
       kernels::Stream& s = mem_.stream(Side::compute);
+      if (rs) {
+        float* c = mem_.grad_scratch(0);
+        m.embed_backward(s, ids, c, true);
+        shard_grads(s, eu, c, g, first, last, norm2 + eu);
+        return;
+      }
       m.embed_backward(s, ids, g, first);
-      if (last) m.grad_sum_squares(s, eu, g, norm2 + eu);
+      if (last) finish_grads(s, eu, g, norm2 + eu);
     });
     mem_.release(Role::grads, eu);
   }
+}
+
+void StepDriver::finish_grads(kernels::Stream& s, int u, float* g, double* norm2) {
+  const Unit& unit = model_.units()[static_cast<size_t>(u)];
+  if (sh_.world == 1) {
+    model_.grad_sum_squares(s, u, g, norm2);
+    return;
+  }
+  // Stages 0 and 1: every rank gets the whole sum (fixed rank order, so bitwise what a
+  // reduce-scatter gives each shard). The norm takes only this rank's shard, so that every
+  // stage sums the same shard sums in the same order.
+  comm_->all_reduce(g, g, static_cast<size_t>(unit.numel), DType::f32, s);
+  const int64_t S = sh_.shard(unit.numel), lo = sh_.rank * S, hi = std::min(lo + S, unit.n_real);
+  if (hi > lo) mem_.ops(Side::compute).sum_squares(s, {.dtype = DType::f32, .n = hi - lo, .x = g + lo, .out = norm2});
+}
+
+void StepDriver::shard_grads(kernels::Stream& s, int u, float* whole, float* shard, bool first, bool last,
+                             double* norm2) {
+  const Unit& unit = model_.units()[static_cast<size_t>(u)];
+  const int64_t S = sh_.shard(unit.numel), lo = sh_.rank * S;
+  float* mine = whole + lo;
+  comm_->reduce_scatter(whole, mine, static_cast<size_t>(S), DType::f32, s);  // in place
+  if (first)
+    s.memcpy_async(shard, mine, static_cast<size_t>(S) * 4);
+  else
+    mem_.ops(Side::compute).add(s, {.dtype = DType::f32, .n = S, .a = shard, .b = mine, .out = shard});
+  const int64_t n = std::min(S, unit.n_real - lo);
+  if (last && n > 0) mem_.ops(Side::compute).sum_squares(s, {.dtype = DType::f32, .n = n, .x = shard, .out = norm2});
 }
 
 void StepDriver::optimizer(const AdamWStep& st, bool apply) {
@@ -112,26 +163,42 @@ void StepDriver::optimizer_unit(int u, const AdamWStep& st, bool apply) {
   const DType dt = m.dtype();
   const size_t esz = kernels::dtype_size(dt);
   const Unit& unit = m.units()[static_cast<size_t>(u)];
+  // This rank's part of the unit: [lo, lo + n). Unsharded: the whole unit. Sharded (stage >= 1):
+  // master and AdamW state hold only the shard (m then v, each n long), the grads all of the
+  // unit (stage 1) or the shard (stage 2); the new working weights of every shard are then
+  // all-gathered into the whole weights block.
+  const bool sharded = sh_.sharded_optimizer();
+  const int64_t n = sharded ? sh_.shard(unit.numel) : unit.numel;
+  const int64_t lo = sharded ? sh_.rank * n : 0;
   float* master = static_cast<float*>(mem_.acquire(Role::master, u, Mode::read_write, Side::optimizer));
   float* adam = static_cast<float*>(mem_.acquire(Role::adam, u, Mode::read_write, Side::optimizer));
   const float* g = static_cast<const float*>(mem_.acquire(Role::grads, u, Mode::read, Side::optimizer));
-  // The new working weights: written whole (parameters by AdamW, padding zeroed here).
+  // The new working weights: written whole (parameters by AdamW, padding zeroed here, the
+  // other ranks' shards by the all-gather).
   void* w = aliased ? nullptr : mem_.acquire(Role::weights, u, Mode::write, Side::optimizer);
   compute([&] {
     kernels::Stream& s = mem_.stream(Side::optimizer);
     kernels::Ops& ops = mem_.ops(Side::optimizer);
     float* mm = adam;
-    float* vv = adam + unit.numel;
+    float* vv = adam + n;
+    const float* gs = sh_.sharded_grads() ? g : g + lo;
+    char* ws = w ? static_cast<char*>(w) + static_cast<size_t>(lo) * esz : nullptr;
     if (!apply) {
-      if (w) ops.cast(s, {.n = unit.numel, .src = master, .src_dtype = DType::f32, .dst = w, .dst_dtype = dt});
-      return;
+      if (w) ops.cast(s, {.n = n, .src = master, .src_dtype = DType::f32, .dst = ws, .dst_dtype = dt});
+    } else {
+      // The unit's decay ranges, cut at the shard's bounds.
+      for (const UnitRange& r : unit.adamw_ranges) {
+        const int64_t a = std::max(r.offset, lo), b = std::min(r.offset + r.numel, lo + n);
+        if (b <= a) continue;
+        const int64_t k = a - lo;
+        adamw_range(ops, s, st, r.decay, b - a, master + k, mm + k, vv + k, gs + k,
+                    ws ? ws + static_cast<size_t>(k) * esz : nullptr, dt);
+      }
+      const int64_t pad = std::max(unit.n_real, lo);
+      if (ws && lo + n > pad)
+        s.memset_async(static_cast<char*>(w) + static_cast<size_t>(pad) * esz, 0, static_cast<size_t>(lo + n - pad) * esz);
     }
-    for (const UnitRange& r : unit.adamw_ranges)
-      adamw_range(ops, s, st, r.decay, r.numel, master + r.offset, mm + r.offset, vv + r.offset, g + r.offset,
-                  w ? static_cast<char*>(w) + static_cast<size_t>(r.offset) * esz : nullptr, dt);
-    if (w && unit.numel > unit.n_real)
-      s.memset_async(static_cast<char*>(w) + static_cast<size_t>(unit.n_real) * esz, 0,
-                     static_cast<size_t>(unit.numel - unit.n_real) * esz);
+    if (sharded) comm_->all_gather(ws, w, static_cast<size_t>(n), dt, s);
   });
   if (!aliased) mem_.release(Role::weights, u);
   mem_.release(Role::grads, u);

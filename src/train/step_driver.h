@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 
+#include "src/comm/communicator.h"
 #include "src/model/transformer.h"
 #include "src/optim/adamw.h"
 #include "src/train/run_memory.h"
@@ -24,7 +25,9 @@ struct PendingUpdate {
 
 class StepDriver {
  public:
-  StepDriver(Transformer& model, RunMemory& mem) : model_(model), mem_(mem) {}
+  // With sh.world > 1, comm is the job's communicator (null in a dry run: it only records).
+  StepDriver(Transformer& model, RunMemory& mem, Sharding sh = {}, Communicator* comm = nullptr)
+      : model_(model), mem_(mem), sh_(sh), comm_(comm) {}
 
   // Forward and backward of one micro-batch (ids, targets: (N) int32 in compute memory).
   // first: the step's first micro-batch (grads are overwritten, not added to). last: the
@@ -52,9 +55,18 @@ class StepDriver {
     if (!mem_.dry()) fn();
   }
   void embed_and_blocks_forward(const int32_t* ids, const PendingUpdate* update);
+  // A unit's grads are final (the step's last micro-batch): sum them across ranks and add this
+  // rank's shard's Σ g² to *norm2 (compute stream; part of compute()).
+  void finish_grads(kernels::Stream& s, int u, float* g, double* norm2);
+  // Stage 2: a unit's whole grads of this micro-batch (in `whole`, a scratch) are summed across
+  // ranks into this rank's shard (reduce-scatter, in place), which is stored in (first) or
+  // added to the shard grads block; on the last micro-batch the shard's Σ g² goes to *norm2.
+  void shard_grads(kernels::Stream& s, int u, float* whole, float* shard, bool first, bool last, double* norm2);
 
   Transformer& model_;
   RunMemory& mem_;
+  Sharding sh_;
+  Communicator* comm_;
 };
 
 }  // namespace strata

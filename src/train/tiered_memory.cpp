@@ -125,6 +125,7 @@ struct TieredMemory::Layout {
   std::vector<int> role_of;                   // per block: its role (kNumRoles = a buffer)
   std::array<std::vector<int>, kNumRoles> ids;  // [role][index] -> block
   int workspace = -1, extra = -1;
+  std::array<int, 3> grad_scratch{-1, -1, -1};  // stage 2: whole-unit grads (RunMemory::grad_scratch)
   // The programs the manager plans: [step] one training step (the previous step's update inside
   // its forward), [update] a pending update on its own (before a save or checkpoint).
   std::array<offload::Schedule, kNumPrograms> programs;
@@ -215,19 +216,23 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   auto l = std::make_unique<TieredMemory::Layout>();
   l->backend = backend;
   l->placement = pl;
-  l->master_is_weights = model.dtype() == DType::f32 && pl.params == pl.optimizer;
+  const Sharding& sh = pl.sharding;
+  // Sharded master weights are never the (whole) working weights.
+  l->master_is_weights = model.dtype() == DType::f32 && pl.params == pl.optimizer && !sh.sharded_optimizer();
   const size_t esz = kernels::dtype_size(model.dtype());
   for (auto& v : l->ids) v.clear();
   for (const Unit& u : model.units()) {
     const auto n = static_cast<uint64_t>(u.numel);
+    const auto n_opt = static_cast<uint64_t>(sh.sharded_optimizer() ? sh.shard(u.numel) : u.numel);
+    const auto n_grad = static_cast<uint64_t>(sh.sharded_grads() ? sh.shard(u.numel) : u.numel);
     const int w = l->add(u.name + ".weights", n * esz, pl.params, static_cast<int>(Role::weights));
     l->ids[static_cast<int>(Role::weights)].push_back(w);
     l->ids[static_cast<int>(Role::master)].push_back(
-        l->master_is_weights ? w : l->add(u.name + ".master", n * 4, pl.optimizer, static_cast<int>(Role::master)));
+        l->master_is_weights ? w : l->add(u.name + ".master", n_opt * 4, pl.optimizer, static_cast<int>(Role::master)));
     l->ids[static_cast<int>(Role::adam)].push_back(
-        l->add(u.name + ".adam", n * 8, pl.optimizer, static_cast<int>(Role::adam)));
+        l->add(u.name + ".adam", n_opt * 8, pl.optimizer, static_cast<int>(Role::adam)));
     l->ids[static_cast<int>(Role::grads)].push_back(
-        l->add(u.name + ".grads", n * 4, pl.grads, static_cast<int>(Role::grads)));
+        l->add(u.name + ".grads", n_grad * 4, pl.grads, static_cast<int>(Role::grads)));
   }
   for (int64_t layer = 0; layer < model.dims().L; ++layer)
     l->ids[static_cast<int>(Role::input)].push_back(
@@ -235,6 +240,18 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
                model.checkpointing().at(layer) ? pl.activations : Tier::device, static_cast<int>(Role::input)));
   l->workspace = l->add("workspace", model.workspace_bytes(), Tier::device, kNumRoles);
   l->extra = l->add("step_buffers", extra_bytes, Tier::device, kNumRoles);
+  if (sh.sharded_grads()) {  // buffers without a home of their own, in the device budget
+    std::array<int64_t, 3> most{};
+    for (size_t u = 0; u < model.units().size(); ++u) {
+      const int ui = static_cast<int>(u);
+      const size_t slot = ui == model.embed_unit() ? 0 : (ui == model.head_unit() && !model.tied_head()) ? 1 : 2;
+      most[slot] = std::max(most[slot], model.units()[u].numel);
+    }
+    for (size_t slot = 0; slot < 3; ++slot)
+      if (most[slot] > 0)
+        l->grad_scratch[slot] = l->add("grad_scratch." + std::to_string(slot), static_cast<uint64_t>(most[slot]) * 4,
+                                       Tier::device, kNumRoles);
+  }
 
   // The step's program, as the driver will run it: grad_accum micro-batches, the first with the
   // previous step's AdamW inside its forward (src/train/step_driver.h PendingUpdate).
@@ -242,7 +259,7 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   auto tier = [&cl](int b, Side side) { return cl.tier_of(b, side); };
   {
     ScheduleRecorder rec(l->ids, tier, l->master_is_weights, l->programs[static_cast<int>(Program::step)]);
-    StepDriver driver(const_cast<Transformer&>(model), rec);
+    StepDriver driver(const_cast<Transformer&>(model), rec, sh);
     const PendingUpdate update;
     for (int64_t k = 0; k < grad_accum; ++k)
       driver.forward_backward(nullptr, nullptr, 1.f, k == 0, k + 1 == grad_accum, nullptr,
@@ -250,7 +267,7 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   }
   {
     ScheduleRecorder rec(l->ids, tier, l->master_is_weights, l->programs[static_cast<int>(Program::update)]);
-    StepDriver(const_cast<Transformer&>(model), rec).optimizer(AdamWStep{});
+    StepDriver(const_cast<Transformer&>(model), rec, sh).optimizer(AdamWStep{});
   }
   for (const auto& p : l->programs) p.validate(l->specs.size());
   // Initialising and saving stage one unit's master, weights and AdamW state through host memory
@@ -383,6 +400,9 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
   open_side_.assign(layout_->specs.size(), Side::compute);
   model.bind_workspace(compute, mgr_->home_data(static_cast<BlockId>(layout_->workspace)));
   extra_ = mgr_->home_data(static_cast<BlockId>(layout_->extra));
+  for (size_t slot = 0; slot < 3; ++slot)
+    if (layout_->grad_scratch[slot] >= 0)
+      grad_scratch_[slot] = static_cast<float*>(mgr_->home_data(static_cast<BlockId>(layout_->grad_scratch[slot])));
   compute.synchronize();
 }
 

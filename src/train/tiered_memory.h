@@ -29,6 +29,7 @@ struct Placement {
   std::vector<std::string> nvme_paths;               // swap directories, one per SSD
   uint64_t device_mem = 0;                           // 0: what the plan needs
   uint64_t host_mem = 0;                             // 0: what the plan needs, within physical RAM
+  Sharding sharding;                                 // ZeRO: this rank's part of each unit
   bool uses_nvme() const;
 };
 // "none" (the compute device) | "cpu" (pinned host RAM) | "nvme"; `flag` names the option in errors.
@@ -76,6 +77,7 @@ class TieredMemory final : public RunMemory {
   bool master_is_weights() const override { return master_is_weights_; }
   kernels::Stream& stream(Side side) override { return side == Side::optimizer ? opt_stream_ : compute_; }
   kernels::Ops& ops(Side side) override { return side == Side::optimizer ? opt_rt_.ops() : rt_.ops(); }
+  float* grad_scratch(int slot) override { return grad_scratch_[static_cast<size_t>(slot)]; }
 
   void* extra_device() const { return extra_; }  // the step buffers (extra_device_bytes)
   const MemoryPlan& memory_plan() const { return plan_; }
@@ -106,6 +108,7 @@ class TieredMemory final : public RunMemory {
   std::vector<offload::Handle> open_;  // per block: its open handle (one at a time)
   std::vector<Side> open_side_;        // ... and the side whose stream uses it
   void* extra_ = nullptr;
+  std::array<float*, 3> grad_scratch_{};
   double stall_ms_ = 0;
 };
 

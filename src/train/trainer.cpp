@@ -9,9 +9,12 @@
 #include <csignal>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <fcntl.h>
 #include <unistd.h>
@@ -27,6 +30,7 @@
 #include "src/checkpoint/file_util.h"
 #include "src/checkpoint/hf.h"
 #include "src/checkpoint/train_checkpoint.h"
+#include "src/comm/communicator.h"
 #include "src/data/token_shards.h"
 #include "src/model/transformer.h"
 #include "kernels/dtype.h"
@@ -43,6 +47,17 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// Fault injection for the multi-rank CLI tests: STRATA_TEST_KILL=R:S kills rank R with SIGKILL
+// in the middle of step S (its collectives enqueued, the others waiting in them), as a crashed
+// node would.
+void kill_if_asked(int rank, int64_t step) {
+  const char* spec = std::getenv("STRATA_TEST_KILL");
+  if (!spec || !*spec) return;
+  int r = -1;
+  long long s = -1;
+  if (std::sscanf(spec, "%d:%lld", &r, &s) == 2 && r == rank && s == step) std::raise(SIGKILL);
+}
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
@@ -129,6 +144,8 @@ struct Trainer::Impl {
   DType dtype = DType::f32;
   kernels::Backend backend = kernels::Backend::cpu;
   Placement placement;
+  std::unique_ptr<Communicator> comm;  // the job's ranks (local: one rank, no MPI)
+  Sharding sh;                         // this rank's part of every unit (ZeRO stage)
   std::unique_ptr<kernels::Runtime> rt;
   std::unique_ptr<kernels::Stream> stream;
   std::unique_ptr<kernels::Runtime> cpu_rt;      // CUDA runs with the optimizer on the CPU
@@ -167,6 +184,10 @@ struct Trainer::Impl {
   double busy_ms() const { return stream->busy_ms() + (cpu_stream ? cpu_stream->busy_ms() : 0); }
   void init_weights(bool load_weights);
   void flush();
+  // The whole of unit u's `role` block from every rank's shard (elements [offset, offset + S)
+  // of each rank's block, S = the shard size), in rank order. Collective: every rank calls it in
+  // the same order; rank 0 gets numel elements, the others an empty vector.
+  std::vector<float> gather_unit(Role role, int u, int64_t offset);
   nlohmann::json state_json() const;
   void restore_state(const nlohmann::json& manifest);
 };
@@ -225,28 +246,44 @@ void Trainer::Impl::init_weights(bool load_weights) {
     ckpt = HfCheckpoint::open(o.model);
   }
   const bool aliased = mem->master_is_weights();
+  // Sharded (stage >= 1): each unit is built whole in `full`, and this rank keeps its shard.
+  const bool sharded = sh.sharded_optimizer();
+  std::vector<float> full;
+  if (sharded) {
+    int64_t most = 0;
+    for (const Unit& unit : model->units()) most = std::max(most, unit.numel);
+    full.resize(static_cast<size_t>(most));
+  }
   mem->begin_step(TieredMemory::Program::aside);
   for (size_t ui = 0; ui < model->units().size(); ++ui) {
     const int u = static_cast<int>(ui);
     const Unit& unit = model->units()[ui];
+    const int64_t n = sharded ? sh.shard(unit.numel) : unit.numel, lo = sharded ? sh.rank * n : 0;
     float* master = static_cast<float*>(mem->acquire(Role::master, u, offload::Mode::write, Side::host));
+    float* src = sharded ? full.data() : master;
     if (ckpt)
-      model->load_unit(u, *ckpt, master);
+      model->load_unit(u, *ckpt, src);
     else
-      model->init_unit(u, o.seed, master);
+      model->init_unit(u, o.seed, src);
     if (!aliased) {
       void* w = mem->acquire(Role::weights, u, offload::Mode::write, Side::host);
-      cast_on_host(master, w, unit.numel, dtype);
+      cast_on_host(src, w, unit.numel, dtype);
       mem->release(Role::weights, u);
     }
+    if (sharded) std::memcpy(master, src + lo, static_cast<size_t>(n) * 4);
     void* adam = mem->acquire(Role::adam, u, offload::Mode::write, Side::host);
-    std::memset(adam, 0, static_cast<size_t>(unit.numel) * 8);
-    if (optim)  // m then v, each over the unit's padded length
-      for (int pi : unit.params) {
-        const ParamInfo& p = model->params()[static_cast<size_t>(pi)];
-        float* mv = static_cast<float*>(adam);
-        optim->read_into(exp_avg_name(p.name), p.shape, mv + p.unit_offset, DType::f32);
-        optim->read_into(exp_avg_sq_name(p.name), p.shape, mv + unit.numel + p.unit_offset, DType::f32);
+    std::memset(adam, 0, static_cast<size_t>(n) * 8);
+    if (optim)  // m then v, each over the unit's padded length (sharded: this rank's part of it)
+      for (int half = 0; half < 2; ++half) {
+        float* dst = static_cast<float*>(adam) + half * n;
+        float* whole = sharded ? full.data() : dst;
+        if (sharded) std::fill(full.begin(), full.begin() + unit.numel, 0.f);
+        for (int pi : unit.params) {
+          const ParamInfo& p = model->params()[static_cast<size_t>(pi)];
+          optim->read_into(half == 0 ? exp_avg_name(p.name) : exp_avg_sq_name(p.name), p.shape, whole + p.unit_offset,
+                           DType::f32);
+        }
+        if (sharded) std::memcpy(dst, full.data() + lo, static_cast<size_t>(n) * 4);
       }
     mem->release(Role::adam, u);
     mem->release(Role::master, u);
@@ -284,7 +321,8 @@ nlohmann::json options_json(const TrainOptions& o) {
           {"checkpoint_activations", o.checkpoint_activations},
           {"nvme_path", o.nvme_paths},
           {"device_mem", o.device_mem},
-          {"host_mem", o.host_mem}};
+          {"host_mem", o.host_mem},
+          {"zero_stage", o.zero_stage}};
 }
 
 }  // namespace
@@ -398,6 +436,10 @@ void validate_options(const TrainOptions& o) {
   // eps is used as a float: it must stay a positive normal float.
   in_range(o.eps, 1e-30, 1, "--eps", "a finite number in [1e-30, 1] (e.g. 1e-8)");
   in_range(o.grad_clip, 0, 1e30, "--grad-clip", "a finite number >= 0 (0 = off)");
+  if (o.zero_stage < 0 || o.zero_stage > 2)
+    throw std::invalid_argument(fmt::format("--zero-stage {}: must be 0 (data parallel), 1 (optimizer state sharded) "
+                                            "or 2 (gradients sharded too); stage 3 is not implemented",
+                                            o.zero_stage));
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   if (o.threads < 0 || static_cast<unsigned>(o.threads) > 4 * hw)
     throw std::invalid_argument(fmt::format("--threads {}: must be between 0 (all cores) and {} (4 x the {} hardware "
@@ -484,16 +526,34 @@ size_t step_buffer_bytes(const TrainOptions& o, size_t n_units) {
 
 }  // namespace
 
-RunPlan plan_run(const TrainOptions& o, bool minimums) {
-  const ResolvedRun r = resolve_run(o);
+uint64_t comm_bytes_per_step(const Transformer& model, const Sharding& sh, int64_t grad_accum) {
+  if (sh.world <= 1) return 0;
+  const double part = static_cast<double>(sh.world - 1) / sh.world;
+  const double esz = static_cast<double>(kernels::dtype_size(model.dtype()));
+  double b = 0;
+  for (const Unit& u : model.units()) {
+    const double n = static_cast<double>(u.numel);
+    if (sh.stage <= 1) b += 2 * part * n * 4;                                   // grads all-reduced
+    if (sh.stage >= 1) b += part * n * esz;                                     // weights all-gathered
+    if (sh.stage >= 2) b += part * n * 4 * static_cast<double>(grad_accum);     // grads reduce-scattered
+  }
+  return static_cast<uint64_t>(b);
+}
+
+RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
+  if (world < 1) throw std::invalid_argument("--world must be at least 1, got " + std::to_string(world));
+  ResolvedRun r = resolve_run(o);
   auto rt = kernels::make_runtime(kernels::Backend::cpu);  // sizes only: no device needed
-  Transformer model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt);
+  Transformer model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world);
+  r.placement.sharding = Sharding{o.zero_stage, world, 0};
   RunPlan p;
   p.memory = TieredMemory::plan(model, r.backend, r.placement, o.grad_accum,
                                 step_buffer_bytes(o, model.units().size()), minimums);
   p.cfg = r.cfg;
   p.n_params = model.n_params();
-  p.tokens_per_step = o.batch * o.seq * o.grad_accum;
+  p.tokens_per_step = o.batch * o.seq * o.grad_accum * world;
+  p.world = world;
+  p.comm_bytes = comm_bytes_per_step(model, r.placement.sharding, o.grad_accum);
   return p;
 }
 
@@ -508,14 +568,20 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.dtype = r.dtype;
   m.backend = r.backend;
   m.placement = r.placement;
+  // The job's ranks (mpirun) and this rank's shard of every unit.
+  m.comm = make_communicator(m.backend);
+  m.sh = Sharding{o.zero_stage, m.comm->world(), m.comm->rank()};
+  m.placement.sharding = m.sh;
+  const bool rank0 = m.sh.rank == 0;
   const Placement& pl = m.placement;
   nlohmann::json manifest;
   if (!r.resume.empty()) {  // verified (sizes, checksums) before anything is allocated
     manifest = verify_train_checkpoint(r.resume);
     m.resumed_from = r.resume;
   }
-  if (!o.checkpoint_dir.empty()) prepare_checkpoint_dir(o.checkpoint_dir);
-  if (!o.out.empty()) {  // the save's own rules, so a finished run is never lost at the end
+  // Rank 0 alone writes --out and checkpoints.
+  if (rank0 && !o.checkpoint_dir.empty()) prepare_checkpoint_dir(o.checkpoint_dir);
+  if (rank0 && !o.out.empty()) {  // the save's own rules, so a finished run is never lost at the end
     try {
       check_hf_save_target(o.out);
     } catch (const std::exception& e) {
@@ -530,12 +596,12 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
       throw std::invalid_argument("the embedded corpus is byte-level (256 token ids) but the model's vocab_size is " +
                                   std::to_string(m.cfg.vocab_size) + "; pass --data");
     m.corpus = std::make_unique<EmbeddedCorpusShard>();
-    m.loader = std::make_unique<DataLoader>(std::vector<fs::path>{m.corpus->path()}, o.batch, o.seq, 0, 1,
+    m.loader = std::make_unique<DataLoader>(std::vector<fs::path>{m.corpus->path()}, o.batch, o.seq, m.sh.rank, m.sh.world,
                                             m.cfg.vocab_size);
     m.data_source = fmt::format("embedded corpus ({} byte-level tokens)", m.corpus->n_tokens());
   } else {
     const auto shards = expand_glob(o.data);
-    m.loader = std::make_unique<DataLoader>(shards, o.batch, o.seq, 0, 1, m.cfg.vocab_size);
+    m.loader = std::make_unique<DataLoader>(shards, o.batch, o.seq, m.sh.rank, m.sh.world, m.cfg.vocab_size);
     m.data_source = fmt::format("{} ({} shard{})", o.data, shards.size(), shards.size() == 1 ? "" : "s");
   }
 
@@ -551,14 +617,14 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     m.cpu_stream = m.cpu_rt->create_stream();
     opt_rt = m.cpu_rt.get();
   }
-  m.model = std::make_unique<Transformer>(m.cfg, m.dtype, o.batch, o.seq, *m.rt, r.ckpt);
+  m.model = std::make_unique<Transformer>(m.cfg, m.dtype, o.batch, o.seq, *m.rt, r.ckpt, kLogitsChunkBytes, m.sh.world);
   const int64_t n = m.N();
   const size_t n_units = m.model->units().size();
   m.mem = std::make_unique<TieredMemory>(*m.model, *m.rt, *m.stream, *opt_rt, m.opt_stream(), pl, o.grad_accum,
                                          step_buffer_bytes(o, n_units));
   m.dev_tokens = static_cast<int32_t*>(m.mem->extra_device());
   m.dev_norm2 = reinterpret_cast<double*>(static_cast<char*>(m.mem->extra_device()) + token_buffer_bytes(o));
-  m.driver = std::make_unique<StepDriver>(*m.model, *m.mem);
+  m.driver = std::make_unique<StepDriver>(*m.model, *m.mem, m.sh, m.comm.get());
   const auto t_weights = Clock::now();
   m.init_weights(r.load_weights);
   m.weights_s = ms_since(t_weights) / 1e3;
@@ -573,8 +639,8 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.host_tokens.assign(static_cast<size_t>(o.grad_accum * 2 * n), 0);
   m.host_losses.assign(static_cast<size_t>(o.grad_accum * n), 0.f);
   m.host_norm2.assign(n_units, 0.0);
-  if (o.synthetic_data) {  // fixed tokens, uniform over the vocab, from the seed
-    uint64_t s = o.seed * 0x9e3779b97f4a7c15ull + 1;
+  if (o.synthetic_data) {  // fixed tokens, uniform over the vocab, from the seed (and the rank)
+    uint64_t s = (o.seed + static_cast<uint64_t>(m.sh.rank) * 0x2545f4914f6cdd1dull) * 0x9e3779b97f4a7c15ull + 1;
     for (int32_t& t : m.host_tokens) {
       s ^= s << 13, s ^= s >> 7, s ^= s << 17;
       t = static_cast<int32_t>(s % static_cast<uint64_t>(m.cfg.vocab_size));
@@ -586,7 +652,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.last_stats = m.mem->stats();
   // Last, after every check: a run that fails to start leaves an earlier metrics file intact.
   // A resumed run appends to it.
-  if (!o.metrics.empty()) {
+  if (rank0 && !o.metrics.empty()) {
     m.metrics = UniqueFd(::open(o.metrics.c_str(),
                                 O_WRONLY | O_CREAT | O_CLOEXEC | (m.resumed_from.empty() ? O_TRUNC : O_APPEND), 0644));
     if (m.metrics.get() < 0)
@@ -601,7 +667,9 @@ Trainer::~Trainer() = default;
 
 const ModelConfig& Trainer::config() const { return impl_->cfg; }
 int64_t Trainer::n_params() const { return impl_->model->n_params(); }
-int64_t Trainer::tokens_per_step() const { return impl_->N() * impl_->o.grad_accum; }
+int64_t Trainer::tokens_per_step() const { return impl_->N() * impl_->o.grad_accum * impl_->sh.world; }
+int Trainer::rank() const { return impl_->sh.rank; }
+int Trainer::world() const { return impl_->sh.world; }
 size_t Trainer::device_bytes() const { return impl_->mem->memory_plan().budget[0]; }
 size_t Trainer::host_bytes() const { return impl_->mem->memory_plan().budget[1]; }
 size_t Trainer::nvme_bytes() const { return impl_->mem->memory_plan().budget[2]; }
@@ -629,7 +697,9 @@ StepStats Trainer::step() {
   s.memset_async(m.dev_norm2, 0, m.host_norm2.size() * sizeof(double));
   // d(mean loss over the global batch) = Σ rows' CE / (N · accum), times the fp16 loss scale.
   // The first micro-batch overwrites the grads (no zeroing pass), the others add to them.
-  const float grad_scale = m.scaler.scale() / static_cast<float>(n * o.grad_accum);
+  // With N ranks the global batch is N times this rank's: each rank scales by 1/N too, and
+  // the fixed-order sum across ranks makes the grads the global mean.
+  const float grad_scale = m.scaler.scale() / static_cast<float>(n * o.grad_accum * m.sh.world);
   // The previous step's update runs inside this forward (none yet: the same blocks, no change).
   const PendingUpdate none;
   const PendingUpdate* update = m.pending ? &*m.pending : &none;
@@ -640,10 +710,27 @@ StepStats Trainer::step() {
     s.memcpy_async(m.host_losses.data() + k * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
   }
   s.memcpy_async(m.host_norm2.data(), m.dev_norm2, m.host_norm2.size() * sizeof(double));
+  if (m.sh.world > 1) kill_if_asked(m.sh.rank, st.step);
   s.synchronize();
   double sum = 0;
   for (float l : m.host_losses) sum += l;
-  st.loss = sum / static_cast<double>(m.host_losses.size());
+  if (m.sh.world > 1) {
+    // Every rank's loss sum and per-unit shard Σ g², summed in rank order: the same numbers,
+    // bit for bit, on every rank (so every rank decides the same clip, skip or stop).
+    const size_t k = 1 + m.host_norm2.size();
+    std::vector<double> mine(k), all(k * static_cast<size_t>(m.sh.world));
+    mine[0] = sum;
+    std::copy(m.host_norm2.begin(), m.host_norm2.end(), mine.begin() + 1);
+    m.comm->host_all_gather(mine.data(), all.data(), k * sizeof(double));
+    sum = 0;
+    std::fill(m.host_norm2.begin(), m.host_norm2.end(), 0.0);
+    for (int r = 0; r < m.sh.world; ++r) {
+      const double* row = all.data() + static_cast<size_t>(r) * k;
+      sum += row[0];
+      for (size_t u = 0; u + 1 < k; ++u) m.host_norm2[u] += row[1 + u];
+    }
+  }
+  st.loss = sum / (static_cast<double>(m.host_losses.size()) * m.sh.world);
   // The global norm: the units' sums of squares, added in unit order (a fixed order, whatever
   // the placement), then unscaled.
   double norm2 = 0;
@@ -667,10 +754,10 @@ StepStats Trainer::step() {
   m.opt_stream().synchronize();
   if (st.skipped) ++m.skipped_steps;
   ++m.steps_done;
-  m.tokens_done += n * o.grad_accum;
+  m.tokens_done += tokens_per_step();
   st.tokens = m.tokens_done;
   st.step_ms = ms_since(t0);
-  st.tokens_per_s = static_cast<double>(n * o.grad_accum) / (st.step_ms / 1e3);
+  st.tokens_per_s = static_cast<double>(tokens_per_step()) / (st.step_ms / 1e3);
   const offload::OffloadStats now = m.mem->stats();
   for (int l = 0; l < offload::kNumLinks; ++l) {
     st.link_bytes[static_cast<size_t>(l)] = now.links[l].bytes - m.last_stats.links[l].bytes;
@@ -678,6 +765,7 @@ StepStats Trainer::step() {
   }
   st.stall_ms = m.mem->stall_ms() - m.last_stall;
   st.compute_ms = m.busy_ms() - busy0;
+  st.comm_bytes = comm_bytes_per_step(*m.model, m.sh, o.grad_accum);
   m.last_stats = now;
   m.last_stall = m.mem->stall_ms();
   return st;
@@ -707,8 +795,15 @@ void Trainer::print_header(std::FILE* out) const {
                o.checkpoint_every > 0 ? fmt::format("every {} steps and at the end", o.checkpoint_every)
                                       : std::string("at the end and on SIGINT/SIGTERM"),
                o.keep);
-  fmt::print(out, "  batch      {} x {} tokens x {} micro-batches = {} tokens/step, {} steps\n", o.batch, o.seq,
-             o.grad_accum, tokens_per_step(), o.steps);
+  if (m.sh.world > 1)
+    fmt::print(out, "  ranks      {} ({}), ZeRO stage {}: {}\n", m.sh.world, comm_backend_name(m.comm->backend()),
+               m.sh.stage,
+               m.sh.stage == 0   ? "grads all-reduced, every rank holds everything"
+               : m.sh.stage == 1 ? "master weights and AdamW state sharded, grads all-reduced"
+                                 : "master weights, AdamW state and grads sharded, grads reduce-scattered per unit");
+  fmt::print(out, "  batch      {} x {} tokens x {} micro-batches{} = {} tokens/step, {} steps\n", o.batch, o.seq,
+             o.grad_accum, m.sh.world > 1 ? fmt::format(" x {} ranks", m.sh.world) : std::string(), tokens_per_step(),
+             o.steps);
   fmt::print(out, "  optimizer  AdamW lr {:g} ({}, warmup {}, min {:g}), betas ({:g}, {:g}), eps {:g}, "
                   "weight decay {:g} (2-D only), clip {}\n",
              o.lr, o.lr_schedule, o.warmup, o.min_lr, o.beta1, o.beta2, o.eps, o.weight_decay,
@@ -726,18 +821,25 @@ void Trainer::print_header(std::FILE* out) const {
              "--beta2 {:g} --eps {:g} --grad-clip {:g} --seed {} --metrics '{}' --out '{}' --log-every {} "
              "--threads {} --offload-params {} --offload-grads {} --offload-optimizer {} --offload-activations {} "
              "--checkpoint-activations {}{} --device-mem '{}' --host-mem '{}' --checkpoint-dir '{}' "
-             "--checkpoint-every {} --keep {} --resume '{}'\n",
+             "--checkpoint-every {} --keep {} --resume '{}' --zero-stage {}\n",
              o.model, o.data, o.backend, o.dtype, o.batch, o.seq, o.grad_accum, o.steps, o.lr, o.lr_schedule, o.warmup,
              o.min_lr, o.weight_decay, o.beta1, o.beta2, o.eps, o.grad_clip, o.seed, o.metrics, o.out, o.log_every,
              o.threads, o.offload_params, o.offload_grads, o.offload_optimizer, o.offload_activations,
              o.checkpoint_activations, nvme, o.device_mem, o.host_mem, o.checkpoint_dir, o.checkpoint_every, o.keep,
-             o.resume);
+             o.resume, o.zero_stage);
   std::fflush(out);
 }
 
-int Trainer::run(std::FILE* out) {
+int Trainer::run(std::FILE* rank0_out) {
   Impl& m = *impl_;
   const TrainOptions& o = m.o;
+  // Rank 0 alone prints; the others run the same program (every collective matched).
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> null_out(nullptr, &std::fclose);
+  if (m.sh.rank != 0) {
+    null_out.reset(std::fopen("/dev/null", "w"));
+    if (!null_out) throw std::runtime_error("cannot open /dev/null: " + errno_text());
+  }
+  std::FILE* out = m.sh.rank == 0 ? rank0_out : null_out.get();
   print_header(out);
   const auto t_start = Clock::now();
   double first_loss = 0, last_loss = 0, min_loss = INFINITY, ms_after_first = 0;
@@ -745,7 +847,13 @@ int Trainer::run(std::FILE* out) {
   uint64_t moved_total = 0;
   const int64_t first_step = m.steps_done;
   for (int64_t i = first_step; i < o.steps; ++i) {
-    if (const int sig = stop_requested()) {  // SIGINT/SIGTERM: stop between steps
+    int stop = stop_requested();
+    if (m.sh.world > 1) {  // every rank stops after the same step (a signal may reach one rank first)
+      std::vector<int> all(static_cast<size_t>(m.sh.world));
+      m.comm->host_all_gather(&stop, all.data(), sizeof(int));
+      for (int v : all) stop = stop ? stop : v;
+    }
+    if (const int sig = stop) {  // SIGINT/SIGTERM: stop between steps
       const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
       if (!o.checkpoint_dir.empty() && m.steps_done > 0) {
         const std::string path = m.last_checkpoint_step == m.steps_done
@@ -793,6 +901,8 @@ int Trainer::run(std::FILE* out) {
       j["io_ms"] = st.link_ms[2] + st.link_ms[3];
       j["stall_ms"] = st.stall_ms;
       j["compute_ms"] = st.compute_ms;
+      j["comm_bytes_sent"] = st.comm_bytes;
+      j["comm_bytes_received"] = st.comm_bytes;
       j["device_peak_bytes"] = os.tiers[0].bytes_peak;
       j["host_peak_bytes"] = os.tiers[1].bytes_peak;
       j["nvme_peak_bytes"] = os.tiers[2].bytes_peak;
@@ -845,8 +955,36 @@ int Trainer::run(std::FILE* out) {
   return 0;
 }
 
+std::vector<float> Trainer::Impl::gather_unit(Role role, int u, int64_t offset) {
+  const Unit& unit = model->units()[static_cast<size_t>(u)];
+  const int64_t n = sh.shard(unit.numel);
+  std::vector<float> whole(static_cast<size_t>(unit.numel));
+  const float* src = static_cast<const float*>(mem->acquire(role, u, offload::Mode::read, Side::host));
+  comm->all_gather(src + offset, whole.data(), static_cast<size_t>(n), DType::f32, *stream);
+  stream->synchronize();
+  mem->release(role, u);
+  if (sh.rank != 0) std::vector<float>().swap(whole);
+  return whole;
+}
+
+namespace {
+
+// A tensor's fp32 bytes, checked finite on the way: a last update can overflow (a diverging
+// run whose loss was still finite), and such weights never become a save or a checkpoint.
+void copy_finite(void* dst, const float* src, size_t bytes, const std::string& what) {
+  std::memcpy(dst, src, bytes);
+  const float* f = static_cast<const float*>(dst);
+  for (size_t i = 0; i < bytes / 4; ++i)
+    if (!std::isfinite(f[i])) throw std::runtime_error(what + " (element " + std::to_string(i) + ")");
+}
+
+}  // namespace
+
 // The master weights, unit by unit from wherever they live, through the save's per-tensor
-// callbacks: no more than one tensor's bytes are staged at once.
+// callbacks: no more than one tensor's bytes are staged at once. Sharded (stage >= 1): every
+// rank sends its shards and rank 0 holds the whole model's master weights for the save (so
+// rank 0 needs 4 bytes per parameter of host RAM beyond its pools). Collective: every rank
+// calls it; rank 0 alone writes.
 void Trainer::save(const std::string& out_dir) const {
   Impl& m = *impl_;
   ModelConfig c = m.cfg;
@@ -854,24 +992,35 @@ void Trainer::save(const std::string& out_dir) const {
   m.flush();  // a pending update belongs to the weights being saved
   m.stream->synchronize();
   m.opt_stream().synchronize();
+  std::vector<std::vector<float>> whole;  // [unit] the gathered master (sharded runs, rank 0)
+  if (m.sh.sharded_optimizer()) {
+    m.mem->begin_step(TieredMemory::Program::aside);
+    for (size_t u = 0; u < m.model->units().size(); ++u) whole.push_back(m.gather_unit(Role::master, static_cast<int>(u), 0));
+    m.mem->end_step();
+  }
+  if (m.sh.rank != 0) return;
   std::vector<TensorToSave> tensors;
   TieredMemory* mem = m.mem.get();
+  const std::string diverged = "the weights are not finite: the run diverged; nothing was saved";
   for (const ParamInfo& p : m.model->params()) {
     const size_t bytes = static_cast<size_t>(p.numel) * 4;
     const int unit = p.unit;
     const int64_t off = p.unit_offset;
-    tensors.push_back({p.name, p.shape, DType::f32, [mem, unit, off, bytes](void* dst) {
+    if (!whole.empty()) {
+      const float* src = whole[static_cast<size_t>(unit)].data() + off;
+      tensors.push_back({p.name, p.shape, DType::f32, [src, bytes, diverged](void* dst) { copy_finite(dst, src, bytes, diverged); }});
+      continue;
+    }
+    tensors.push_back({p.name, p.shape, DType::f32, [mem, unit, off, bytes, diverged](void* dst) {
                          const float* master =
                              static_cast<const float*>(mem->acquire(Role::master, unit, offload::Mode::read, Side::host));
-                         std::memcpy(dst, master + off, bytes);
+                         try {
+                           copy_finite(dst, master + off, bytes, diverged);
+                         } catch (...) {
+                           mem->release(Role::master, unit);
+                           throw;
+                         }
                          mem->release(Role::master, unit);
-                         // The last update can overflow (a diverging run whose loss was still
-                         // finite): such weights are never saved over a good directory.
-                         const float* f = static_cast<const float*>(dst);
-                         for (size_t i = 0; i < bytes / 4; ++i)
-                           if (!std::isfinite(f[i]))
-                             throw std::runtime_error("the weights are not finite (element " + std::to_string(i) +
-                                                      "): the run diverged; nothing was saved");
                        }});
   }
   m.mem->begin_step(TieredMemory::Program::aside);
@@ -888,10 +1037,32 @@ int64_t Trainer::steps_done() const { return impl_->steps_done; }
 
 // The whole training state after the last step (its pending update applied first), each
 // tensor streamed from wherever its unit lives: at most one unit's block is staged at a time.
+// Sharded (stage >= 1): rank 0 gathers every unit's master, m and v first (12 bytes per
+// parameter of host RAM) and writes them unsharded by name, so a checkpoint does not depend on
+// the world size it was written at. Collective: every rank calls it; rank 0 alone writes (the
+// others return "").
 std::string Trainer::save_checkpoint() {
   Impl& m = *impl_;
   if (m.o.checkpoint_dir.empty()) throw std::logic_error("save_checkpoint without --checkpoint-dir");
   m.flush();
+  std::vector<std::array<std::vector<float>, 3>> whole;  // [unit] {master, m, v} (sharded, rank 0)
+  if (m.sh.sharded_optimizer()) {
+    m.mem->begin_step(TieredMemory::Program::aside);
+    for (size_t ui = 0; ui < m.model->units().size(); ++ui) {
+      const int u = static_cast<int>(ui);
+      const int64_t n = m.sh.shard(m.model->units()[ui].numel);
+      std::array<std::vector<float>, 3> parts;
+      parts[0] = m.gather_unit(Role::master, u, 0);
+      parts[1] = m.gather_unit(Role::adam, u, 0);
+      parts[2] = m.gather_unit(Role::adam, u, n);
+      whole.push_back(std::move(parts));
+    }
+    m.mem->end_step();
+  }
+  if (m.sh.rank != 0) {
+    m.last_checkpoint_step = m.steps_done;
+    return "";
+  }
   TrainCheckpointContent c;
   c.cfg = m.cfg;
   c.cfg.torch_dtype = "float32";
@@ -902,24 +1073,29 @@ std::string Trainer::save_checkpoint() {
     const int unit = p.unit;
     const int64_t off = p.unit_offset;
     const int64_t unit_numel = m.model->units()[static_cast<size_t>(unit)].numel;
-    const std::string name = p.name;
-    auto from = [mem, unit, bytes, name](Role role, int64_t offset) {
-      return [mem, unit, bytes, role, offset, name](void* dst) {
+    // A last update that overflowed never becomes a checkpoint (rotation would then drop the
+    // good ones): the run stops instead, the previous checkpoint kept.
+    const std::string diverged =
+        "'" + p.name + "' is not finite: the run diverged; no checkpoint written, the previous one is kept";
+    auto from = [&, mem, unit, bytes, diverged](Role role, int64_t offset, int part) -> std::function<void(void*)> {
+      if (!whole.empty()) {
+        const float* src = whole[static_cast<size_t>(unit)][static_cast<size_t>(part)].data() + off;
+        return [src, bytes, diverged](void* dst) { copy_finite(dst, src, bytes, diverged); };
+      }
+      return [mem, unit, bytes, role, offset, diverged](void* dst) {
         const float* src = static_cast<const float*>(mem->acquire(role, unit, offload::Mode::read, Side::host));
-        std::memcpy(dst, src + offset, bytes);
+        try {
+          copy_finite(dst, src + offset, bytes, diverged);
+        } catch (...) {
+          mem->release(role, unit);
+          throw;
+        }
         mem->release(role, unit);
-        // A last update that overflowed never becomes a checkpoint (rotation would then drop
-        // the good ones): the run stops instead, the previous checkpoint kept.
-        const float* f = static_cast<const float*>(dst);
-        for (size_t i = 0; i < bytes / 4; ++i)
-          if (!std::isfinite(f[i]))
-            throw std::runtime_error("'" + name + "' is not finite (element " + std::to_string(i) +
-                                     "): the run diverged; no checkpoint written, the previous one is kept");
       };
     };
-    c.model.push_back({p.name, p.shape, DType::f32, from(Role::master, off)});
-    c.optimizer.push_back({exp_avg_name(p.name), p.shape, DType::f32, from(Role::adam, off)});
-    c.optimizer.push_back({exp_avg_sq_name(p.name), p.shape, DType::f32, from(Role::adam, unit_numel + off)});
+    c.model.push_back({p.name, p.shape, DType::f32, from(Role::master, off, 0)});
+    c.optimizer.push_back({exp_avg_name(p.name), p.shape, DType::f32, from(Role::adam, off, 1)});
+    c.optimizer.push_back({exp_avg_sq_name(p.name), p.shape, DType::f32, from(Role::adam, unit_numel + off, 2)});
   }
   m.mem->begin_step(TieredMemory::Program::aside);
   fs::path path;

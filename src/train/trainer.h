@@ -57,6 +57,9 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;             // 0 = only at the end and on SIGINT/SIGTERM
   int64_t keep = 2;
   std::string resume;
+  // ZeRO stage across the ranks of an mpirun job (src/train/run_memory.h Sharding): 0 = data
+  // parallel (grads all-reduced), 1 = optimizer state sharded, 2 = grads sharded too.
+  int zero_stage = 0;
 };
 
 // What one optimizer step did (also one line of --metrics).
@@ -77,6 +80,7 @@ struct StepStats {
   std::array<double, 4> link_ms{};
   double stall_ms = 0;
   double compute_ms = 0;  // time the compute (and optimizer) streams spent running work
+  uint64_t comm_bytes = 0;  // sent by this rank to the others this step (as many received)
   uint64_t bytes_moved() const { return link_bytes[0] + link_bytes[1] + link_bytes[2] + link_bytes[3]; }
 };
 
@@ -86,10 +90,20 @@ struct StepStats {
 struct RunPlan {
   ModelConfig cfg;
   int64_t n_params = 0;
-  int64_t tokens_per_step = 0;
-  MemoryPlan memory;
+  int64_t tokens_per_step = 0;  // the global batch: all ranks
+  int world = 1;
+  MemoryPlan memory;            // per rank
+  uint64_t comm_bytes = 0;      // sent per step by each rank (as many received)
 };
-RunPlan plan_run(const TrainOptions& opts, bool minimums = false);
+// world: plan one rank of a job of that many ranks (--zero-stage decides what is sharded).
+RunPlan plan_run(const TrainOptions& opts, bool minimums = false, int world = 1);
+
+// Bytes each rank sends (and receives) per optimizer step for the collectives of its ZeRO
+// stage, as the mpi communicator moves them: an all-reduce of B bytes sends 2(N-1)/N·B
+// (reduce-scatter, then all-gather), a reduce-scatter or an all-gather (N-1)/N·B. Stage 0/1:
+// every unit's fp32 grads all-reduced once per step; 1/2: its working weights all-gathered
+// after the update; 2: its fp32 grads reduce-scattered once per micro-batch.
+uint64_t comm_bytes_per_step(const Transformer& model, const Sharding& sh, int64_t grad_accum);
 
 class Trainer {
  public:
@@ -106,7 +120,9 @@ class Trainer {
   void print_header(std::FILE* out) const;
   const ModelConfig& config() const;
   int64_t n_params() const;
-  int64_t tokens_per_step() const;   // B·T·grad_accum
+  int64_t tokens_per_step() const;   // B·T·grad_accum·world (the global batch)
+  int rank() const;                  // this process's rank in the job (0 without mpirun)
+  int world() const;
   size_t device_bytes() const;       // device pool (CPU backend: RAM standing in for the device)
   size_t host_bytes() const;         // pinned host pool
   size_t nvme_bytes() const;         // swap space in use
