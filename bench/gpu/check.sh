@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One GPU check for a lent device machine (H200, ~15 minutes of device time for all tries): build
 # for sm_90, run test_kernels (the CUDA op tests run instead of skipping), then
-# `strata bench ops --backend cuda`, and print ONE short table. Every step runs under `timeout`
-# and the script carries on past failures; the whole run is meant to finish in under 8 minutes.
+# `strata bench ops --backend cuda` and three `strata train --backend cuda` runs (1B all on the
+# GPU; 1B under a 24 GiB budget with optimizer and weights in pinned host RAM; 8B under 24 GiB
+# with weights on NVMe, next to `strata plan`'s prediction), and print ONE short table. Every step runs under `timeout`
+# and the script carries on past failures; the build dominates (a few minutes on 16 cores), the
+# train runs add at most 9 minutes of timeouts: run it with timeout_s 600 and expect ~8–10 minutes.
 # Full logs go to $OUT (default /tmp/strata-gpu).
 # Usage (repository root, on the GPU machine): bash bench/gpu/check.sh
 #   env: OUT=dir  BUILD_DIR=dir (default build-gpu)  REPS=n (bench repetitions, default 10)
@@ -40,12 +43,19 @@ step test_kernels 200 "$BUILD_DIR/bin/test_kernels" --gtest_brief=1
 step bench_ops 200 "$BUILD_DIR/bin/strata" bench ops --backend cuda --reps "$REPS"
 cp "$OUT/bench_ops.log" "$OUT/bench_ops.jsonl" 2>/dev/null
 
-# --- training runs (placeholders: the integrator enables these once `strata train --backend cuda`
-# --- runs end to end; keep the total under the 8-minute budget) -----------------------------------
-# step train_1b 240 "$BUILD_DIR/bin/strata" train --backend cuda --preset llama-1b --batch 4 --seq 2048 \
-#   --steps 20 --metrics "$OUT/train_1b.jsonl"
-# step train_1b_offload 240 "$BUILD_DIR/bin/strata" train --backend cuda --preset llama-1b --batch 4 \
-#   --seq 2048 --steps 10 --offload ... --metrics "$OUT/train_1b_offload.jsonl"
+# --- training runs: the issue's three figures. ~16k tokens per step for the 1B runs; short runs,
+# each under its own timeout (the 8B one may stop at the plan check: its error is the figure).
+SWAP="${SWAP:-$OUT/swap}"
+mkdir -p "$SWAP"
+TRAIN=("$BUILD_DIR/bin/strata" train --backend cuda --dtype bf16 --log-every 1)
+step train_1b 150 "${TRAIN[@]}" --preset llama-1b --batch 8 --seq 2048 --steps 6 --metrics "$OUT/train_1b.jsonl"
+step train_1b_24g 150 "${TRAIN[@]}" --preset llama-1b --batch 8 --seq 2048 --steps 4 --device-mem 24G \
+  --offload-optimizer cpu --offload-params cpu --checkpoint-activations full --metrics "$OUT/train_1b_24g.jsonl"
+step plan_8b 60 "$BUILD_DIR/bin/strata" plan --backend cuda --dtype bf16 --preset llama-8b --batch 1 --seq 2048 \
+  --device-mem 24G --offload-optimizer cpu --offload-params nvme --checkpoint-activations full --nvme-path "$SWAP"
+step train_8b 180 "${TRAIN[@]}" --preset llama-8b --batch 1 --seq 2048 --steps 2 --device-mem 24G \
+  --offload-optimizer cpu --offload-params nvme --checkpoint-activations full --nvme-path "$SWAP" \
+  --metrics "$OUT/train_8b.jsonl"
 
 # ---- the table ----------------------------------------------------------------------------------
 field() {  # field JSON_LINE KEY: the value of KEY (string or number), empty when absent
@@ -74,5 +84,22 @@ if [ -s "$OUT/bench_ops.jsonl" ]; then
 else
   echo "(no bench output: see $OUT/bench_ops.log and $OUT/build.log)"
 fi
+echo
+echo "== strata train --backend cuda (tokens/s: median of the steps after the first; MFU = 6·params·tokens/s"
+echo "   over 989 TFLOP/s, the H200's dense bf16 peak, attention FLOPs not counted)"
+printf '%-14s %12s %8s %s\n' run tokens/s MFU note
+for run in train_1b train_1b_24g train_8b; do
+  if [ -s "$OUT/$run.jsonl" ]; then
+    tps=$(grep -o '"tokens_per_s":[0-9.eE+-]*' "$OUT/$run.jsonl" | tail -n +2 | cut -d: -f2 | sort -g |
+          awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }')
+    params=$(grep -o 'params     [0-9.]*[KMB]' "$OUT/$run.log" | head -1 | awk '{ v = $2; u = substr(v, length(v)); v = substr(v, 1, length(v) - 1);
+             print v * (u == "B" ? 1e9 : u == "M" ? 1e6 : 1e3) }')
+    mfu=$(awk -v t="${tps:-0}" -v p="${params:-0}" 'BEGIN { printf "%.1f%%", 600 * p * t / 989e12 }')
+    printf '%-14s %12s %8s %s\n' "$run" "${tps:-?}" "$mfu" ""
+  else
+    printf '%-14s %12s %8s %s\n' "$run" - - "$(tail -1 "$OUT/$run.log" 2>/dev/null | cut -c1-100)"
+  fi
+done
+grep -E "^predicted step" "$OUT/plan_8b.log" 2>/dev/null | sed 's/^/plan_8b: /'
 echo
 echo "total: $(( $(date +%s) - T0 ))s"
