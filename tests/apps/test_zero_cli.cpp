@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -188,6 +189,47 @@ TEST_F(ZeroCli, ShardedCheckpointResumesBitExact) {
   ASSERT_EQ(rest.status, 0) << rest.err;
   EXPECT_NE(rest.out.find("resumed"), std::string::npos) << rest.out;
   EXPECT_TRUE(slurp(dir_ / "full" / "model.safetensors") == slurp(dir_ / "resumed" / "model.safetensors"));
+}
+
+// A checkpoint is stored unsharded by tensor name, so it resumes at another world size: 2 ranks
+// (stage 1) saved at step 2, resumed by 1 rank with the double batch (and the other way round,
+// into stage 2), continue the same run to fp32 reduction-order tolerance.
+TEST_F(ZeroCli, CheckpointResumesAtAnotherWorldSize) {
+  const std::string ck2 = (dir_ / "ck2").string(), ck1 = (dir_ / "ck1").string();
+  CliResult two = run(2, tiny(2, 4, "1e-3") + "--zero-stage 1 --checkpoint-every 2 --checkpoint-dir " + ck2 +
+                             " --metrics " + (dir_ / "two.jsonl").string() + " --out " + (dir_ / "two").string(),
+                      "", "two");
+  ASSERT_EQ(two.status, 0) << two.err;
+  CliResult one = run(0, tiny(4, 4, "1e-3") + "--checkpoint-every 2 --checkpoint-dir " + ck1 + " --metrics " +
+                             (dir_ / "one.jsonl").string() + " --out " + (dir_ / "one").string(),
+                      "", "one");
+  ASSERT_EQ(one.status, 0) << one.err;
+  // 2 ranks -> 1 rank, and 1 rank -> 2 ranks (stage 2).
+  CliResult a = run(0, tiny(4, 4, "1e-3") + "--resume " + ck2 + "/step-00000002 --metrics " +
+                           (dir_ / "a.jsonl").string() + " --out " + (dir_ / "a").string(),
+                    "", "a");
+  ASSERT_EQ(a.status, 0) << a.err;
+  CliResult b = run(2, tiny(2, 4, "1e-3") + "--zero-stage 2 --resume " + ck1 + "/step-00000002 --metrics " +
+                           (dir_ / "b.jsonl").string() + " --out " + (dir_ / "b").string(),
+                    "", "b");
+  ASSERT_EQ(b.status, 0) << b.err;
+  for (const auto& [ref, got, out] : {std::tuple{"two.jsonl", "a.jsonl", "a"}, std::tuple{"one.jsonl", "b.jsonl", "b"}}) {
+    const auto r = metrics(dir_ / ref), g = metrics(dir_ / got);
+    ASSERT_EQ(r.size(), 4u);
+    ASSERT_EQ(g.size(), 2u) << got;
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(g[i]["step"], r[i + 2]["step"]);
+      EXPECT_LT(rel(r[i + 2]["loss"].get<double>(), g[i]["loss"].get<double>()), 1e-5) << got << " step " << i + 3;
+      EXPECT_LT(rel(r[i + 2]["grad_norm"].get<double>(), g[i]["grad_norm"].get<double>()), 1e-5) << got;
+    }
+    const auto wr = weights(dir_ / (std::string(ref) == "two.jsonl" ? "two" : "one")), wg = weights(dir_ / out);
+    for (const auto& [name, vr] : wr) {
+      const auto& vg = wg.at(name);
+      double worst = 0;
+      for (size_t i = 0; i < vr.size(); ++i) worst = std::max(worst, std::abs(double(vr[i]) - vg[i]));
+      EXPECT_LT(worst, 1e-5) << out << ": " << name;
+    }
+  }
 }
 
 }  // namespace
