@@ -651,7 +651,28 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.opt_stream().synchronize();
   m.last_stats = m.mem->stats();
   // Last, after every check: a run that fails to start leaves an earlier metrics file intact.
-  // A resumed run appends to it.
+  // A resumed run appends to it, after dropping the lines of steps past the checkpoint (a run
+  // killed after its last checkpoint wrote them; they are about to be trained again).
+  if (rank0 && !o.metrics.empty() && !m.resumed_from.empty()) {
+    std::error_code ec;
+    if (fs::is_regular_file(o.metrics, ec)) {
+      std::ifstream in(o.metrics);
+      std::string kept, line;
+      bool dropped = false;
+      while (std::getline(in, line)) {
+        const size_t at = line.find("\"step\":");
+        const int64_t step = at == std::string::npos ? 0 : std::atoll(line.c_str() + at + 7);
+        if (step > m.steps_done) dropped = true;
+        else kept += line + "\n";
+      }
+      if (dropped) {
+        const std::string tmp = o.metrics + ".tmp-resume";
+        write_file_synced(tmp, kept);
+        if (::rename(tmp.c_str(), o.metrics.c_str()) != 0)
+          throw std::runtime_error("--metrics " + o.metrics + ": cannot replace it: " + errno_text());
+      }
+    }
+  }
   if (rank0 && !o.metrics.empty()) {
     m.metrics = UniqueFd(::open(o.metrics.c_str(),
                                 O_WRONLY | O_CREAT | O_CLOEXEC | (m.resumed_from.empty() ? O_TRUNC : O_APPEND), 0644));

@@ -218,6 +218,18 @@ TEST_F(ResumeCli, SignalWritesACheckpointThatResumes) {
   EXPECT_NE(r.out.find("at step " + std::to_string(at)), std::string::npos) << r.out;
 }
 
+// Resuming into the same --metrics file: lines of steps past the checkpoint (written by the run
+// after its last checkpoint) are dropped, so every step appears once, with the same values.
+TEST_F(ResumeCli, MetricsOfAResumedRunHaveEachStepOnce) {
+  const fs::path ck = dir_ / "ck", m = dir_ / "m.jsonl";
+  ASSERT_EQ(run(base(6) + "--checkpoint-dir " + ck.string() + " --checkpoint-every 3 --keep 3 --metrics " + m.string()).status, 0);
+  const auto before = exact_metrics(m);
+  ASSERT_EQ(before.size(), 6u);
+  const Result r = run(base(6) + "--resume " + (ck / "step-00000003").string() + " --metrics " + m.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(exact_metrics(m), before);
+}
+
 // A run killed while writing leaves .tmp-<pid>-XXXXXX; the next run removes it (only that).
 TEST_F(ResumeCli, IncompleteCheckpointsOfKilledRunsAreRemoved) {
   const fs::path ck = dir_ / "ck";
