@@ -18,7 +18,9 @@ SWAP_DIR="${SWAP_DIR:-$BUILD_DIR/demo-swap}"
 mkdir -p "$OUT_DIR" "$SWAP_DIR"
 # The defaults of `strata train` are this demo: B=4 x T=128, 100 steps, lr 2e-3 cosine to 2e-4
 # (about 40 s on 2 idle cores; the loss falls from ln 256 = 5.5 to about 1.8).
-"$BUILD_DIR/bin/strata" train --log-every 5 --offload-optimizer nvme --nvme-path "$SWAP_DIR" \
+# A 96 MiB host budget holds a few units' AdamW state, so every step streams the rest through
+# NVMe (about 410 MiB each way per step) while the forward and backward compute.
+"$BUILD_DIR/bin/strata" train --log-every 5 --offload-optimizer nvme --nvme-path "$SWAP_DIR" --host-mem 96M \
   --checkpoint-activations full --checkpoint-dir "$OUT_DIR/checkpoints" \
   --metrics "$OUT_DIR/metrics.jsonl" --out "$OUT_DIR/model" "$@"
 echo "metrics: $OUT_DIR/metrics.jsonl   model (HF layout): $OUT_DIR/model   checkpoint: $OUT_DIR/checkpoints"
