@@ -58,7 +58,8 @@ struct TrainOptions {
   int64_t keep = 2;
   std::string resume;
   // ZeRO stage across the ranks of an mpirun job (src/train/run_memory.h Sharding): 0 = data
-  // parallel (grads all-reduced), 1 = optimizer state sharded, 2 = grads sharded too.
+  // parallel (grads all-reduced), 1 = optimizer state sharded, 2 = grads sharded too, 3 = working
+  // weights sharded too (gathered per unit when used).
   int zero_stage = 0;
 };
 
