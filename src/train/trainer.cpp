@@ -695,6 +695,7 @@ StepStats Trainer::step() {
   kernels::Stream& s = *m.stream;
   const auto t0 = Clock::now();
   const double busy0 = m.busy_ms();
+  const double comm0 = m.comm->busy_ms(), exposed0 = m.comm->busy_ms(m.stream.get());
   const int64_t n = m.N();
   StepStats st;
   st.step = m.steps_done + 1;
@@ -781,6 +782,8 @@ StepStats Trainer::step() {
   st.stall_ms = m.mem->stall_ms() - m.last_stall;
   st.compute_ms = m.busy_ms() - busy0;
   st.comm_bytes = comm_bytes_per_step(*m.model, m.sh, o.grad_accum);
+  st.comm_ms = m.comm->busy_ms() - comm0;  // both streams are synchronised above
+  st.comm_exposed_ms = m.comm->busy_ms(m.stream.get()) - exposed0;
   m.last_stats = now;
   m.last_stall = m.mem->stall_ms();
   return st;
@@ -919,6 +922,8 @@ int Trainer::run(std::FILE* rank0_out) {
       j["compute_ms"] = st.compute_ms;
       j["comm_bytes_sent"] = st.comm_bytes;
       j["comm_bytes_received"] = st.comm_bytes;
+      j["comm_ms"] = st.comm_ms;
+      j["comm_exposed_ms"] = st.comm_exposed_ms;
       j["device_peak_bytes"] = os.tiers[0].bytes_peak;
       j["host_peak_bytes"] = os.tiers[1].bytes_peak;
       j["nvme_peak_bytes"] = os.tiers[2].bytes_peak;

@@ -112,6 +112,13 @@ TEST_F(ZeroCli, TwoRanksMatchOneRankWithTheDoubleBatch) {
     EXPECT_LT(rel(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()), 1e-5) << "step " << i + 1;
     EXPECT_LT(rel(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>()), 1e-5) << "step " << i + 1;
     EXPECT_EQ(a[i]["tokens"], b[i]["tokens"]);
+    // Communication time is measured: none on one rank; on two, compute waits for the
+    // collectives (they run on its stream), so at most all of it is exposed.
+    EXPECT_EQ(a[i]["comm_ms"].get<double>(), 0.0);
+    EXPECT_GT(b[i]["comm_ms"].get<double>(), 0.0) << "step " << i + 1;
+    EXPECT_LE(b[i]["comm_exposed_ms"].get<double>(), b[i]["comm_ms"].get<double>()) << "step " << i + 1;
+    EXPECT_GT(b[i]["comm_exposed_ms"].get<double>(), 0.0) << "step " << i + 1;
+    EXPECT_LE(b[i]["comm_ms"].get<double>(), b[i]["step_ms"].get<double>()) << "step " << i + 1;
   }
   const auto wa = weights(dir_ / "one"), wb = weights(dir_ / "two");
   ASSERT_EQ(wa.size(), wb.size());
