@@ -35,11 +35,11 @@ void StepDriver::embed_and_blocks_forward(const int32_t* ids, const PendingUpdat
 void StepDriver::forward(const int32_t* ids, const int32_t* targets) {
   Transformer& m = model_;
   embed_and_blocks_forward(ids, nullptr);
-  const int fn = m.final_norm_unit(), hu = m.head_unit();
+  const int fn = m.final_norm_unit();
   const void* w_fn = use_weights(fn);
-  const void* w_head = use_weights(hu);
+  const void* w_head = use_head_weights();
   compute([&] { m.head(mem_.stream(Side::compute), targets, w_fn, w_head, nullptr, nullptr, 1.f, false); });
-  drop_weights(hu);
+  drop_head_weights();
   drop_weights(fn);
 }
 
@@ -62,7 +62,7 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
   const bool cfirst = rs || first;
   {
     const void* w_fn = use_weights(fn);
-    const void* w_head = use_weights(hu);  // a tied head: the embedding, gathered across the phase
+    const void* w_head = use_head_weights();
     float* g_fn = static_cast<float*>(mem_.acquire(Role::grads, fn, gmode, Side::compute));
     float* g_head = static_cast<float*>(mem_.acquire(Role::grads, hu, gmode, Side::compute));
     compute([&] {
@@ -80,7 +80,7 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     });
     mem_.release(Role::grads, hu);
     mem_.release(Role::grads, fn);
-    drop_weights(hu);
+    drop_head_weights();
     drop_weights(fn);
   }
 
@@ -147,6 +147,18 @@ const void* StepDriver::use_weights(int u) {
 
 void StepDriver::drop_weights(int u) {
   if (!sh_.sharded_weights()) mem_.release(Role::weights, u);
+}
+
+// Stage 3 with a tied head: the embedding is still whole in slot 0 from this pass's embedding
+// forward (nothing else uses slot 0, and its update ran before that forward), so the head
+// phase uses it as it is, without gathering it again.
+const void* StepDriver::use_head_weights() {
+  if (sh_.sharded_weights() && model_.tied_head()) return mem_.gathered(0);
+  return use_weights(model_.head_unit());
+}
+
+void StepDriver::drop_head_weights() {
+  if (!(sh_.sharded_weights() && model_.tied_head())) drop_weights(model_.head_unit());
 }
 
 void StepDriver::finish_grads(kernels::Stream& s, int u, float* g, double* norm2) {

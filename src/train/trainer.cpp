@@ -543,15 +543,11 @@ uint64_t comm_bytes_per_step(const Transformer& model, const Sharding& sh, int64
     if (sh.stage >= 3) b += part * n * esz * accum;                  // gathered for the forward
   }
   // Stage 3 gathers each block again for its backward (the final norm and the head are used
-  // once, forward and backward in one phase; a tied head is the embedding, gathered again).
-  if (sh.stage >= 3) {
+  // once, forward and backward in one phase; a tied head is the embedding, still gathered).
+  if (sh.stage >= 3)
     for (int64_t l = 0; l < model.dims().L; ++l)
       b += part * static_cast<double>(model.units()[static_cast<size_t>(model.block_unit(l))].numel) * esz *
            static_cast<double>(grad_accum);
-    if (model.tied_head())
-      b += part * static_cast<double>(model.units()[static_cast<size_t>(model.embed_unit())].numel) * esz *
-           static_cast<double>(grad_accum);
-  }
   return static_cast<uint64_t>(b);
 }
 
