@@ -183,6 +183,29 @@ TEST_F(ZeroCli, StagesAreBitwiseIdentical) {
   }
 }
 
+// The same with bf16 working weights (2-byte shards and gathers, padding in bf16): stage 3's
+// gathered weights are stage 0's, bit for bit.
+TEST_F(ZeroCli, StageThreeIsBitwiseStageZeroInBf16) {
+  std::string ref_metrics, ref_weights;
+  for (const std::string stage : {"0", "3"}) {
+    const std::string tag = "bf" + stage;
+    CliResult r = run(2, tiny(2) + "--dtype bf16 --zero-stage " + stage + " --metrics " +
+                             (dir_ / (tag + ".jsonl")).string() + " --out " + (dir_ / tag).string(),
+                      "", tag);
+    ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
+    std::string m;
+    for (auto j : metrics(dir_ / (tag + ".jsonl"))) m += j["loss"].dump() + " " + j["grad_norm"].dump() + "\n";
+    const std::string w = slurp(dir_ / tag / "model.safetensors");
+    if (ref_metrics.empty()) {
+      ref_metrics = m;
+      ref_weights = w;
+      continue;
+    }
+    EXPECT_EQ(m, ref_metrics);
+    EXPECT_TRUE(w == ref_weights) << "stage 3's bf16 weights differ from stage 0's";
+  }
+}
+
 // A sharded run's checkpoint (gathered to rank 0, unsharded by name) resumes bit for bit, with
 // the grads (stage 2) and the working weights too (stage 3) sharded.
 TEST_F(ZeroCli, ShardedCheckpointResumesBitExact) {
