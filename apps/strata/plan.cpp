@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "apps/strata/commands.h"
@@ -94,6 +95,13 @@ int run_plan(const PlanOptions& po) {
     j["predicted_step_ms"] = f.predicted_ms;
     j["world"] = p.world;
     j["zero_stage"] = o.zero_stage;
+    // Per rank, over every tier: what each role's blocks hold (ZeRO stages shard them).
+    static const char* const kRoles[] = {"weights", "master", "adam", "grads", "inputs", "buffers"};
+    for (size_t r = 0; r < std::size(kRoles); ++r) {
+      uint64_t sum = 0;
+      for (const auto& h : mp.homed) sum += h[r];
+      j[std::string(kRoles[r]) + "_bytes"] = sum;
+    }
     j["comm_bytes_sent_per_rank"] = p.comm_bytes;
     j["comm_bytes_received_per_rank"] = p.comm_bytes;
     fmt::print("{}\n", j.dump());

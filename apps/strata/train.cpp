@@ -60,7 +60,8 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--keep", o.keep, "how many of the newest checkpoints to keep");
   cmd->add_option("--zero-stage", o.zero_stage,
                   "ZeRO stage across the ranks of an mpirun job: 0 = data parallel (grads all-reduced), 1 = master "
-                  "weights and AdamW state sharded across ranks, 2 = grads reduce-scattered and sharded too");
+                  "weights and AdamW state sharded across ranks, 2 = grads reduce-scattered and sharded too, 3 = working "
+                  "weights sharded too (each unit all-gathered before forward and before backward)");
   cmd->add_option("--resume", o.resume,
                   "continue from a checkpoint: its path, a --checkpoint-dir (its newest), or auto (the newest under "
                   "--checkpoint-dir; a fresh start when there is none)");

@@ -100,6 +100,10 @@ class Communicator {
   // Bytes of host staging this communicator holds (counted in the host budget); mpi grows it to
   // one workspace per collective running at the same time, then reuses them.
   virtual size_t workspace_bytes() const { return 0; }
+  // Milliseconds stream-ordered collectives have run (moving bytes, summing, and waiting for the
+  // other ranks to arrive), since this communicator was made: on `stream` only, or on every
+  // stream (null). 0 where the implementation does not keep it (local: nothing to move).
+  virtual double busy_ms(const kernels::Stream* /*stream*/ = nullptr) const { return 0; }
 
  protected:
   Communicator(CommBackend backend, int rank, int world, int local_rank, int local_world);

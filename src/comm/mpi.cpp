@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -392,6 +393,8 @@ struct Tracker {
   std::mutex mu;
   std::condition_variable cv;
   int in_flight = 0;
+  // Nanoseconds collectives have run (transfer, sums, waiting for peers), per stream they ran on.
+  std::map<const kernels::Stream*, int64_t> busy_ns;  // under mu
   void wait_idle() {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return in_flight == 0; });
@@ -424,6 +427,14 @@ class MpiCommunicator final : public Communicator {
       : Communicator(CommBackend::mpi, g->rank, g->world, g->local_rank, g->local_world),
         group_(std::move(g)),
         tracker_(std::make_shared<Tracker>()) {}
+
+  double busy_ms(const kernels::Stream* stream) const override {
+    std::lock_guard lock(tracker_->mu);
+    int64_t ns = 0;
+    for (const auto& [s, n] : tracker_->busy_ns)
+      if (!stream || s == stream) ns += n;
+    return static_cast<double>(ns) / 1e6;
+  }
 
   // Normal path: wait for enqueued collectives to finish (the caller should have synchronised
   // its streams), then free the comms; the last communicator finalises MPI. While unwinding:
@@ -522,12 +533,17 @@ class MpiCommunicator final : public Communicator {
     group_->fail_fast();
     const uint64_t issue = group_->issued.fetch_add(static_cast<uint64_t>(n_tags));
     auto ticket = std::make_shared<Ticket>(group_, tracker_);
-    s.host_fn([ticket, call, issue, bytes, dt, body] {
+    const kernels::Stream* sp = &s;
+    s.host_fn([ticket, call, issue, bytes, dt, body, sp] {
       Group& g = *ticket->group;
       g.fail_fast();
       WorkspacePool::Lease lease(*g.pool, g.pool->acquire());
+      const auto t0 = std::chrono::steady_clock::now();
       try {
         body(g, *lease, issue);
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+        std::lock_guard lock(ticket->tracker->mu);
+        ticket->tracker->busy_ns[sp] += ns;
       } catch (const std::exception& e) {
         lease.poison();
         const std::string why = describe(call, issue, g, bytes, dt) + ": " + e.what();

@@ -22,6 +22,9 @@ namespace strata {
 // stage 1: master weights and AdamW state are shard-sized; after the update the new working
 //          weights are all-gathered.
 // stage 2: as 1, and grads are reduce-scattered: the grads block holds only the shard.
+// stage 3: as 2, and the working weights block holds only the shard too: before a phase uses a
+//          unit it is all-gathered into a whole-unit buffer (RunMemory::gathered), used, and
+//          the buffer reused by the next unit; AdamW writes only this rank's shard (no gather).
 // The reductions are the same fixed-order sums in every stage, and the norm is always the sum
 // over ranks (in rank order) of each shard's Σ g², so every stage gives bitwise the same run.
 struct Sharding {
@@ -30,6 +33,7 @@ struct Sharding {
   int rank = 0;
   bool sharded_optimizer() const { return world > 1 && stage >= 1; }
   bool sharded_grads() const { return world > 1 && stage >= 2; }
+  bool sharded_weights() const { return world > 1 && stage >= 3; }
   int64_t shard(int64_t numel) const { return numel / world; }  // elements per rank
 };
 
@@ -58,6 +62,11 @@ class RunMemory {
   // tied head, written by the head phase and added to by the embedding's backward), 1: an
   // untied head, 2: every other unit, one at a time. Null in a dry run and below stage 2.
   virtual float* grad_scratch(int /*slot*/) { return nullptr; }
+  // ZeRO stage 3: whole-unit working weights on the compute side, into which a unit's shards
+  // are all-gathered before a phase uses it. Slots as grad_scratch's: 0 the embedding (a tied
+  // head's too, across the head phase), 1 an untied head, 2 every other unit, one at a time.
+  // Null in a dry run and below stage 3.
+  virtual void* gathered(int /*slot*/) { return nullptr; }
 };
 
 }  // namespace strata

@@ -12,35 +12,35 @@ void StepDriver::embed_and_blocks_forward(const int32_t* ids, const PendingUpdat
   const int64_t L = m.dims().L;
   if (update) optimizer_unit(m.embed_unit(), update->st, update->apply);
   {
-    const void* w = mem_.acquire(Role::weights, m.embed_unit(), Mode::read, Side::compute);
+    const void* w = use_weights(m.embed_unit());
     void* x0 = L > 0 ? mem_.acquire(Role::input, 0, Mode::write, Side::compute) : nullptr;
     compute([&] { m.embed_forward(mem_.stream(Side::compute), ids, w, L > 0 ? x0 : m.final_residual()); });
     if (L > 0) mem_.release(Role::input, 0);
-    mem_.release(Role::weights, m.embed_unit());
+    drop_weights(m.embed_unit());
   }
   for (int64_t l = 0; l < L; ++l) {
     const int li = static_cast<int>(l);
     if (update) optimizer_unit(m.block_unit(l), update->st, update->apply);
-    const void* w = mem_.acquire(Role::weights, m.block_unit(l), Mode::read, Side::compute);
+    const void* w = use_weights(m.block_unit(l));
     const void* x = mem_.acquire(Role::input, li, Mode::read, Side::compute);
     const bool last = l + 1 == L;
     void* y = last ? m.final_residual() : mem_.acquire(Role::input, li + 1, Mode::write, Side::compute);
     compute([&] { m.block_forward(mem_.stream(Side::compute), l, w, x, y); });
     if (!last) mem_.release(Role::input, li + 1);
     mem_.release(Role::input, li);
-    mem_.release(Role::weights, m.block_unit(l));
+    drop_weights(m.block_unit(l));
   }
 }
 
 void StepDriver::forward(const int32_t* ids, const int32_t* targets) {
   Transformer& m = model_;
   embed_and_blocks_forward(ids, nullptr);
-  const int fn = m.final_norm_unit(), hu = m.head_unit();
-  const void* w_fn = mem_.acquire(Role::weights, fn, Mode::read, Side::compute);
-  const void* w_head = mem_.acquire(Role::weights, hu, Mode::read, Side::compute);
+  const int fn = m.final_norm_unit();
+  const void* w_fn = use_weights(fn);
+  const void* w_head = use_head_weights();
   compute([&] { m.head(mem_.stream(Side::compute), targets, w_fn, w_head, nullptr, nullptr, 1.f, false); });
-  mem_.release(Role::weights, hu);
-  mem_.release(Role::weights, fn);
+  drop_head_weights();
+  drop_weights(fn);
 }
 
 void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, float grad_scale, bool first, bool last,
@@ -61,8 +61,8 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
   const bool rs = sh_.sharded_grads();
   const bool cfirst = rs || first;
   {
-    const void* w_fn = mem_.acquire(Role::weights, fn, Mode::read, Side::compute);
-    const void* w_head = mem_.acquire(Role::weights, hu, Mode::read, Side::compute);
+    const void* w_fn = use_weights(fn);
+    const void* w_head = use_head_weights();
     float* g_fn = static_cast<float*>(mem_.acquire(Role::grads, fn, gmode, Side::compute));
     float* g_head = static_cast<float*>(mem_.acquire(Role::grads, hu, gmode, Side::compute));
     compute([&] {
@@ -80,13 +80,13 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     });
     mem_.release(Role::grads, hu);
     mem_.release(Role::grads, fn);
-    mem_.release(Role::weights, hu);
-    mem_.release(Role::weights, fn);
+    drop_head_weights();
+    drop_weights(fn);
   }
 
   for (int64_t l = m.dims().L - 1; l >= 0; --l) {
     const int u = m.block_unit(l), li = static_cast<int>(l);
-    const void* w = mem_.acquire(Role::weights, u, Mode::read, Side::compute);
+    const void* w = use_weights(u);  // gathered again (stage 3): the recompute and backward use it
     const void* x = mem_.acquire(Role::input, li, Mode::read, Side::compute);
     float* g = static_cast<float*>(mem_.acquire(Role::grads, u, gmode, Side::compute));
     compute([&] {
@@ -102,7 +102,7 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     });
     mem_.release(Role::grads, u);
     mem_.release(Role::input, li);
-    mem_.release(Role::weights, u);
+    drop_weights(u);
   }
 
   {
@@ -123,6 +123,42 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     });
     mem_.release(Role::grads, eu);
   }
+}
+
+int StepDriver::slot_of(int u) const {
+  if (u == model_.embed_unit()) return 0;
+  return u == model_.head_unit() && !model_.tied_head() ? 1 : 2;
+}
+
+const void* StepDriver::use_weights(int u) {
+  const void* w = mem_.acquire(Role::weights, u, Mode::read, Side::compute);
+  if (!sh_.sharded_weights()) return w;
+  // Stage 3: every rank's shard, in rank order, into the slot's whole-unit buffer (stream
+  // order: the previous user of the slot has finished with it). The shard block is free again
+  // once the gather has read it, so it is released at once.
+  void* whole = mem_.gathered(slot_of(u));
+  compute([&] {
+    const Unit& unit = model_.units()[static_cast<size_t>(u)];
+    comm_->all_gather(w, whole, static_cast<size_t>(sh_.shard(unit.numel)), model_.dtype(), mem_.stream(Side::compute));
+  });
+  mem_.release(Role::weights, u);
+  return whole;
+}
+
+void StepDriver::drop_weights(int u) {
+  if (!sh_.sharded_weights()) mem_.release(Role::weights, u);
+}
+
+// Stage 3 with a tied head: the embedding is still whole in slot 0 from this pass's embedding
+// forward (nothing else uses slot 0, and its update ran before that forward), so the head
+// phase uses it as it is, without gathering it again.
+const void* StepDriver::use_head_weights() {
+  if (sh_.sharded_weights() && model_.tied_head()) return mem_.gathered(0);
+  return use_weights(model_.head_unit());
+}
+
+void StepDriver::drop_head_weights() {
+  if (!(sh_.sharded_weights() && model_.tied_head())) drop_weights(model_.head_unit());
 }
 
 void StepDriver::finish_grads(kernels::Stream& s, int u, float* g, double* norm2) {
@@ -165,8 +201,9 @@ void StepDriver::optimizer_unit(int u, const AdamWStep& st, bool apply) {
   const Unit& unit = m.units()[static_cast<size_t>(u)];
   // This rank's part of the unit: [lo, lo + n). Unsharded: the whole unit. Sharded (stage >= 1):
   // master and AdamW state hold only the shard (m then v, each n long), the grads all of the
-  // unit (stage 1) or the shard (stage 2); the new working weights of every shard are then
-  // all-gathered into the whole weights block.
+  // unit (stage 1) or the shard (stages 2, 3); the new working weights of every shard are then
+  // all-gathered into the whole weights block (stages 1, 2), or the weights block is the shard
+  // (stage 3: gathered when a phase uses the unit).
   const bool sharded = sh_.sharded_optimizer();
   const int64_t n = sharded ? sh_.shard(unit.numel) : unit.numel;
   const int64_t lo = sharded ? sh_.rank * n : 0;
@@ -174,7 +211,7 @@ void StepDriver::optimizer_unit(int u, const AdamWStep& st, bool apply) {
   float* adam = static_cast<float*>(mem_.acquire(Role::adam, u, Mode::read_write, Side::optimizer));
   const float* g = static_cast<const float*>(mem_.acquire(Role::grads, u, Mode::read, Side::optimizer));
   // The new working weights: written whole (parameters by AdamW, padding zeroed here, the
-  // other ranks' shards by the all-gather).
+  // other ranks' shards by the all-gather; stage 3: the block is this rank's shard).
   void* w = aliased ? nullptr : mem_.acquire(Role::weights, u, Mode::write, Side::optimizer);
   compute([&] {
     kernels::Stream& s = mem_.stream(Side::optimizer);
@@ -182,7 +219,9 @@ void StepDriver::optimizer_unit(int u, const AdamWStep& st, bool apply) {
     float* mm = adam;
     float* vv = adam + n;
     const float* gs = sh_.sharded_grads() ? g : g + lo;
-    char* ws = w ? static_cast<char*>(w) + static_cast<size_t>(lo) * esz : nullptr;
+    const bool gather = sharded && !sh_.sharded_weights();
+    // ws: element lo of the unit's working weights
+    char* ws = w ? static_cast<char*>(w) + (gather ? static_cast<size_t>(lo) * esz : 0) : nullptr;
     if (!apply) {
       if (w) ops.cast(s, {.n = n, .src = master, .src_dtype = DType::f32, .dst = ws, .dst_dtype = dt});
     } else {
@@ -196,9 +235,9 @@ void StepDriver::optimizer_unit(int u, const AdamWStep& st, bool apply) {
       }
       const int64_t pad = std::max(unit.n_real, lo);
       if (ws && lo + n > pad)
-        s.memset_async(static_cast<char*>(w) + static_cast<size_t>(pad) * esz, 0, static_cast<size_t>(lo + n - pad) * esz);
+        s.memset_async(ws + static_cast<size_t>(pad - lo) * esz, 0, static_cast<size_t>(lo + n - pad) * esz);
     }
-    if (sharded) comm_->all_gather(ws, w, static_cast<size_t>(n), dt, s);
+    if (gather) comm_->all_gather(ws, w, static_cast<size_t>(n), dt, s);
   });
   if (!aliased) mem_.release(Role::weights, u);
   mem_.release(Role::grads, u);

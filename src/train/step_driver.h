@@ -54,6 +54,15 @@ class StepDriver {
   void compute(F&& fn) {
     if (!mem_.dry()) fn();
   }
+  // The unit's working weights for a compute phase, until drop_weights(u): the weights block
+  // itself, or (stage 3) every rank's shard all-gathered into mem_.gathered(slot_of(u)).
+  const void* use_weights(int u);
+  void drop_weights(int u);
+  // The head's: use_weights(head), except that a tied head (stage 3) keeps the embedding
+  // gathered by the embedding's forward.
+  const void* use_head_weights();
+  void drop_head_weights();
+  int slot_of(int u) const;  // RunMemory's slots: 0 embedding, 1 untied head, 2 the rest
   void embed_and_blocks_forward(const int32_t* ids, const PendingUpdate* update);
   // A unit's grads are final (the step's last micro-batch): sum them across ranks and add this
   // rank's shard's Σ g² to *norm2 (compute stream; part of compute()).

@@ -126,6 +126,7 @@ struct TieredMemory::Layout {
   std::array<std::vector<int>, kNumRoles> ids;  // [role][index] -> block
   int workspace = -1, extra = -1;
   std::array<int, 3> grad_scratch{-1, -1, -1};  // stage 2: whole-unit grads (RunMemory::grad_scratch)
+  std::array<int, 3> gathered{-1, -1, -1};      // stage 3: whole-unit weights (RunMemory::gathered)
   // The programs the manager plans: [step] one training step (the previous step's update inside
   // its forward), [update] a pending update on its own (before a save or checkpoint).
   std::array<offload::Schedule, kNumPrograms> programs;
@@ -222,10 +223,10 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   const size_t esz = kernels::dtype_size(model.dtype());
   for (auto& v : l->ids) v.clear();
   for (const Unit& u : model.units()) {
-    const auto n = static_cast<uint64_t>(u.numel);
     const auto n_opt = static_cast<uint64_t>(sh.sharded_optimizer() ? sh.shard(u.numel) : u.numel);
     const auto n_grad = static_cast<uint64_t>(sh.sharded_grads() ? sh.shard(u.numel) : u.numel);
-    const int w = l->add(u.name + ".weights", n * esz, pl.params, static_cast<int>(Role::weights));
+    const auto n_w = static_cast<uint64_t>(sh.sharded_weights() ? sh.shard(u.numel) : u.numel);
+    const int w = l->add(u.name + ".weights", n_w * esz, pl.params, static_cast<int>(Role::weights));
     l->ids[static_cast<int>(Role::weights)].push_back(w);
     l->ids[static_cast<int>(Role::master)].push_back(
         l->master_is_weights ? w : l->add(u.name + ".master", n_opt * 4, pl.optimizer, static_cast<int>(Role::master)));
@@ -240,17 +241,22 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
                model.checkpointing().at(layer) ? pl.activations : Tier::device, static_cast<int>(Role::input)));
   l->workspace = l->add("workspace", model.workspace_bytes(), Tier::device, kNumRoles);
   l->extra = l->add("step_buffers", extra_bytes, Tier::device, kNumRoles);
-  if (sh.sharded_grads()) {  // buffers without a home of their own, in the device budget
-    std::array<int64_t, 3> most{};
-    for (size_t u = 0; u < model.units().size(); ++u) {
-      const int ui = static_cast<int>(u);
-      const size_t slot = ui == model.embed_unit() ? 0 : (ui == model.head_unit() && !model.tied_head()) ? 1 : 2;
-      most[slot] = std::max(most[slot], model.units()[u].numel);
-    }
-    for (size_t slot = 0; slot < 3; ++slot)
-      if (most[slot] > 0)
-        l->grad_scratch[slot] = l->add("grad_scratch." + std::to_string(slot), static_cast<uint64_t>(most[slot]) * 4,
-                                       Tier::device, kNumRoles);
+  // Buffers without a home of their own, in the device budget: one whole unit per slot (0 the
+  // embedding, 1 an untied head, 2 the largest other unit), for the grads (stage 2) and the
+  // gathered weights (stage 3).
+  std::array<int64_t, 3> most{};
+  for (size_t u = 0; u < model.units().size(); ++u) {
+    const int ui = static_cast<int>(u);
+    const size_t slot = ui == model.embed_unit() ? 0 : (ui == model.head_unit() && !model.tied_head()) ? 1 : 2;
+    most[slot] = std::max(most[slot], model.units()[u].numel);
+  }
+  for (size_t slot = 0; slot < 3; ++slot) {
+    if (most[slot] == 0) continue;
+    const auto n = static_cast<uint64_t>(most[slot]);
+    if (sh.sharded_grads())
+      l->grad_scratch[slot] = l->add("grad_scratch." + std::to_string(slot), n * 4, Tier::device, kNumRoles);
+    if (sh.sharded_weights())
+      l->gathered[slot] = l->add("gathered." + std::to_string(slot), n * esz, Tier::device, kNumRoles);
   }
 
   // The step's program, as the driver will run it: grad_accum micro-batches, the first with the
@@ -400,9 +406,11 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
   open_side_.assign(layout_->specs.size(), Side::compute);
   model.bind_workspace(compute, mgr_->home_data(static_cast<BlockId>(layout_->workspace)));
   extra_ = mgr_->home_data(static_cast<BlockId>(layout_->extra));
-  for (size_t slot = 0; slot < 3; ++slot)
+  for (size_t slot = 0; slot < 3; ++slot) {
     if (layout_->grad_scratch[slot] >= 0)
       grad_scratch_[slot] = static_cast<float*>(mgr_->home_data(static_cast<BlockId>(layout_->grad_scratch[slot])));
+    if (layout_->gathered[slot] >= 0) gathered_[slot] = mgr_->home_data(static_cast<BlockId>(layout_->gathered[slot]));
+  }
   compute.synchronize();
 }
 

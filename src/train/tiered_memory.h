@@ -78,6 +78,7 @@ class TieredMemory final : public RunMemory {
   kernels::Stream& stream(Side side) override { return side == Side::optimizer ? opt_stream_ : compute_; }
   kernels::Ops& ops(Side side) override { return side == Side::optimizer ? opt_rt_.ops() : rt_.ops(); }
   float* grad_scratch(int slot) override { return grad_scratch_[static_cast<size_t>(slot)]; }
+  void* gathered(int slot) override { return gathered_[static_cast<size_t>(slot)]; }
 
   void* extra_device() const { return extra_; }  // the step buffers (extra_device_bytes)
   const MemoryPlan& memory_plan() const { return plan_; }
@@ -109,6 +110,7 @@ class TieredMemory final : public RunMemory {
   std::vector<Side> open_side_;        // ... and the side whose stream uses it
   void* extra_ = nullptr;
   std::array<float*, 3> grad_scratch_{};
+  std::array<void*, 3> gathered_{};
   double stall_ms_ = 0;
 };
 

@@ -265,9 +265,12 @@ void Trainer::Impl::init_weights(bool load_weights) {
       model->load_unit(u, *ckpt, src);
     else
       model->init_unit(u, o.seed, src);
-    if (!aliased) {
+    if (!aliased) {  // stage 3: the weights block is this rank's shard
       void* w = mem->acquire(Role::weights, u, offload::Mode::write, Side::host);
-      cast_on_host(src, w, unit.numel, dtype);
+      if (sh.sharded_weights())
+        cast_on_host(src + lo, w, n, dtype);
+      else
+        cast_on_host(src, w, unit.numel, dtype);
       mem->release(Role::weights, u);
     }
     if (sharded) std::memcpy(master, src + lo, static_cast<size_t>(n) * 4);
@@ -436,9 +439,9 @@ void validate_options(const TrainOptions& o) {
   // eps is used as a float: it must stay a positive normal float.
   in_range(o.eps, 1e-30, 1, "--eps", "a finite number in [1e-30, 1] (e.g. 1e-8)");
   in_range(o.grad_clip, 0, 1e30, "--grad-clip", "a finite number >= 0 (0 = off)");
-  if (o.zero_stage < 0 || o.zero_stage > 2)
-    throw std::invalid_argument(fmt::format("--zero-stage {}: must be 0 (data parallel), 1 (optimizer state sharded) "
-                                            "or 2 (gradients sharded too); stage 3 is not implemented",
+  if (o.zero_stage < 0 || o.zero_stage > 3)
+    throw std::invalid_argument(fmt::format("--zero-stage {}: must be 0 (data parallel), 1 (optimizer state sharded), "
+                                            "2 (gradients sharded too) or 3 (working weights sharded too)",
                                             o.zero_stage));
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   if (o.threads < 0 || static_cast<unsigned>(o.threads) > 4 * hw)
@@ -533,10 +536,18 @@ uint64_t comm_bytes_per_step(const Transformer& model, const Sharding& sh, int64
   double b = 0;
   for (const Unit& u : model.units()) {
     const double n = static_cast<double>(u.numel);
-    if (sh.stage <= 1) b += 2 * part * n * 4;                                   // grads all-reduced
-    if (sh.stage >= 1) b += part * n * esz;                                     // weights all-gathered
-    if (sh.stage >= 2) b += part * n * 4 * static_cast<double>(grad_accum);     // grads reduce-scattered
+    const double accum = static_cast<double>(grad_accum);
+    if (sh.stage <= 1) b += 2 * part * n * 4;                        // grads all-reduced
+    if (sh.stage == 1 || sh.stage == 2) b += part * n * esz;         // new weights all-gathered
+    if (sh.stage >= 2) b += part * n * 4 * accum;                    // grads reduce-scattered
+    if (sh.stage >= 3) b += part * n * esz * accum;                  // gathered for the forward
   }
+  // Stage 3 gathers each block again for its backward (the final norm and the head are used
+  // once, forward and backward in one phase; a tied head is the embedding, still gathered).
+  if (sh.stage >= 3)
+    for (int64_t l = 0; l < model.dims().L; ++l)
+      b += part * static_cast<double>(model.units()[static_cast<size_t>(model.block_unit(l))].numel) * esz *
+           static_cast<double>(grad_accum);
   return static_cast<uint64_t>(b);
 }
 
@@ -701,6 +712,7 @@ StepStats Trainer::step() {
   kernels::Stream& s = *m.stream;
   const auto t0 = Clock::now();
   const double busy0 = m.busy_ms();
+  const double comm0 = m.comm->busy_ms(), exposed0 = m.comm->busy_ms(m.stream.get());
   const int64_t n = m.N();
   StepStats st;
   st.step = m.steps_done + 1;
@@ -787,6 +799,8 @@ StepStats Trainer::step() {
   st.stall_ms = m.mem->stall_ms() - m.last_stall;
   st.compute_ms = m.busy_ms() - busy0;
   st.comm_bytes = comm_bytes_per_step(*m.model, m.sh, o.grad_accum);
+  st.comm_ms = m.comm->busy_ms() - comm0;  // both streams are synchronised above
+  st.comm_exposed_ms = m.comm->busy_ms(m.stream.get()) - exposed0;
   m.last_stats = now;
   m.last_stall = m.mem->stall_ms();
   return st;
@@ -821,7 +835,8 @@ void Trainer::print_header(std::FILE* out) const {
                m.sh.stage,
                m.sh.stage == 0   ? "grads all-reduced, every rank holds everything"
                : m.sh.stage == 1 ? "master weights and AdamW state sharded, grads all-reduced"
-                                 : "master weights, AdamW state and grads sharded, grads reduce-scattered per unit");
+               : m.sh.stage == 2 ? "master weights, AdamW state and grads sharded, grads reduce-scattered per unit"
+                                 : "working weights sharded too, all-gathered per unit for forward and for backward");
   fmt::print(out, "  batch      {} x {} tokens x {} micro-batches{} = {} tokens/step, {} steps\n", o.batch, o.seq,
              o.grad_accum, m.sh.world > 1 ? fmt::format(" x {} ranks", m.sh.world) : std::string(), tokens_per_step(),
              o.steps);
@@ -924,6 +939,8 @@ int Trainer::run(std::FILE* rank0_out) {
       j["compute_ms"] = st.compute_ms;
       j["comm_bytes_sent"] = st.comm_bytes;
       j["comm_bytes_received"] = st.comm_bytes;
+      j["comm_ms"] = st.comm_ms;
+      j["comm_exposed_ms"] = st.comm_exposed_ms;
       j["device_peak_bytes"] = os.tiers[0].bytes_peak;
       j["host_peak_bytes"] = os.tiers[1].bytes_peak;
       j["nvme_peak_bytes"] = os.tiers[2].bytes_peak;

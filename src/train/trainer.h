@@ -58,7 +58,8 @@ struct TrainOptions {
   int64_t keep = 2;
   std::string resume;
   // ZeRO stage across the ranks of an mpirun job (src/train/run_memory.h Sharding): 0 = data
-  // parallel (grads all-reduced), 1 = optimizer state sharded, 2 = grads sharded too.
+  // parallel (grads all-reduced), 1 = optimizer state sharded, 2 = grads sharded too, 3 = working
+  // weights sharded too (gathered per unit when used).
   int zero_stage = 0;
 };
 
@@ -81,6 +82,12 @@ struct StepStats {
   double stall_ms = 0;
   double compute_ms = 0;  // time the compute (and optimizer) streams spent running work
   uint64_t comm_bytes = 0;  // sent by this rank to the others this step (as many received)
+  // Measured: time this rank's collectives ran in the step (moving and summing bytes, waiting
+  // for the other ranks), and of it the part compute waited for: collectives enqueued on the
+  // compute stream run in its order, so all of theirs (today every collective but a stage 1/2
+  // post-update all-gather on a separate optimizer stream, which only a CUDA run has).
+  double comm_ms = 0;
+  double comm_exposed_ms = 0;
   uint64_t bytes_moved() const { return link_bytes[0] + link_bytes[1] + link_bytes[2] + link_bytes[3]; }
 };
 

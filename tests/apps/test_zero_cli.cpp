@@ -113,6 +113,13 @@ TEST_F(ZeroCli, TwoRanksMatchOneRankWithTheDoubleBatch) {
     EXPECT_LT(rel(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()), 1e-5) << "step " << i + 1;
     EXPECT_LT(rel(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>()), 1e-5) << "step " << i + 1;
     EXPECT_EQ(a[i]["tokens"], b[i]["tokens"]);
+    // Communication time is measured: none on one rank; on two, compute waits for the
+    // collectives (they run on its stream), so at most all of it is exposed.
+    EXPECT_EQ(a[i]["comm_ms"].get<double>(), 0.0);
+    EXPECT_GT(b[i]["comm_ms"].get<double>(), 0.0) << "step " << i + 1;
+    EXPECT_LE(b[i]["comm_exposed_ms"].get<double>(), b[i]["comm_ms"].get<double>()) << "step " << i + 1;
+    EXPECT_GT(b[i]["comm_exposed_ms"].get<double>(), 0.0) << "step " << i + 1;
+    EXPECT_LE(b[i]["comm_ms"].get<double>(), b[i]["step_ms"].get<double>()) << "step " << i + 1;
   }
   const auto wa = weights(dir_ / "one"), wb = weights(dir_ / "two");
   ASSERT_EQ(wa.size(), wb.size());
@@ -126,16 +133,17 @@ TEST_F(ZeroCli, TwoRanksMatchOneRankWithTheDoubleBatch) {
 }
 
 // Every ZeRO stage runs the same sums in the same order: bitwise the same losses, norms and
-// weights at the same world size, whether the optimizer state and grads are in RAM or on NVMe.
-// With gradient accumulation stage 2 reduce-scatters every micro-batch and adds the shards
-// (as DeepSpeed does) where stages 0 and 1 add the whole grads locally and sum once: the same
-// math in another order, so there it matches to fp32 tolerance, not bitwise.
+// weights at the same world size, whether the optimizer state, grads and working weights are in
+// RAM or on NVMe (stage 3: the weights' shards on NVMe, gathered per unit). With gradient
+// accumulation stages 2 and 3 reduce-scatter every micro-batch and add the shards (as DeepSpeed
+// does) where stages 0 and 1 add the whole grads locally and sum once: the same math in another
+// order, so there they match to fp32 tolerance, not bitwise.
 TEST_F(ZeroCli, StagesAreBitwiseIdentical) {
   for (int accum : {1, 2}) {
     std::vector<double> ref_values;
     std::string ref_metrics, ref_weights;
     for (const std::string offload : {"", "nvme"})
-      for (int stage : {0, 1, 2}) {
+      for (int stage : {0, 1, 2, 3}) {
         std::string tag = std::to_string(stage);  // (not "s" + ...: GCC 12's -Wrestrict false positive)
         tag.insert(tag.begin(), 's');
         tag += offload;
@@ -146,7 +154,8 @@ TEST_F(ZeroCli, StagesAreBitwiseIdentical) {
                            (dir_ / tag).string();
         if (!offload.empty()) {
           fs::create_directories(dir_ / (tag + "_swap"));
-          args += " --offload-optimizer nvme --offload-grads nvme --nvme-path " + (dir_ / (tag + "_swap")).string();
+          args += " --offload-optimizer nvme --offload-grads nvme --offload-params nvme --nvme-path " +
+                  (dir_ / (tag + "_swap")).string();
         }
         CliResult r = run(2, args, "", tag);
         ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
@@ -164,7 +173,7 @@ TEST_F(ZeroCli, StagesAreBitwiseIdentical) {
           ref_values = values;
           continue;
         }
-        if (stage == 2 && accum > 1) {
+        if (stage >= 2 && accum > 1) {
           ASSERT_EQ(values.size(), ref_values.size());
           for (size_t i = 0; i < values.size(); ++i) EXPECT_LT(rel(values[i], ref_values[i]), 1e-5) << tag << " " << i;
           continue;
@@ -175,20 +184,76 @@ TEST_F(ZeroCli, StagesAreBitwiseIdentical) {
   }
 }
 
-// A sharded run's checkpoint (gathered to rank 0, unsharded by name) resumes bit for bit.
+// The same with bf16 working weights (2-byte shards and gathers, padding in bf16): stage 3's
+// gathered weights are stage 0's, bit for bit.
+TEST_F(ZeroCli, StageThreeIsBitwiseStageZeroInBf16) {
+  std::string ref_metrics, ref_weights;
+  for (const std::string stage : {"0", "3"}) {
+    const std::string tag = "bf" + stage;
+    CliResult r = run(2, tiny(2) + "--dtype bf16 --zero-stage " + stage + " --metrics " +
+                             (dir_ / (tag + ".jsonl")).string() + " --out " + (dir_ / tag).string(),
+                      "", tag);
+    ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
+    std::string m;
+    for (auto j : metrics(dir_ / (tag + ".jsonl"))) m += j["loss"].dump() + " " + j["grad_norm"].dump() + "\n";
+    const std::string w = slurp(dir_ / tag / "model.safetensors");
+    if (ref_metrics.empty()) {
+      ref_metrics = m;
+      ref_weights = w;
+      continue;
+    }
+    EXPECT_EQ(m, ref_metrics);
+    EXPECT_TRUE(w == ref_weights) << "stage 3's bf16 weights differ from stage 0's";
+  }
+}
+
+// A sharded run's checkpoint (gathered to rank 0, unsharded by name) resumes bit for bit, with
+// the grads (stage 2) and the working weights too (stage 3) sharded.
 TEST_F(ZeroCli, ShardedCheckpointResumesBitExact) {
-  const std::string ck = (dir_ / "ck").string();
-  CliResult full = run(2, tiny(2) + "--zero-stage 2 --checkpoint-every 2 --checkpoint-dir " + ck + " --out " +
-                              (dir_ / "full").string(),
-                       "", "full");
-  ASSERT_EQ(full.status, 0) << full.err;
-  ASSERT_TRUE(fs::exists(dir_ / "ck" / "step-00000002")) << full.out;
-  CliResult rest = run(2, tiny(2) + "--zero-stage 2 --resume " + (dir_ / "ck" / "step-00000002").string() + " --out " +
-                              (dir_ / "resumed").string(),
-                       "", "rest");
-  ASSERT_EQ(rest.status, 0) << rest.err;
-  EXPECT_NE(rest.out.find("resumed"), std::string::npos) << rest.out;
-  EXPECT_TRUE(slurp(dir_ / "full" / "model.safetensors") == slurp(dir_ / "resumed" / "model.safetensors"));
+  for (const std::string stage : {"2", "3"}) {
+    const fs::path ck = dir_ / ("ck" + stage), full = dir_ / ("full" + stage), resumed = dir_ / ("resumed" + stage);
+    CliResult a = run(2, tiny(2) + "--zero-stage " + stage + " --checkpoint-every 2 --checkpoint-dir " + ck.string() +
+                             " --out " + full.string(),
+                      "", "full" + stage);
+    ASSERT_EQ(a.status, 0) << stage << ": " << a.err;
+    ASSERT_TRUE(fs::exists(ck / "step-00000002")) << a.out;
+    CliResult b = run(2, tiny(2) + "--zero-stage " + stage + " --resume " + (ck / "step-00000002").string() +
+                             " --out " + resumed.string(),
+                      "", "rest" + stage);
+    ASSERT_EQ(b.status, 0) << stage << ": " << b.err;
+    EXPECT_NE(b.out.find("resumed"), std::string::npos) << b.out;
+    EXPECT_TRUE(slurp(full / "model.safetensors") == slurp(resumed / "model.safetensors")) << "stage " << stage;
+  }
+}
+
+// What each rank holds (strata plan --world N): stage 3 shards the working weights, so a rank's
+// weight bytes are 1/N of stage 2's (the units are padded to N x 2048 elements, so exactly);
+// what it sends per step grows from ~2 to ~3 units' worth (ZeRO: 2Ψ -> 3Ψ), the blocks
+// gathered twice (forward, backward).
+TEST_F(ZeroCli, StageThreeHoldsAShardOfTheWeights) {
+  auto plan = [&](int world, int stage) {
+    CliResult r = run(0, "plan --model " + (dir_ / "tiny").string() + " --seq 32 --batch 2 --probe-seconds 0.01 --json" +
+                             " --world " + std::to_string(world) + " --zero-stage " + std::to_string(stage),
+                      "", "plan" + std::to_string(world) + std::to_string(stage));
+    EXPECT_EQ(r.status, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const auto s2 = plan(2, 2), s3 = plan(2, 3), w4 = plan(4, 3);
+  const auto w2 = s2["weights_bytes"].get<uint64_t>();
+  EXPECT_EQ(s3["weights_bytes"].get<uint64_t>() * 2, w2);
+  // 4 ranks: about half again (units padded to 4 x 2048 elements, so not exactly).
+  const double q = 2.0 * w4["weights_bytes"].get<double>() / s3["weights_bytes"].get<double>();
+  EXPECT_GT(q, 0.9);
+  EXPECT_LT(q, 1.15);
+  EXPECT_EQ(s3["master_bytes"], s2["master_bytes"]);
+  EXPECT_EQ(s3["grads_bytes"], s2["grads_bytes"]);
+  // The gathered-unit buffers (three slots, whole units) are charged to the device budget.
+  EXPECT_GT(s3["buffers_bytes"].get<uint64_t>(), s2["buffers_bytes"].get<uint64_t>());
+  // Sent per rank: stage 2 = weights (fp32 here) + grads = 2 x (N-1)/N x Ψ x 4 bytes; stage 3
+  // gathers the weights in forward and again in backward (not after the update): ~3 x.
+  const double c2 = s2["comm_bytes_sent_per_rank"].get<double>(), c3 = s3["comm_bytes_sent_per_rank"].get<double>();
+  EXPECT_GT(c3 / c2, 1.3);
+  EXPECT_LT(c3 / c2, 1.6);
 }
 
 // A checkpoint is stored unsharded by tensor name, so it resumes at another world size: 2 ranks
