@@ -45,7 +45,7 @@ std::unique_ptr<Runtime> make_runtime(Backend b, int device) {
   return cuda::make_cuda_runtime(device);
 #else
   (void)device;
-  throw std::runtime_error("--backend cuda: this strata was built without CUDA (rebuild with -DSTRATA_CUDA=ON)");
+  throw std::runtime_error("--backend cuda: this strata was built without CUDA; use --backend cpu, or rebuild with -DSTRATA_CUDA=ON and the CUDA toolkit installed");
 #endif
 }
 
