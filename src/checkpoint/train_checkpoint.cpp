@@ -2,7 +2,6 @@
 #include "src/checkpoint/train_checkpoint.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -27,7 +27,6 @@ namespace {
 constexpr const char* kManifest = "trainer.json";
 constexpr const char* kLatest = "latest";
 
-std::string step_name(int64_t step) { return fmt::format("step-{:08d}", step); }
 
 // step-N directories under dir, by step (complete checkpoints only: a temporary one is
 // .tmp-*, never step-*).
@@ -69,6 +68,8 @@ std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
 
 }  // namespace
 
+std::string checkpoint_name(int64_t step) { return fmt::format("step-{:08d}", step); }
+
 void prepare_checkpoint_dir(const fs::path& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -76,24 +77,9 @@ void prepare_checkpoint_dir(const fs::path& dir) {
   if (!fs::is_directory(dir)) throw std::runtime_error("--checkpoint-dir " + dir.string() + ": not a directory");
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw std::runtime_error("--checkpoint-dir " + dir.string() + ": not writable: " + errno_text());
-  // Temporary directories of runs killed while writing: .tmp-<pid>-XXXXXX, removed once that
-  // pid is gone. Never anything else.
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(".tmp-", 0) != 0) continue;
-    const size_t dash = name.find('-', 5);
-    if (dash == std::string::npos) continue;
-    const std::string pid_text = name.substr(5, dash - 5);
-    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9)
-      continue;
-    const long pid = std::stol(pid_text);
-    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    std::error_code rm;
-    fs::remove_all(e.path(), rm);
-    if (!rm)
-      std::fprintf(stderr, "strata: removed %s, an incomplete checkpoint left by a run (pid %ld) that was killed\n",
-                   e.path().c_str(), pid);
-  }
+  // Temporary directories of runs killed while writing (.tmp-<pid>-...): removed once that pid
+  // is gone. Never anything else.
+  remove_dead_pid_dirs(dir, ".tmp-");
 }
 
 fs::path write_train_checkpoint(const fs::path& dir, int64_t step, const TrainCheckpointContent& c, int keep) {
@@ -101,8 +87,8 @@ fs::path write_train_checkpoint(const fs::path& dir, int64_t step, const TrainCh
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw std::runtime_error(dir.string() + ": cannot create the checkpoint directory: " + ec.message());
-  const fs::path final_path = dir / step_name(step);
-  TempDir tmp(make_temp_dir(dir / ".tmp-", (std::to_string(::getpid()) + "-").c_str()));
+  const fs::path final_path = dir / checkpoint_name(step);
+  TempDir tmp(make_owned_temp_dir(dir / ".tmp", "-"));  // .tmp-<pid>-XXXXXX
 
   json files = json::array();
   auto add = [&](const std::string& name, WrittenFile w) {
@@ -137,7 +123,7 @@ fs::path write_train_checkpoint(const fs::path& dir, int64_t step, const TrainCh
 
   // `latest`, replaced by rename so it is always whole.
   const fs::path latest_tmp = dir / fmt::format(".latest-{}", ::getpid());
-  write_file_synced(latest_tmp, step_name(step) + "\n");
+  write_file_synced(latest_tmp, checkpoint_name(step) + "\n");
   if (::rename(latest_tmp.c_str(), (dir / kLatest).c_str()) != 0)
     throw std::runtime_error((dir / kLatest).string() + ": rename failed: " + errno_text());
   fsync_dir(dir);
@@ -165,25 +151,23 @@ json verify_train_checkpoint(const fs::path& ckpt) {
   if (!is_train_checkpoint(ckpt))
     throw std::runtime_error(ckpt.string() + ": not a training checkpoint (no " + kManifest + ")");
   json m;
+  const auto bad = [&](const std::string& why) { return std::runtime_error(mpath.string() + ": " + why); };
   try {
     const std::string text = read_text_file(mpath);
-    if (safetensors::json_nesting_depth(text) > 16) throw std::runtime_error("nested too deeply");
+    if (safetensors::json_nesting_depth(text) > 16) throw bad("nested too deeply");
     m = json::parse(text);
-    if (!m.is_object()) throw std::runtime_error("not a JSON object");
-    if (m.value("format", "") != kTrainCheckpointFormat) throw std::runtime_error("format is not " + std::string(kTrainCheckpointFormat));
-    if (!m.contains("version") || !m["version"].is_number_integer() || m["version"].get<int>() != kTrainCheckpointVersion)
-      throw std::runtime_error("unsupported version (this strata reads version " +
-                               std::to_string(kTrainCheckpointVersion) + ")");
-    if (!m.contains("step") || !m["step"].is_number_integer() || m["step"].get<int64_t>() < 0)
-      throw std::runtime_error("'step' missing or invalid");
-    if (!m.contains("files") || !m["files"].is_array()) throw std::runtime_error("'files' missing");
   } catch (const json::exception& e) {
-    throw std::runtime_error(mpath.string() + ": malformed manifest: " + e.what());
-  } catch (const std::runtime_error& e) {
-    if (std::string(e.what()).rfind(mpath.string(), 0) == 0) throw;
-    throw std::runtime_error(mpath.string() + ": " + e.what());
+    throw bad(std::string("malformed manifest: ") + e.what());
   }
-  std::map<std::string, bool> seen;
+  if (!m.is_object()) throw bad("not a JSON object");
+  if (!m.contains("format") || !m["format"].is_string() || m["format"].get<std::string>() != kTrainCheckpointFormat)
+    throw bad("format is not " + std::string(kTrainCheckpointFormat));
+  if (!m.contains("version") || !m["version"].is_number_integer() || m["version"].get<int64_t>() != kTrainCheckpointVersion)
+    throw bad("unsupported version (this strata reads version " + std::to_string(kTrainCheckpointVersion) + ")");
+  if (!m.contains("step") || !m["step"].is_number_integer() || m["step"].get<int64_t>() < 0)
+    throw bad("'step' missing or invalid");
+  if (!m.contains("files") || !m["files"].is_array()) throw bad("'files' missing");
+  std::set<std::string> seen;
   for (const json& f : m["files"]) {
     if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("bytes") ||
         !f["bytes"].is_number_unsigned() || !f.contains("crc32c") || !f["crc32c"].is_string())
@@ -191,7 +175,7 @@ json verify_train_checkpoint(const fs::path& ckpt) {
     const std::string name = f["name"].get<std::string>();
     if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
       throw std::runtime_error(mpath.string() + ": file name '" + name + "' is not a file in the checkpoint");
-    seen[name] = true;
+    seen.insert(name);
     const fs::path p = ckpt / name;
     std::error_code ec;
     const uint64_t want = f["bytes"].get<uint64_t>();

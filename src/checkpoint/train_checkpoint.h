@@ -59,6 +59,9 @@ bool is_train_checkpoint(const std::filesystem::path& path);
 // when there is none yet: a fresh start). Throws naming what was looked for.
 std::filesystem::path find_resume_checkpoint(const std::string& resume, const std::string& checkpoint_dir);
 
+// "step-00000010": the directory name of step 10's checkpoint.
+std::string checkpoint_name(int64_t step);
+
 // The optimizer state's tensor names for a parameter.
 inline std::string exp_avg_name(const std::string& param) { return param + ".exp_avg"; }
 inline std::string exp_avg_sq_name(const std::string& param) { return param + ".exp_avg_sq"; }

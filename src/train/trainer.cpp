@@ -893,7 +893,7 @@ int Trainer::run(std::FILE* rank0_out) {
       const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
       if (!o.checkpoint_dir.empty() && m.steps_done > 0) {
         const std::string path = m.last_checkpoint_step == m.steps_done
-                                     ? (fs::path(o.checkpoint_dir) / fmt::format("step-{:08d}", m.steps_done)).string()
+                                     ? (fs::path(o.checkpoint_dir) / checkpoint_name(m.steps_done)).string()
                                      : save_checkpoint();
         fmt::print(out, "stopped by {} after step {} of {}; checkpoint {} (continue with --resume auto)\n", name,
                    m.steps_done, o.steps, path);
@@ -1016,6 +1016,27 @@ void copy_finite(void* dst, const float* src, size_t bytes, const std::string& w
     if (!std::isfinite(f[i])) throw std::runtime_error(what + " (element " + std::to_string(i) + ")");
 }
 
+// A save callback for one tensor: `bytes` from element `offset` of a unit's `role` block,
+// acquired on the host side of an aside for the copy only, non-finite values refused (`what`).
+std::function<void(void*)> fill_from_block(TieredMemory* mem, Role role, int unit, int64_t offset, size_t bytes,
+                                           std::string what) {
+  return [mem, role, unit, offset, bytes, what = std::move(what)](void* dst) {
+    const float* src = static_cast<const float*>(mem->acquire(role, unit, offload::Mode::read, Side::host));
+    try {
+      copy_finite(dst, src + offset, bytes, what);
+    } catch (...) {
+      mem->release(role, unit);
+      throw;
+    }
+    mem->release(role, unit);
+  };
+}
+
+// The same from host memory that outlives the save (a unit gathered from every rank's shard).
+std::function<void(void*)> fill_from_host(const float* src, size_t bytes, std::string what) {
+  return [src, bytes, what = std::move(what)](void* dst) { copy_finite(dst, src, bytes, what); };
+}
+
 }  // namespace
 
 // The master weights, unit by unit from wherever they live, through the save's per-tensor
@@ -1044,22 +1065,9 @@ void Trainer::save(const std::string& out_dir) const {
     const size_t bytes = static_cast<size_t>(p.numel) * 4;
     const int unit = p.unit;
     const int64_t off = p.unit_offset;
-    if (!whole.empty()) {
-      const float* src = whole[static_cast<size_t>(unit)].data() + off;
-      tensors.push_back({p.name, p.shape, DType::f32, [src, bytes, diverged](void* dst) { copy_finite(dst, src, bytes, diverged); }});
-      continue;
-    }
-    tensors.push_back({p.name, p.shape, DType::f32, [mem, unit, off, bytes, diverged](void* dst) {
-                         const float* master =
-                             static_cast<const float*>(mem->acquire(Role::master, unit, offload::Mode::read, Side::host));
-                         try {
-                           copy_finite(dst, master + off, bytes, diverged);
-                         } catch (...) {
-                           mem->release(Role::master, unit);
-                           throw;
-                         }
-                         mem->release(Role::master, unit);
-                       }});
+    tensors.push_back({p.name, p.shape, DType::f32,
+                       whole.empty() ? fill_from_block(mem, Role::master, unit, off, bytes, diverged)
+                                     : fill_from_host(whole[static_cast<size_t>(unit)].data() + off, bytes, diverged)});
   }
   m.mem->begin_step(TieredMemory::Program::aside);
   try {
@@ -1115,21 +1123,10 @@ std::string Trainer::save_checkpoint() {
     // good ones): the run stops instead, the previous checkpoint kept.
     const std::string diverged =
         "'" + p.name + "' is not finite: the run diverged; no checkpoint written, the previous one is kept";
-    auto from = [&, mem, unit, bytes, diverged](Role role, int64_t offset, int part) -> std::function<void(void*)> {
-      if (!whole.empty()) {
-        const float* src = whole[static_cast<size_t>(unit)][static_cast<size_t>(part)].data() + off;
-        return [src, bytes, diverged](void* dst) { copy_finite(dst, src, bytes, diverged); };
-      }
-      return [mem, unit, bytes, role, offset, diverged](void* dst) {
-        const float* src = static_cast<const float*>(mem->acquire(role, unit, offload::Mode::read, Side::host));
-        try {
-          copy_finite(dst, src + offset, bytes, diverged);
-        } catch (...) {
-          mem->release(role, unit);
-          throw;
-        }
-        mem->release(role, unit);
-      };
+    auto from = [&](Role role, int64_t offset, int part) {
+      return whole.empty() ? fill_from_block(mem, role, unit, offset, bytes, diverged)
+                           : fill_from_host(whole[static_cast<size_t>(unit)][static_cast<size_t>(part)].data() + off,
+                                            bytes, diverged);
     };
     c.model.push_back({p.name, p.shape, DType::f32, from(Role::master, off, 0)});
     c.optimizer.push_back({exp_avg_name(p.name), p.shape, DType::f32, from(Role::adam, off, 1)});

@@ -96,7 +96,7 @@ class ResumeCli : public ::testing::Test {
     ASSERT_EQ(ref.size(), 10u);
     ASSERT_EQ(got.size(), 5u);
     for (size_t i = 0; i < 5; ++i) EXPECT_EQ(got[i], ref[5 + i]) << "step " << 6 + i;
-    EXPECT_EQ(slurp(b / "model" / "model.safetensors"), slurp(a / "model" / "model.safetensors"))
+    EXPECT_TRUE(slurp(b / "model" / "model.safetensors") == slurp(a / "model" / "model.safetensors"))
         << "final weights differ";
     EXPECT_TRUE(fs::is_empty(swap()));
   }
@@ -112,6 +112,9 @@ TEST_F(ResumeCli, BitExactAcrossPlacements) {
   fs::remove_all(dir_ / "b");
   expect_resume_exact("all-nvme", "optimizer-nvme");
 }
+// fp16 (loss scaling on) resumes bit-exact too. This tiny run never overflows, so the scaler's
+// restored scale and skip count are not exercised here (no test forces an fp16 overflow yet).
+TEST_F(ResumeCli, BitExactFp16LossScaler) { expect_resume_exact("resident", "resident", "--dtype fp16 "); }
 TEST_F(ResumeCli, BitExactBf16WithAccumulation) { expect_resume_exact("optimizer-nvme", "resident", "--dtype bf16 --grad-accum 2 "); }
 
 TEST_F(ResumeCli, RotationKeepsTheNewestAndLatestPointsAtIt) {
