@@ -121,7 +121,7 @@ std::filesystem::path make_owned_temp_dir(const std::filesystem::path& base, con
   return make_temp_dir(base, tagged.c_str());
 }
 
-int remove_dead_pid_dirs(const std::filesystem::path& dir, const std::string& prefix) {
+int remove_dead_pid_dirs(const std::filesystem::path& dir, const std::string& prefix, bool report) {
   std::error_code ec;
   int removed = 0;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -137,7 +137,8 @@ int remove_dead_pid_dirs(const std::filesystem::path& dir, const std::string& pr
     if (!fs::is_directory(fs::symlink_status(it->path(), rm))) continue;
     if (fs::remove_all(it->path(), rm) > 0 && !rm) {
       ++removed;
-      std::fprintf(stderr, "strata: removed %s, left by a run (pid %ld) that did not finish\n", it->path().c_str(), pid);
+      if (report)
+        std::fprintf(stderr, "strata: removed %s, left by a run (pid %ld) that did not finish\n", it->path().c_str(), pid);
     }
   }
   return removed;

@@ -74,8 +74,8 @@ std::filesystem::path make_temp_dir(const std::filesystem::path& base, const cha
 std::filesystem::path make_owned_temp_dir(const std::filesystem::path& base, const std::string& suffix);
 // Removes the directory trees in `dir` named "<prefix><pid>-..." whose pid is not a live
 // process: what a killed run left (SIGKILL, a crash, power loss). Never anything else; best
-// effort, each removal reported on stderr. Returns how many were removed.
-int remove_dead_pid_dirs(const std::filesystem::path& dir, const std::string& prefix);
+// effort, each removal reported on stderr when `report`. Returns how many were removed.
+int remove_dead_pid_dirs(const std::filesystem::path& dir, const std::string& prefix, bool report = true);
 
 // Owns a directory tree: removed (best effort) on destruction unless released.
 class TempDir {

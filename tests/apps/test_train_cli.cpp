@@ -351,6 +351,9 @@ TEST_F(TrainCli, CorpusLeftoversOfDeadRunsAreRemoved) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_FALSE(fs::exists(dead));
   EXPECT_TRUE(fs::exists(live));
+  // Quietly: the temp folder is shared by every run, so a notice would reach unrelated runs'
+  // stderr (and made their one-line error checks flaky under ctest -j2).
+  EXPECT_EQ(r.err.find("strata-corpus"), std::string::npos) << r.err;
   size_t left = 0;  // the run's own directory is gone too
   for (const auto& e : fs::directory_iterator(tmp)) left += e.path() != live;
   EXPECT_EQ(left, 0u);
