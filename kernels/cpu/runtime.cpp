@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <random>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -102,9 +103,20 @@ class CpuEvent final : public Event {
   std::shared_ptr<Marker> marker_;
 };
 
+// Stress hook for the tests: STRATA_TEST_STREAM_JITTER_US=N makes every CPU stream sleep a
+// random 0..N µs before each task, so streams that are ordered only by events run in ever
+// different interleavings (a missing event shows up as a wrong result, not as luck).
+int stream_jitter_us() {
+  static const int us = [] {
+    const char* e = std::getenv("STRATA_TEST_STREAM_JITTER_US");
+    return e ? std::max(0, std::atoi(e)) : 0;
+  }();
+  return us;
+}
+
 class CpuStream final : public Stream {
  public:
-  CpuStream() : worker_([this] { run(); }) {}
+  CpuStream() : jitter_us_(stream_jitter_us()), rng_(std::random_device{}()), worker_([this] { run(); }) {}
   ~CpuStream() override {
     {
       std::lock_guard lock(mu_);
@@ -175,6 +187,7 @@ class CpuStream final : public Stream {
         t = std::move(queue_.front());
         queue_.pop_front();
       }
+      if (jitter_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(rng_() % (jitter_us_ + 1)));
       if (t.always) {
         t.fn();
       } else if (!error_) {
@@ -196,6 +209,8 @@ class CpuStream final : public Stream {
   bool stop_ = false;
   std::exception_ptr error_;  // touched only by the worker
   std::atomic<int64_t> busy_ns_{0};  // time in non-wait tasks
+  const int jitter_us_;
+  std::minstd_rand rng_;  // the worker's
   std::thread worker_;
 };
 

@@ -22,6 +22,7 @@ class FlatMemory final : public RunMemory {
   bool master_is_weights() const override { return working_.data() == nullptr; }
   kernels::Stream& stream(Side) override { return *stream_; }
   kernels::Ops& ops(Side) override { return rt_.ops(); }
+  kernels::Runtime* runtime(Side) override { return &rt_; }
 
   float* master() const { return master_.as<float>(); }  // (n_flat)
   void* weights() const { return working_.data() ? working_.data() : master_.data(); }

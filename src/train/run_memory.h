@@ -37,12 +37,16 @@ struct Sharding {
   int64_t shard(int64_t numel) const { return numel / world; }  // elements per rank
 };
 
+// Whole-unit buffers of grad_scratch() and gathered() (see there).
+constexpr int kNumUnitSlots = 4;
+
 enum class Role : uint8_t { weights = 0, master = 1, adam = 2, grads = 3, input = 4 };
 constexpr int kNumRoles = 5;
 // Who uses an acquired block: the model's compute, the optimizer (which may run elsewhere: on
-// the CPU next to host-resident state while the model runs on the GPU), or host code
-// (initialising, loading, saving): host-visible memory, waited for on the host.
-enum class Side : uint8_t { compute = 0, optimizer = 1, host = 2 };
+// the CPU next to host-resident state while the model runs on the GPU), host code
+// (initialising, loading, saving: host-visible memory, waited for on the host), or the
+// collectives of a multi-rank run, on their own stream beside compute's (same memory as compute).
+enum class Side : uint8_t { compute = 0, optimizer = 1, host = 2, comm = 3 };
 
 class RunMemory {
  public:
@@ -57,14 +61,21 @@ class RunMemory {
   virtual bool master_is_weights() const = 0;
   virtual kernels::Stream& stream(Side side) = 0;
   virtual kernels::Ops& ops(Side side) = 0;
+  // The runtime of side's stream (events that order the sides); null in a dry run.
+  virtual kernels::Runtime* runtime(Side /*side*/) { return nullptr; }
+  // An acquired block changes hands: its release is ordered on `to`'s stream from now on. The
+  // caller has already made `to`'s stream wait for the work enqueued on the block so far.
+  virtual void handoff(Role /*r*/, int /*index*/, Side /*to*/) {}
   // ZeRO stage 2: whole-unit fp32 grads on the compute side, into which a unit's backward
   // writes before the reduce-scatter keeps this rank's shard. Slot 0: the embedding (with a
   // tied head, written by the head phase and added to by the embedding's backward), 1: an
-  // untied head, 2: every other unit, one at a time. Null in a dry run and below stage 2.
+  // untied head, 2 and 3: every other unit, taking turns (one is reduce-scattered while the
+  // next unit's backward writes the other). Null in a dry run and below stage 2.
   virtual float* grad_scratch(int /*slot*/) { return nullptr; }
   // ZeRO stage 3: whole-unit working weights on the compute side, into which a unit's shards
   // are all-gathered before a phase uses it. Slots as grad_scratch's: 0 the embedding (a tied
-  // head's too, across the head phase), 1 an untied head, 2 every other unit, one at a time.
+  // head's too, across the head phase), 1 an untied head, 2 and 3 every other unit, taking
+  // turns (the next unit is gathered into one while the current one computes from the other).
   // Null in a dry run and below stage 3.
   virtual void* gathered(int /*slot*/) { return nullptr; }
 };

@@ -3,14 +3,120 @@
 #include "src/train/step_driver.h"
 
 #include <algorithm>
+#include <chrono>
+#include <exception>
+#include <stdexcept>
 
 namespace strata {
 using offload::Mode;
 
-void StepDriver::embed_and_blocks_forward(const int32_t* ids, const PendingUpdate* update) {
+StepDriver::StepDriver(Transformer& model, RunMemory& mem, Sharding sh, Communicator* comm)
+    : model_(model), mem_(mem), sh_(sh), comm_(comm) {
+  if (mem_.dry() || !overlap()) return;
+  kernels::Runtime* rt = mem_.runtime(Side::compute);
+  if (!rt) return;
+  for (auto* set : {&gathered_ev_, &slot_free_ev_, &scratch_written_ev_, &scratch_read_ev_})
+    for (auto& e : *set) e = rt->create_event();
+  for (auto& e : ready_ev_) e = rt->create_event();
+  for (Side side : {Side::compute, Side::optimizer, Side::comm})
+    if (kernels::Runtime* r = mem_.runtime(side)) order_ev_[static_cast<size_t>(side)] = r->create_event();
+  timed_waits_ = rt->info().backend == kernels::Backend::cpu;
+}
+
+void StepDriver::order(Side from, Side to) {
+  compute([&] {
+    kernels::Stream& a = mem_.stream(from);
+    kernels::Stream& b = mem_.stream(to);
+    if (&a == &b) return;
+    kernels::Event& e = *order_ev_[static_cast<size_t>(from)];
+    a.record(e);
+    b.wait(e);
+  });
+}
+
+// On the CPU backend a stream's wait blocks its worker, so doing it in a host function instead
+// is the same wait, timed. A CUDA stream waits on the device (not timed here).
+void StepDriver::await_on_compute(kernels::Event& ev) {
+  kernels::Stream& c = mem_.stream(Side::compute);
+  if (!timed_waits_) {
+    c.wait(ev);
+    return;
+  }
+  std::shared_ptr<kernels::EventPoint> p = ev.point();
+  if (!p) return;  // never recorded: nothing to wait for
+  c.host_fn([p, acc = exposed_ns_] {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::exception_ptr err = p->wait_host();
+    acc->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    if (err) std::rethrow_exception(err);  // the collective failed: so does compute
+  });
+}
+
+void StepDriver::begin_pass(const PendingUpdate* update, bool backward) {
+  uses_.clear();  // (a pass that failed half way may have left some)
+  held_.clear();
+  held_head_ = false;
+  cursor_ = 0;
+  update_ = update;
+  const bool s3 = sh_.sharded_weights();
+  if (!update && !s3) return;
+  const Transformer& m = model_;
+  int turn = 0;
+  auto add = [&](int u, bool may_update) {
+    Use x;
+    x.unit = u;
+    x.update = may_update && update;
+    x.gather = s3;
+    if (s3) x.slot = slot_of(u) == 2 ? 2 + (turn++ % 2) : slot_of(u);
+    if (x.update || x.gather) uses_.push_back(x);
+  };
+  add(m.embed_unit(), true);
+  for (int64_t l = 0; l < m.dims().L; ++l) add(m.block_unit(l), true);
+  add(m.final_norm_unit(), true);
+  if (!m.tied_head()) add(m.head_unit(), true);  // a tied head is the embedding: updated and gathered already
+  if (backward && s3)
+    for (int64_t l = m.dims().L - 1; l >= 0; --l) add(m.block_unit(l), false);
+}
+
+void StepDriver::end_pass() {
+  if (cursor_ != uses_.size() || !held_.empty())
+    throw std::logic_error("StepDriver: a pass ended with weights not used (" + std::to_string(uses_.size() - cursor_) +
+                           ") or still held (" + std::to_string(held_.size()) + ")");
+  if (!overlap()) return;
+  compute([&] {
+    kernels::Stream& c = mem_.stream(Side::comm);
+    if (&c == &mem_.stream(Side::compute)) return;
+    kernels::Event& e = *order_ev_[static_cast<size_t>(Side::comm)];
+    c.record(e);
+    await_on_compute(e);
+  });
+}
+
+void StepDriver::prepare(size_t i) {
+  if (i >= uses_.size() || uses_[i].prepared) return;
+  Use& x = uses_[i];
+  x.prepared = true;
+  if (x.update) x.ready = update_unit(x.unit, update_->st, update_->apply);
+  if (!x.gather) return;
+  // Stage 3: every rank's shard, in rank order, into the slot's whole-unit buffer once compute
+  // is done with the slot's previous unit. The shard block is released once the gather has
+  // read it (in the comm stream's order).
+  const Unit& unit = model_.units()[static_cast<size_t>(x.unit)];
+  void* whole = mem_.gathered(x.slot);
+  compute([&] { mem_.stream(Side::comm).wait(*slot_free_ev_[static_cast<size_t>(x.slot)]); });
+  const void* w = mem_.acquire(Role::weights, x.unit, Mode::read, Side::comm);
+  compute([&] {
+    kernels::Stream& c = mem_.stream(Side::comm);
+    comm_->all_gather(w, whole, static_cast<size_t>(sh_.shard(unit.numel)), model_.dtype(), c);
+    c.record(*gathered_ev_[static_cast<size_t>(x.slot)]);
+  });
+  mem_.release(Role::weights, x.unit);
+  x.ready = mem_.dry() ? nullptr : gathered_ev_[static_cast<size_t>(x.slot)].get();
+}
+
+void StepDriver::embed_and_blocks_forward(const int32_t* ids) {
   Transformer& m = model_;
   const int64_t L = m.dims().L;
-  if (update) optimizer_unit(m.embed_unit(), update->st, update->apply);
   {
     const void* w = use_weights(m.embed_unit());
     void* x0 = L > 0 ? mem_.acquire(Role::input, 0, Mode::write, Side::compute) : nullptr;
@@ -20,7 +126,6 @@ void StepDriver::embed_and_blocks_forward(const int32_t* ids, const PendingUpdat
   }
   for (int64_t l = 0; l < L; ++l) {
     const int li = static_cast<int>(l);
-    if (update) optimizer_unit(m.block_unit(l), update->st, update->apply);
     const void* w = use_weights(m.block_unit(l));
     const void* x = mem_.acquire(Role::input, li, Mode::read, Side::compute);
     const bool last = l + 1 == L;
@@ -34,50 +139,60 @@ void StepDriver::embed_and_blocks_forward(const int32_t* ids, const PendingUpdat
 
 void StepDriver::forward(const int32_t* ids, const int32_t* targets) {
   Transformer& m = model_;
-  embed_and_blocks_forward(ids, nullptr);
+  begin_pass(nullptr, false);
+  embed_and_blocks_forward(ids);
   const int fn = m.final_norm_unit();
   const void* w_fn = use_weights(fn);
   const void* w_head = use_head_weights();
   compute([&] { m.head(mem_.stream(Side::compute), targets, w_fn, w_head, nullptr, nullptr, 1.f, false); });
   drop_head_weights();
   drop_weights(fn);
+  end_pass();
 }
 
 void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, float grad_scale, bool first, bool last,
                                   double* norm2, const PendingUpdate* update) {
   Transformer& m = model_;
   const Mode gmode = first ? Mode::write : Mode::read_write;  // the first micro-batch overwrites
-  embed_and_blocks_forward(ids, update);
+  begin_pass(update, true);
+  embed_and_blocks_forward(ids);
 
   // Head: final norm, LM head, cross-entropy and their backward. A tied head is the embedding
   // unit, acquired (weights and grads) across the whole head phase.
   const int fn = m.final_norm_unit(), hu = m.head_unit();
-  if (update) {
-    optimizer_unit(fn, update->st, update->apply);
-    if (!m.tied_head()) optimizer_unit(hu, update->st, update->apply);
-  }
-  // Stage 2: the backward writes each unit's whole grads into a scratch (every micro-batch as
-  // if it were the first), and the grads blocks keep only this rank's shard.
+  // Stages 2-3: the backward writes each unit's whole grads into a scratch slot (every
+  // micro-batch as if it were the first), reduce-scattered on the comm stream into the grads
+  // block, which keeps only this rank's shard.
   const bool rs = sh_.sharded_grads();
-  const bool cfirst = rs || first;
-  {
+  const bool reduce = last && sh_.world > 1;  // stages 0-1: all-reduce the final grads
+  if (rs) {
+    const void* w_fn = use_weights(fn);
+    const void* w_head = use_head_weights();
+    const int s_fn = next_scratch_slot(fn), s_head = m.tied_head() ? 0 : 1;
+    float* c_fn = scratch_for(s_fn);
+    float* c_head = scratch_for(s_head);
+    compute([&] { m.head(mem_.stream(Side::compute), targets, w_fn, w_head, c_fn, c_head, grad_scale, true); });
+    drop_head_weights();
+    drop_weights(fn);
+    reduce_scatter_async(fn, s_fn, gmode, first, last, norm2 + fn);
+    if (!m.tied_head()) reduce_scatter_async(hu, s_head, gmode, first, last, norm2 + hu);  // tied: with the embedding's
+  } else {
     const void* w_fn = use_weights(fn);
     const void* w_head = use_head_weights();
     float* g_fn = static_cast<float*>(mem_.acquire(Role::grads, fn, gmode, Side::compute));
     float* g_head = static_cast<float*>(mem_.acquire(Role::grads, hu, gmode, Side::compute));
     compute([&] {
       kernels::Stream& s = mem_.stream(Side::compute);
-      float* c_fn = rs ? mem_.grad_scratch(2) : g_fn;
-      float* c_head = rs ? mem_.grad_scratch(m.tied_head() ? 0 : 1) : g_head;
-      m.head(s, targets, w_fn, w_head, c_fn, c_head, grad_scale, cfirst);
-      if (rs) {
-        shard_grads(s, fn, c_fn, g_fn, first, last, norm2 + fn);
-        if (!m.tied_head()) shard_grads(s, hu, c_head, g_head, first, last, norm2 + hu);
-      } else if (last) {
-        finish_grads(s, fn, g_fn, norm2 + fn);
-        if (!m.tied_head()) finish_grads(s, hu, g_head, norm2 + hu);  // tied: after the embedding's
+      m.head(s, targets, w_fn, w_head, g_fn, g_head, grad_scale, first);
+      if (last && sh_.world == 1) {
+        m.grad_sum_squares(s, fn, g_fn, norm2 + fn);
+        if (!m.tied_head()) m.grad_sum_squares(s, hu, g_head, norm2 + hu);  // tied: after the embedding's
       }
     });
+    if (reduce) {
+      reduce_grads_async(fn, g_fn, norm2 + fn);
+      if (!m.tied_head()) reduce_grads_async(hu, g_head, norm2 + hu);
+    }
     mem_.release(Role::grads, hu);
     mem_.release(Role::grads, fn);
     drop_head_weights();
@@ -88,41 +203,46 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     const int u = m.block_unit(l), li = static_cast<int>(l);
     const void* w = use_weights(u);  // gathered again (stage 3): the recompute and backward use it
     const void* x = mem_.acquire(Role::input, li, Mode::read, Side::compute);
+    if (rs) {
+      const int slot = next_scratch_slot(u);
+      float* c = scratch_for(slot);
+      compute([&] { m.block_backward(mem_.stream(Side::compute), l, w, x, c, true); });
+      mem_.release(Role::input, li);
+      drop_weights(u);
+      reduce_scatter_async(u, slot, gmode, first, last, norm2 + u);
+      continue;
+    }
     float* g = static_cast<float*>(mem_.acquire(Role::grads, u, gmode, Side::compute));
     compute([&] {
       kernels::Stream& s = mem_.stream(Side::compute);
-      if (rs) {
-        float* c = mem_.grad_scratch(2);
-        m.block_backward(s, l, w, x, c, true);
-        shard_grads(s, u, c, g, first, last, norm2 + u);
-        return;
-      }
       m.block_backward(s, l, w, x, g, first);
-      if (last) finish_grads(s, u, g, norm2 + u);
+      if (last && sh_.world == 1) m.grad_sum_squares(s, u, g, norm2 + u);
     });
+    if (reduce) reduce_grads_async(u, g, norm2 + u);
     mem_.release(Role::grads, u);
     mem_.release(Role::input, li);
     drop_weights(u);
   }
 
-  {
-    const int eu = m.embed_unit();
+  const int eu = m.embed_unit();
+  if (rs) {
+    // A tied head wrote slot 0 in the head phase: the embedding's backward adds to it.
+    float* c = m.tied_head() ? mem_.grad_scratch(0) : scratch_for(0);
+    compute([&] { m.embed_backward(mem_.stream(Side::compute), ids, c, true); });
+    reduce_scatter_async(eu, 0, gmode, first, last, norm2 + eu);
+  } else {
     // A tied head wrote this unit's grads in the head phase: they are added to, never overwritten.
     const Mode mode = m.tied_head() ? Mode::read_write : gmode;
     float* g = static_cast<float*>(mem_.acquire(Role::grads, eu, mode, Side::compute));
     compute([&] {
       kernels::Stream& s = mem_.stream(Side::compute);
-      if (rs) {
-        float* c = mem_.grad_scratch(0);
-        m.embed_backward(s, ids, c, true);
-        shard_grads(s, eu, c, g, first, last, norm2 + eu);
-        return;
-      }
       m.embed_backward(s, ids, g, first);
-      if (last) finish_grads(s, eu, g, norm2 + eu);
+      if (last && sh_.world == 1) m.grad_sum_squares(s, eu, g, norm2 + eu);
     });
+    if (reduce) reduce_grads_async(eu, g, norm2 + eu);
     mem_.release(Role::grads, eu);
   }
+  end_pass();
 }
 
 int StepDriver::slot_of(int u) const {
@@ -130,22 +250,47 @@ int StepDriver::slot_of(int u) const {
   return u == model_.head_unit() && !model_.tied_head() ? 1 : 2;
 }
 
+int StepDriver::next_scratch_slot(int u) {
+  const int slot = slot_of(u);
+  if (slot != 2) return slot;
+  rest_slot_ = rest_slot_ == 2 ? 3 : 2;
+  return rest_slot_;
+}
+
+float* StepDriver::scratch_for(int slot) {
+  compute([&] { await_on_compute(*scratch_read_ev_[static_cast<size_t>(slot)]); });
+  return mem_.grad_scratch(slot);
+}
+
 const void* StepDriver::use_weights(int u) {
-  const void* w = mem_.acquire(Role::weights, u, Mode::read, Side::compute);
-  if (!sh_.sharded_weights()) return w;
-  // Stage 3: every rank's shard, in rank order, into the slot's whole-unit buffer (stream
-  // order: the previous user of the slot has finished with it). The shard block is free again
-  // once the gather has read it, so it is released at once.
-  void* whole = mem_.gathered(slot_of(u));
-  compute([&] {
-    const Unit& unit = model_.units()[static_cast<size_t>(u)];
-    comm_->all_gather(w, whole, static_cast<size_t>(sh_.shard(unit.numel)), model_.dtype(), mem_.stream(Side::compute));
-  });
-  mem_.release(Role::weights, u);
-  return whole;
+  if (cursor_ < uses_.size() && uses_[cursor_].unit == u) {
+    const size_t i = cursor_++;
+    prepare(i);
+    const Use& x = uses_[i];
+    if (x.ready) compute([&] { await_on_compute(*x.ready); });
+    if (overlap()) prepare(i + 1);  // the next unit's weights come while this one computes
+    if (x.gather) {
+      held_.emplace_back(u, x.slot);
+      return mem_.gathered(x.slot);
+    }
+  }
+  return mem_.acquire(Role::weights, u, Mode::read, Side::compute);
 }
 
 void StepDriver::drop_weights(int u) {
+  for (auto it = held_.begin(); it != held_.end(); ++it) {
+    if (it->first != u) continue;
+    // Stage 3 with a tied head: the embedding stays gathered until the head phase is done.
+    if (u == model_.embed_unit() && model_.tied_head() && !held_head_) {
+      held_head_ = true;
+      return;
+    }
+    const int slot = it->second;
+    held_.erase(it);
+    if (u == model_.embed_unit()) held_head_ = false;
+    compute([&] { mem_.stream(Side::compute).record(*slot_free_ev_[static_cast<size_t>(slot)]); });
+    return;
+  }
   if (!sh_.sharded_weights()) mem_.release(Role::weights, u);
 }
 
@@ -157,43 +302,58 @@ const void* StepDriver::use_head_weights() {
   return use_weights(model_.head_unit());
 }
 
-void StepDriver::drop_head_weights() {
-  if (!(sh_.sharded_weights() && model_.tied_head())) drop_weights(model_.head_unit());
-}
+void StepDriver::drop_head_weights() { drop_weights(model_.head_unit()); }
 
-void StepDriver::finish_grads(kernels::Stream& s, int u, float* g, double* norm2) {
-  const Unit& unit = model_.units()[static_cast<size_t>(u)];
-  if (sh_.world == 1) {
-    model_.grad_sum_squares(s, u, g, norm2);
-    return;
-  }
+void StepDriver::reduce_grads_async(int u, float* g, double* norm2) {
   // Stages 0 and 1: every rank gets the whole sum (fixed rank order, so bitwise what a
   // reduce-scatter gives each shard). The norm takes only this rank's shard, so that every
   // stage sums the same shard sums in the same order.
-  comm_->all_reduce(g, g, static_cast<size_t>(unit.numel), DType::f32, s);
-  const int64_t S = sh_.shard(unit.numel), lo = sh_.rank * S, hi = std::min(lo + S, unit.n_real);
-  if (hi > lo) mem_.ops(Side::compute).sum_squares(s, {.dtype = DType::f32, .n = hi - lo, .x = g + lo, .out = norm2});
+  order(Side::compute, Side::comm);
+  mem_.handoff(Role::grads, u, Side::comm);
+  compute([&] {
+    kernels::Stream& c = mem_.stream(Side::comm);
+    const Unit& unit = model_.units()[static_cast<size_t>(u)];
+    comm_->all_reduce(g, g, static_cast<size_t>(unit.numel), DType::f32, c);
+    const int64_t S = sh_.shard(unit.numel), lo = sh_.rank * S, hi = std::min(lo + S, unit.n_real);
+    if (hi > lo) mem_.ops(Side::comm).sum_squares(c, {.dtype = DType::f32, .n = hi - lo, .x = g + lo, .out = norm2});
+  });
 }
 
+void StepDriver::reduce_scatter_async(int u, int slot, Mode gmode, bool first, bool last, double* norm2) {
+  order(Side::compute, Side::comm);  // the backward has written the slot
+  float* g = static_cast<float*>(mem_.acquire(Role::grads, u, gmode, Side::comm));
+  compute([&] {
+    kernels::Stream& c = mem_.stream(Side::comm);
+    shard_grads(c, u, mem_.grad_scratch(slot), g, first, last, norm2);
+    c.record(*scratch_read_ev_[static_cast<size_t>(slot)]);
+  });
+  mem_.release(Role::grads, u);
+}
+
+// Stages 2-3: the unit's whole grads of this micro-batch (in `whole`, a scratch) are summed
+// across ranks into this rank's shard (reduce-scatter, in place), which is stored in (first) or
+// added to the shard grads block; on the last micro-batch the shard's Σ g² goes to *norm2.
 void StepDriver::shard_grads(kernels::Stream& s, int u, float* whole, float* shard, bool first, bool last,
                              double* norm2) {
   const Unit& unit = model_.units()[static_cast<size_t>(u)];
   const int64_t S = sh_.shard(unit.numel), lo = sh_.rank * S;
   float* mine = whole + lo;
+  kernels::Ops& ops = mem_.ops(Side::comm);
   comm_->reduce_scatter(whole, mine, static_cast<size_t>(S), DType::f32, s);  // in place
   if (first)
     s.memcpy_async(shard, mine, static_cast<size_t>(S) * 4);
   else
-    mem_.ops(Side::compute).add(s, {.dtype = DType::f32, .n = S, .a = shard, .b = mine, .out = shard});
+    ops.add(s, {.dtype = DType::f32, .n = S, .a = shard, .b = mine, .out = shard});
   const int64_t n = std::min(S, unit.n_real - lo);
-  if (last && n > 0) mem_.ops(Side::compute).sum_squares(s, {.dtype = DType::f32, .n = n, .x = shard, .out = norm2});
+  if (last && n > 0) ops.sum_squares(s, {.dtype = DType::f32, .n = n, .x = shard, .out = norm2});
 }
 
 void StepDriver::optimizer(const AdamWStep& st, bool apply) {
-  for (size_t ui = 0; ui < model_.units().size(); ++ui) optimizer_unit(static_cast<int>(ui), st, apply);
+  for (size_t ui = 0; ui < model_.units().size(); ++ui) update_unit(static_cast<int>(ui), st, apply);
+  end_pass();
 }
 
-void StepDriver::optimizer_unit(int u, const AdamWStep& st, bool apply) {
+kernels::Event* StepDriver::update_unit(int u, const AdamWStep& st, bool apply) {
   Transformer& m = model_;
   const bool aliased = mem_.master_is_weights();
   const DType dt = m.dtype();
@@ -202,26 +362,26 @@ void StepDriver::optimizer_unit(int u, const AdamWStep& st, bool apply) {
   // This rank's part of the unit: [lo, lo + n). Unsharded: the whole unit. Sharded (stage >= 1):
   // master and AdamW state hold only the shard (m then v, each n long), the grads all of the
   // unit (stage 1) or the shard (stages 2, 3); the new working weights of every shard are then
-  // all-gathered into the whole weights block (stages 1, 2), or the weights block is the shard
-  // (stage 3: gathered when a phase uses the unit).
+  // all-gathered into the whole weights block (stages 1, 2) on the comm stream, or the weights
+  // block is the shard (stage 3: gathered when a phase uses the unit).
   const bool sharded = sh_.sharded_optimizer();
   const int64_t n = sharded ? sh_.shard(unit.numel) : unit.numel;
   const int64_t lo = sharded ? sh_.rank * n : 0;
+  const bool gather = sharded && !sh_.sharded_weights();
   float* master = static_cast<float*>(mem_.acquire(Role::master, u, Mode::read_write, Side::optimizer));
   float* adam = static_cast<float*>(mem_.acquire(Role::adam, u, Mode::read_write, Side::optimizer));
   const float* g = static_cast<const float*>(mem_.acquire(Role::grads, u, Mode::read, Side::optimizer));
   // The new working weights: written whole (parameters by AdamW, padding zeroed here, the
   // other ranks' shards by the all-gather; stage 3: the block is this rank's shard).
   void* w = aliased ? nullptr : mem_.acquire(Role::weights, u, Mode::write, Side::optimizer);
+  // ws: element lo of the unit's working weights
+  char* ws = w ? static_cast<char*>(w) + (gather ? static_cast<size_t>(lo) * esz : 0) : nullptr;
   compute([&] {
     kernels::Stream& s = mem_.stream(Side::optimizer);
     kernels::Ops& ops = mem_.ops(Side::optimizer);
     float* mm = adam;
     float* vv = adam + n;
     const float* gs = sh_.sharded_grads() ? g : g + lo;
-    const bool gather = sharded && !sh_.sharded_weights();
-    // ws: element lo of the unit's working weights
-    char* ws = w ? static_cast<char*>(w) + (gather ? static_cast<size_t>(lo) * esz : 0) : nullptr;
     if (!apply) {
       if (w) ops.cast(s, {.n = n, .src = master, .src_dtype = DType::f32, .dst = ws, .dst_dtype = dt});
     } else {
@@ -237,12 +397,25 @@ void StepDriver::optimizer_unit(int u, const AdamWStep& st, bool apply) {
       if (ws && lo + n > pad)
         s.memset_async(ws + static_cast<size_t>(pad - lo) * esz, 0, static_cast<size_t>(lo + n - pad) * esz);
     }
-    if (gather) comm_->all_gather(ws, w, static_cast<size_t>(n), dt, s);
   });
+  kernels::Event* ready = nullptr;
+  if (gather) {  // the other ranks' new shards, on the comm stream once this shard is written
+    order(Side::optimizer, Side::comm);
+    mem_.handoff(Role::weights, u, Side::comm);
+    compute([&] {
+      kernels::Stream& c = mem_.stream(Side::comm);
+      comm_->all_gather(ws, w, static_cast<size_t>(n), dt, c);
+      if (ready_ev_[0]) {
+        ready = ready_ev_[next_ready_++ % ready_ev_.size()].get();
+        c.record(*ready);
+      }
+    });
+  }
   if (!aliased) mem_.release(Role::weights, u);
   mem_.release(Role::grads, u);
   mem_.release(Role::adam, u);
   mem_.release(Role::master, u);
+  return ready;
 }
 
 }  // namespace strata

@@ -125,8 +125,8 @@ struct TieredMemory::Layout {
   std::vector<int> role_of;                   // per block: its role (kNumRoles = a buffer)
   std::array<std::vector<int>, kNumRoles> ids;  // [role][index] -> block
   int workspace = -1, extra = -1;
-  std::array<int, 3> grad_scratch{-1, -1, -1};  // stage 2: whole-unit grads (RunMemory::grad_scratch)
-  std::array<int, 3> gathered{-1, -1, -1};      // stage 3: whole-unit weights (RunMemory::gathered)
+  std::array<int, kNumUnitSlots> grad_scratch{-1, -1, -1, -1};  // stage 2: whole-unit grads (RunMemory::grad_scratch)
+  std::array<int, kNumUnitSlots> gathered{-1, -1, -1, -1};      // stage 3: whole-unit weights (RunMemory::gathered)
   // The programs the manager plans: [step] one training step (the previous step's update inside
   // its forward), [update] a pending update on its own (before a save or checkpoint).
   std::array<offload::Schedule, kNumPrograms> programs;
@@ -136,7 +136,7 @@ struct TieredMemory::Layout {
     const Tier home = specs[static_cast<size_t>(block)].home;
     if (backend == kernels::Backend::cpu) return home == Tier::nvme ? Tier::host : home;  // the CPU reads host memory
     if (side == Side::host) return Tier::host;
-    if (side == Side::compute) return Tier::device;
+    if (side == Side::compute || side == Side::comm) return Tier::device;
     return placement.optimizer == Tier::device ? Tier::device : Tier::host;  // AdamW on the GPU or on the CPU
   }
   int add(std::string name, uint64_t bytes, Tier home, int role) {
@@ -242,15 +242,16 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   l->workspace = l->add("workspace", model.workspace_bytes(), Tier::device, kNumRoles);
   l->extra = l->add("step_buffers", extra_bytes, Tier::device, kNumRoles);
   // Buffers without a home of their own, in the device budget: one whole unit per slot (0 the
-  // embedding, 1 an untied head, 2 the largest other unit), for the grads (stage 2) and the
-  // gathered weights (stage 3).
-  std::array<int64_t, 3> most{};
+  // embedding, 1 an untied head, 2 and 3 the largest other unit), for the grads (stage 2) and
+  // the gathered weights (stage 3).
+  std::array<int64_t, kNumUnitSlots> most{};
   for (size_t u = 0; u < model.units().size(); ++u) {
     const int ui = static_cast<int>(u);
     const size_t slot = ui == model.embed_unit() ? 0 : (ui == model.head_unit() && !model.tied_head()) ? 1 : 2;
     most[slot] = std::max(most[slot], model.units()[u].numel);
   }
-  for (size_t slot = 0; slot < 3; ++slot) {
+  most[3] = most[2];
+  for (size_t slot = 0; slot < kNumUnitSlots; ++slot) {
     if (most[slot] == 0) continue;
     const auto n = static_cast<uint64_t>(most[slot]);
     if (sh.sharded_grads())
@@ -359,12 +360,13 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
 
 TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::Stream& compute,
                            kernels::Runtime& opt_rt, kernels::Stream& opt_stream, const Placement& placement,
-                           int64_t grad_accum, size_t extra_device_bytes)
+                           int64_t grad_accum, size_t extra_device_bytes, kernels::Stream* comm)
     : model_(model),
       rt_(rt),
       compute_(compute),
       opt_rt_(opt_rt),
       opt_stream_(opt_stream),
+      comm_(comm),
       placement_(placement) {
   plan_ = plan(model, rt.info().backend, placement, grad_accum, extra_device_bytes);
   // The pools in RAM (on the CPU backend the device pool is RAM too) must fit what the host
@@ -406,7 +408,7 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
   open_side_.assign(layout_->specs.size(), Side::compute);
   model.bind_workspace(compute, mgr_->home_data(static_cast<BlockId>(layout_->workspace)));
   extra_ = mgr_->home_data(static_cast<BlockId>(layout_->extra));
-  for (size_t slot = 0; slot < 3; ++slot) {
+  for (size_t slot = 0; slot < kNumUnitSlots; ++slot) {
     if (layout_->grad_scratch[slot] >= 0)
       grad_scratch_[slot] = static_cast<float*>(mgr_->home_data(static_cast<BlockId>(layout_->grad_scratch[slot])));
     if (layout_->gathered[slot] >= 0) gathered_[slot] = mgr_->home_data(static_cast<BlockId>(layout_->gathered[slot]));
@@ -458,6 +460,15 @@ void TieredMemory::release(Role r, int index) {
   offload::Handle& h = open_[static_cast<size_t>(b)];
   const Side side = open_side_[static_cast<size_t>(b)];
   mgr_->release(h, side == Side::host ? nullptr : &stream(side));
+}
+
+void TieredMemory::handoff(Role r, int index, Side to) {
+  const int b = layout_->ids[static_cast<int>(r)].at(static_cast<size_t>(index));
+  if (!open_[static_cast<size_t>(b)])
+    throw std::logic_error(std::string("TieredMemory: handoff of ") + kRoleNames[static_cast<int>(r)] + " " +
+                           std::to_string(index) + ", which is not acquired");
+  if (to == Side::host) throw std::logic_error("TieredMemory: a block is handed to a stream, not to the host");
+  open_side_[static_cast<size_t>(b)] = to;
 }
 
 std::vector<std::string> TieredMemory::swap_files() const { return swap_ ? swap_->files() : std::vector<std::string>{}; }

@@ -58,10 +58,11 @@ class TieredMemory final : public RunMemory {
   // `placement`, records the step's schedule (grad_accum micro-batches, then the optimizer),
   // checks the budgets (BudgetError naming the smallest that works and what would help),
   // allocates the pools, creates the NVMe swap files, and binds the model's workspace.
-  // compute: the model's stream; opt_rt/opt_stream: where AdamW runs (may equal compute's).
+  // compute: the model's stream; opt_rt/opt_stream: where AdamW runs (may equal compute's);
+  // comm: the collectives' stream of a multi-rank run (on rt; null: compute's).
   TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::Stream& compute, kernels::Runtime& opt_rt,
                kernels::Stream& opt_stream, const Placement& placement, int64_t grad_accum,
-               size_t extra_device_bytes);
+               size_t extra_device_bytes, kernels::Stream* comm = nullptr);
   ~TieredMemory() override;
 
   // Sizes and checks without allocating anything (what `strata plan` prints). With
@@ -75,8 +76,12 @@ class TieredMemory final : public RunMemory {
   void* acquire(Role r, int index, offload::Mode m, Side side) override;
   void release(Role r, int index) override;
   bool master_is_weights() const override { return master_is_weights_; }
-  kernels::Stream& stream(Side side) override { return side == Side::optimizer ? opt_stream_ : compute_; }
+  kernels::Stream& stream(Side side) override {
+    return side == Side::optimizer ? opt_stream_ : side == Side::comm && comm_ ? *comm_ : compute_;
+  }
   kernels::Ops& ops(Side side) override { return side == Side::optimizer ? opt_rt_.ops() : rt_.ops(); }
+  kernels::Runtime* runtime(Side side) override { return side == Side::optimizer ? &opt_rt_ : &rt_; }
+  void handoff(Role r, int index, Side to) override;
   float* grad_scratch(int slot) override { return grad_scratch_[static_cast<size_t>(slot)]; }
   void* gathered(int slot) override { return gathered_[static_cast<size_t>(slot)]; }
 
@@ -99,6 +104,7 @@ class TieredMemory final : public RunMemory {
   kernels::Stream& compute_;
   kernels::Runtime& opt_rt_;
   kernels::Stream& opt_stream_;
+  kernels::Stream* comm_;
   Placement placement_;
   std::unique_ptr<Layout> layout_;
   bool master_is_weights_ = false;
@@ -109,8 +115,8 @@ class TieredMemory final : public RunMemory {
   std::vector<offload::Handle> open_;  // per block: its open handle (one at a time)
   std::vector<Side> open_side_;        // ... and the side whose stream uses it
   void* extra_ = nullptr;
-  std::array<float*, 3> grad_scratch_{};
-  std::array<void*, 3> gathered_{};
+  std::array<float*, kNumUnitSlots> grad_scratch_{};
+  std::array<void*, kNumUnitSlots> gathered_{};
   double stall_ms_ = 0;
 };
 

@@ -148,6 +148,7 @@ struct Trainer::Impl {
   Sharding sh;                         // this rank's part of every unit (ZeRO stage)
   std::unique_ptr<kernels::Runtime> rt;
   std::unique_ptr<kernels::Stream> stream;
+  std::unique_ptr<kernels::Stream> comm_stream;  // world > 1: the collectives of a step
   std::unique_ptr<kernels::Runtime> cpu_rt;      // CUDA runs with the optimizer on the CPU
   std::unique_ptr<kernels::Stream> cpu_stream;
   std::unique_ptr<Transformer> model;
@@ -182,6 +183,15 @@ struct Trainer::Impl {
   int64_t N() const { return o.batch * o.seq; }
   kernels::Stream& opt_stream() { return cpu_stream ? *cpu_stream : *stream; }
   double busy_ms() const { return stream->busy_ms() + (cpu_stream ? cpu_stream->busy_ms() : 0); }
+  // Communication compute waited for: collectives run on the compute stream itself (outside
+  // steps) plus the driver's waits for the comm stream's.
+  // Communication: all the comm stream ran (collectives, and the sums and copies that finish a
+  // reduce-scatter) plus collectives run on other streams.
+  double comm_ms() const {
+    const double on_comm = comm_stream ? comm_stream->busy_ms() : 0;
+    return on_comm + comm->busy_ms() - (comm_stream ? comm->busy_ms(comm_stream.get()) : 0);
+  }
+  double exposed_ms() const { return comm->busy_ms(stream.get()) + (driver ? driver->exposed_ms() : 0); }
   void init_weights(bool load_weights);
   void flush();
   // The whole of unit u's `role` block from every rank's shard (elements [offset, offset + S)
@@ -621,6 +631,8 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   if (m.backend == kernels::Backend::cpu) kernels::cpu::set_num_threads(o.threads);
   m.rt = kernels::make_runtime(m.backend);
   m.stream = m.rt->create_stream();
+  // Collectives get a stream of their own, so they overlap compute (StepDriver).
+  if (m.sh.world > 1) m.comm_stream = m.rt->create_stream();
   kernels::Runtime* opt_rt = m.rt.get();
   if (m.backend != kernels::Backend::cpu && pl.optimizer != offload::Tier::device) {  // AdamW next to its state
     kernels::cpu::set_num_threads(o.threads);
@@ -632,7 +644,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   const int64_t n = m.N();
   const size_t n_units = m.model->units().size();
   m.mem = std::make_unique<TieredMemory>(*m.model, *m.rt, *m.stream, *opt_rt, m.opt_stream(), pl, o.grad_accum,
-                                         step_buffer_bytes(o, n_units));
+                                         step_buffer_bytes(o, n_units), m.comm_stream.get());
   m.dev_tokens = static_cast<int32_t*>(m.mem->extra_device());
   m.dev_norm2 = reinterpret_cast<double*>(static_cast<char*>(m.mem->extra_device()) + token_buffer_bytes(o));
   m.driver = std::make_unique<StepDriver>(*m.model, *m.mem, m.sh, m.comm.get());
@@ -712,7 +724,7 @@ StepStats Trainer::step() {
   kernels::Stream& s = *m.stream;
   const auto t0 = Clock::now();
   const double busy0 = m.busy_ms();
-  const double comm0 = m.comm->busy_ms(), exposed0 = m.comm->busy_ms(m.stream.get());
+  const double comm0 = m.comm_ms(), exposed0 = m.exposed_ms(), waited0 = m.driver->exposed_ms();
   const int64_t n = m.N();
   StepStats st;
   st.step = m.steps_done + 1;
@@ -797,10 +809,11 @@ StepStats Trainer::step() {
     st.link_ms[static_cast<size_t>(l)] = now.links[l].ms_busy - m.last_stats.links[l].ms_busy;
   }
   st.stall_ms = m.mem->stall_ms() - m.last_stall;
-  st.compute_ms = m.busy_ms() - busy0;
+  // (the compute stream's timed waits for collectives are not compute)
+  st.compute_ms = m.busy_ms() - busy0 - (m.driver->exposed_ms() - waited0);
   st.comm_bytes = comm_bytes_per_step(*m.model, m.sh, o.grad_accum);
-  st.comm_ms = m.comm->busy_ms() - comm0;  // both streams are synchronised above
-  st.comm_exposed_ms = m.comm->busy_ms(m.stream.get()) - exposed0;
+  st.comm_ms = m.comm_ms() - comm0;  // every stream is synchronised above
+  st.comm_exposed_ms = m.exposed_ms() - exposed0;
   m.last_stats = now;
   m.last_stall = m.mem->stall_ms();
   return st;

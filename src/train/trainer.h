@@ -83,9 +83,9 @@ struct StepStats {
   double compute_ms = 0;  // time the compute (and optimizer) streams spent running work
   uint64_t comm_bytes = 0;  // sent by this rank to the others this step (as many received)
   // Measured: time this rank's collectives ran in the step (moving and summing bytes, waiting
-  // for the other ranks), and of it the part compute waited for: collectives enqueued on the
-  // compute stream run in its order, so all of theirs (today every collective but a stage 1/2
-  // post-update all-gather on a separate optimizer stream, which only a CUDA run has).
+  // for the other ranks) on their own stream, and the time compute waited for them (exposed:
+  // a gathered unit not there yet, a scratch slot still being reduce-scattered, the step's
+  // last collectives). CPU backend; a CUDA run does not time its waits yet (0).
   double comm_ms = 0;
   double comm_exposed_ms = 0;
   uint64_t bytes_moved() const { return link_bytes[0] + link_bytes[1] + link_bytes[2] + link_bytes[3]; }

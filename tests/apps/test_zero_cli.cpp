@@ -113,11 +113,12 @@ TEST_F(ZeroCli, TwoRanksMatchOneRankWithTheDoubleBatch) {
     EXPECT_LT(rel(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()), 1e-5) << "step " << i + 1;
     EXPECT_LT(rel(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>()), 1e-5) << "step " << i + 1;
     EXPECT_EQ(a[i]["tokens"], b[i]["tokens"]);
-    // Communication time is measured: none on one rank; on two, compute waits for the
-    // collectives (they run on its stream), so at most all of it is exposed.
+    // Communication time is measured: none on one rank; on two, compute waits for some of the
+    // collectives (on their own stream): at most all of it is exposed, give or take a thread
+    // wake-up per wait (this model is tiny: its step's communication is mostly exposed).
     EXPECT_EQ(a[i]["comm_ms"].get<double>(), 0.0);
     EXPECT_GT(b[i]["comm_ms"].get<double>(), 0.0) << "step " << i + 1;
-    EXPECT_LE(b[i]["comm_exposed_ms"].get<double>(), b[i]["comm_ms"].get<double>()) << "step " << i + 1;
+    EXPECT_LE(b[i]["comm_exposed_ms"].get<double>(), 1.1 * b[i]["comm_ms"].get<double>() + 2) << "step " << i + 1;
     EXPECT_GT(b[i]["comm_exposed_ms"].get<double>(), 0.0) << "step " << i + 1;
     EXPECT_LE(b[i]["comm_ms"].get<double>(), b[i]["step_ms"].get<double>()) << "step " << i + 1;
   }
@@ -181,6 +182,41 @@ TEST_F(ZeroCli, StagesAreBitwiseIdentical) {
         EXPECT_EQ(m, ref_metrics) << tag;
         EXPECT_TRUE(w == ref_weights) << tag << ": the saved weights differ from stage 0's";
       }
+  }
+}
+
+// Collectives run on a stream of their own, ordered against compute by events only (StepDriver:
+// prefetched gathers into slots that take turns, reduce-scatters from scratch slots that take
+// turns). Random delays before every task of every stream (STRATA_TEST_STREAM_JITTER_US) shake
+// the interleavings: a missing event would let a gather overwrite a slot still being read, or
+// a backward overwrite a scratch slot still being reduced, and change the numbers. Each stage
+// (with accumulation, offload for stage 3) must give bitwise the run without delays.
+TEST_F(ZeroCli, CollectivesOverlapComputeUnderRandomStreamSchedules) {
+  for (const std::string variant : {"1", "2", "3", "3nvme"}) {
+    std::string ref_metrics, ref_weights;
+    for (const bool jitter : {false, true}) {
+      const std::string stage = variant.substr(0, 1);
+      const std::string tag = "j" + variant + (jitter ? "y" : "n");
+      std::string args = tiny(2) + "--grad-accum 2 --zero-stage " + stage + " --metrics " +
+                         (dir_ / (tag + ".jsonl")).string() + " --out " + (dir_ / tag).string();
+      if (variant == "3nvme") {
+        fs::create_directories(dir_ / (tag + "_swap"));
+        args += " --offload-optimizer nvme --offload-grads cpu --offload-params nvme --nvme-path " +
+                (dir_ / (tag + "_swap")).string();
+      }
+      CliResult r = run(2, args, jitter ? "STRATA_TEST_STREAM_JITTER_US=300" : "", tag);
+      ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
+      std::string m;
+      for (auto j : metrics(dir_ / (tag + ".jsonl"))) m += j["loss"].dump() + " " + j["grad_norm"].dump() + "\n";
+      const std::string w = slurp(dir_ / tag / "model.safetensors");
+      if (!jitter) {
+        ref_metrics = m;
+        ref_weights = w;
+        continue;
+      }
+      EXPECT_EQ(m, ref_metrics) << tag;
+      EXPECT_TRUE(w == ref_weights) << tag << ": the saved weights differ from the run without delays";
+    }
   }
 }
 
