@@ -326,6 +326,7 @@ nlohmann::json options_json(const TrainOptions& o) {
           {"beta2", o.beta2},
           {"eps", o.eps},
           {"grad_clip", o.grad_clip},
+          {"loss_scale", o.loss_scale},
           {"seed", o.seed},
           {"offload_params", o.offload_params},
           {"offload_grads", o.offload_grads},
@@ -449,6 +450,9 @@ void validate_options(const TrainOptions& o) {
   // eps is used as a float: it must stay a positive normal float.
   in_range(o.eps, 1e-30, 1, "--eps", "a finite number in [1e-30, 1] (e.g. 1e-8)");
   in_range(o.grad_clip, 0, 1e30, "--grad-clip", "a finite number >= 0 (0 = off)");
+  // A power of two keeps scaling and unscaling exact; the scaler never goes below 1.
+  if (!(o.loss_scale >= 1 && o.loss_scale <= 1e30 && std::exp2(std::round(std::log2(o.loss_scale))) == o.loss_scale))
+    throw std::invalid_argument("--loss-scale " + flag_value(o.loss_scale) + ": must be a power of 2 in [1, 2^99] (e.g. 65536)");
   if (o.zero_stage < 0 || o.zero_stage > 3)
     throw std::invalid_argument(fmt::format("--zero-stage {}: must be 0 (data parallel), 1 (optimizer state sharded), "
                                             "2 (gradients sharded too) or 3 (working weights sharded too)",
@@ -656,7 +660,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.adamw.beta2 = static_cast<float>(o.beta2);
   m.adamw.eps = static_cast<float>(o.eps);
   m.adamw.weight_decay = static_cast<float>(o.weight_decay);
-  m.scaler = LossScaler(m.dtype == DType::f16);
+  m.scaler = LossScaler(m.dtype == DType::f16, static_cast<float>(o.loss_scale));
   m.sched = LrScheduleConfig{r.schedule, o.lr, o.min_lr, o.warmup, o.steps};
 
   m.host_tokens.assign(static_cast<size_t>(o.grad_accum * 2 * n), 0);
@@ -867,12 +871,12 @@ void Trainer::print_header(std::FILE* out) const {
   fmt::print(out,
              "  flags      --model '{}' --data '{}' --backend {} --dtype {} --batch {} --seq {} --grad-accum {} "
              "--steps {} --lr {:g} --lr-schedule {} --warmup {} --min-lr {:g} --weight-decay {:g} --beta1 {:g} "
-             "--beta2 {:g} --eps {:g} --grad-clip {:g} --seed {} --metrics '{}' --out '{}' --log-every {} "
+             "--beta2 {:g} --eps {:g} --grad-clip {:g} --loss-scale {:g} --seed {} --metrics '{}' --out '{}' --log-every {} "
              "--threads {} --offload-params {} --offload-grads {} --offload-optimizer {} --offload-activations {} "
              "--checkpoint-activations {}{} --device-mem '{}' --host-mem '{}' --checkpoint-dir '{}' "
              "--checkpoint-every {} --keep {} --resume '{}' --zero-stage {}\n",
              o.model, o.data, o.backend, o.dtype, o.batch, o.seq, o.grad_accum, o.steps, o.lr, o.lr_schedule, o.warmup,
-             o.min_lr, o.weight_decay, o.beta1, o.beta2, o.eps, o.grad_clip, o.seed, o.metrics, o.out, o.log_every,
+             o.min_lr, o.weight_decay, o.beta1, o.beta2, o.eps, o.grad_clip, o.loss_scale, o.seed, o.metrics, o.out, o.log_every,
              o.threads, o.offload_params, o.offload_grads, o.offload_optimizer, o.offload_activations,
              o.checkpoint_activations, nvme, o.device_mem, o.host_mem, o.checkpoint_dir, o.checkpoint_every, o.keep,
              o.resume, o.zero_stage);

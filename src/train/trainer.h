@@ -35,6 +35,7 @@ struct TrainOptions {
   double weight_decay = 0.1;   // AdamW, 2-D tensors only
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 1.0;      // global L2 norm; 0 = off
+  double loss_scale = 65536;   // fp16: the dynamic loss scaler's starting scale
   uint64_t seed = 1337;        // random init (models without weights) and synthetic data
   std::string metrics;         // JSONL file, one object per optimizer step ("" = none)
   std::string out;             // save the final model here, HF layout ("" = don't)

@@ -112,9 +112,20 @@ TEST_F(ResumeCli, BitExactAcrossPlacements) {
   fs::remove_all(dir_ / "b");
   expect_resume_exact("all-nvme", "optimizer-nvme");
 }
-// fp16 (loss scaling on) resumes bit-exact too. This tiny run never overflows, so the scaler's
-// restored scale and skip count are not exercised here (no test forces an fp16 overflow yet).
-TEST_F(ResumeCli, BitExactFp16LossScaler) { expect_resume_exact("resident", "resident", "--dtype fp16 "); }
+// fp16 (loss scaling on) resumes bit-exact too. Starting at 2^20 the scaled gradients overflow
+// fp16 in some early steps (1, 2 and 4 here, and 8 after the resume), so the checkpoint at step
+// 5 holds a halved scale, a good-step count and skipped steps (AdamW's step count lags the
+// run's): the resumed run must continue all three exactly.
+TEST_F(ResumeCli, BitExactFp16LossScaler) {
+  expect_resume_exact("resident", "resident", "--dtype fp16 --loss-scale 1048576 ");
+  std::istringstream lines(slurp(dir_ / "a" / "m.jsonl"));
+  std::string line;
+  int skipped_before_ckpt = 0;  // an overflowed step reports no grad norm
+  for (int i = 0; i < 5 && std::getline(lines, line); ++i)
+    skipped_before_ckpt += line.find("\"grad_norm\":null") != std::string::npos;
+  EXPECT_GE(skipped_before_ckpt, 1) << "no fp16 overflow before the checkpoint: the scaler's restore is not exercised";
+  EXPECT_LT(skipped_before_ckpt, 5) << "every step overflowed: nothing was trained";
+}
 TEST_F(ResumeCli, BitExactBf16WithAccumulation) { expect_resume_exact("optimizer-nvme", "resident", "--dtype bf16 --grad-accum 2 "); }
 
 TEST_F(ResumeCli, RotationKeepsTheNewestAndLatestPointsAtIt) {
