@@ -248,14 +248,16 @@ void populate(char* p, size_t bytes) {
                                std::strerror(err) + ")");
 }
 
-// Host memory, 4 KiB aligned. Allocations of 2 MiB or more are their own mapping, 2 MiB aligned,
-// advised as huge pages and faulted in now (populate); smaller ones come from malloc.
+// Host memory, 4 KiB aligned, zeroed and faulted in. Allocations of 2 MiB or more are their own
+// mapping (zero pages), 2 MiB aligned, advised as huge pages and faulted in now (populate);
+// smaller ones come from malloc, zeroed.
 class HostMemory {
  public:
   void* alloc(size_t bytes, bool lock) {
     if (bytes < kHuge) {
       void* p = std::aligned_alloc(4096, std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096));
       if (!p) throw std::runtime_error("cpu runtime: out of memory allocating " + std::to_string(bytes) + " bytes");
+      std::memset(p, 0, bytes);  // zeroed like the mappings below, so no caller needs a pass of its own
       return remember(p, {p, 0, bytes, lock});
     }
     const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge, len = rounded + kHuge;  // room to align
