@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cassert>
 #include <cerrno>
@@ -17,7 +18,9 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "io/aligned_buffer.h"
 #include "io/cleanup.h"
@@ -324,6 +327,84 @@ IoHandle SwapSpace::write(const Extent& e, uint64_t offset, uint64_t length, con
 }
 IoHandle SwapSpace::read(const Extent& e, uint64_t offset, uint64_t length, void* buf) {
   return extent_io(IoOp::read, e, offset, length, buf);
+}
+
+namespace {
+
+// crc32c of a 4 KiB block of zeros: what a zeroed range verifies against.
+uint32_t zero_block_crc() {
+  static const uint32_t crc = [] {
+    AlignedBuffer z(kChecksumBlock);
+    std::memset(z.data(), 0, kChecksumBlock);
+    return crc32c(z.data(), kChecksumBlock);
+  }();
+  return crc;
+}
+
+// Writes `len` zero bytes at `off` (fd may be O_DIRECT: the buffer and sizes stay aligned).
+// Returns 0 or the errno (a write that makes no progress counts as EIO).
+int write_zeros(int fd, uint64_t off, uint64_t len) {
+  AlignedBuffer buf(static_cast<size_t>(std::min<uint64_t>(len, uint64_t{1} << 20)));
+  std::memset(buf.data(), 0, buf.size());
+  while (len > 0) {
+    const ssize_t n = ::pwrite(fd, buf.data(), static_cast<size_t>(std::min<uint64_t>(len, buf.size())),
+                               static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? errno : EIO;
+    off += static_cast<uint64_t>(n);
+    len -= static_cast<uint64_t>(n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void SwapSpace::zero(const Extent& e, uint64_t offset, uint64_t length) {
+  Impl& m = *impl_;
+  if (!is_aligned(offset) || !is_aligned(length))
+    throw AlignmentError("extent " + std::to_string(e.id) + ": zero needs 4 KiB aligned offset and length (offset " +
+                         std::to_string(offset) + ", length " + std::to_string(length) + ")");
+  if (length == 0) return;
+  struct Span {
+    int fd;
+    std::string file;
+    uint64_t off, len;
+  };
+  std::vector<Span> spans;
+  uint32_t* crc = nullptr;
+  uint8_t* written = nullptr;
+  {
+    std::lock_guard lk(m.mu);
+    auto it = m.extents.find(e.id);
+    if (it == m.extents.end()) throw std::invalid_argument("SwapSpace: unknown or freed extent " + std::to_string(e.id));
+    Impl::Info& info = it->second;
+    if (offset + length > info.bytes)
+      throw std::out_of_range("extent " + std::to_string(e.id) + " holds " + std::to_string(info.bytes) +
+                              " bytes; zero asks for " + std::to_string(length) + " at " + std::to_string(offset));
+    const uint64_t n = info.regions.size(), stripe = info.stripe, end = offset + length;
+    for (uint64_t k = offset / stripe; k * stripe < end; ++k) {
+      const Impl::Region& r = info.regions[k % n];
+      const uint64_t lo = std::max(offset, k * stripe), hi = std::min(end, (k + 1) * stripe);
+      spans.push_back({m.dirs[r.dir].fd, m.dirs[r.dir].file, r.off + (k / n) * stripe + (lo - k * stripe), hi - lo});
+    }
+    crc = info.crc.get() ? info.crc.get() + offset / kChecksumBlock : nullptr;
+    written = info.written.get() ? info.written.get() + offset / kChecksumBlock : nullptr;
+  }
+  for (const Span& s : spans) {
+    int err = 0;
+    if (m.opts.test_no_zero_range) {
+      err = EOPNOTSUPP;
+    } else if (::fallocate(s.fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(s.off),
+                           static_cast<off_t>(s.len)) != 0) {
+      err = errno;
+    }
+    if (err == EOPNOTSUPP || err == EINVAL) err = write_zeros(s.fd, s.off, s.len);  // e.g. tmpfs: no ZERO_RANGE
+    if (err != 0) throw IoError("zero", s.file, s.off, s.len, err, "cannot zero a range of swap");
+  }
+  if (crc) {
+    std::fill(crc, crc + length / kChecksumBlock, zero_block_crc());
+    std::memset(written, 1, length / kChecksumBlock);
+  }
 }
 
 IoHandle SwapSpace::extent_io(IoOp op, const Extent& e, uint64_t offset, uint64_t length, void* buf) {

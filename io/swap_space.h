@@ -21,6 +21,7 @@ struct SwapOptions {
   bool checksums = true;
   bool allow_buffered = false;         // a path whose filesystem rejects O_DIRECT: use buffered I/O (warns)
   bool test_reject_direct = false;     // tests: act as if every path's filesystem rejected O_DIRECT
+  bool test_no_zero_range = false;     // tests: act as if no filesystem could fallocate ZERO_RANGE
 };
 
 // A handle to allocated swap bytes. `bytes` is the allocation rounded up to 4 KiB.
@@ -60,6 +61,12 @@ class SwapSpace {
   // Sub-range I/O (aligned offset/length inside the extent), checksummed the same way.
   IoHandle write(const Extent& e, uint64_t offset, uint64_t length, const void* buf);
   IoHandle read(const Extent& e, uint64_t offset, uint64_t length, void* buf);
+  // Makes [offset, offset + length) (aligned) read as zeros, and with checksums on verify as
+  // zeros: state that starts as zeros (AdamW's moments) then costs no write. Where the
+  // filesystem can, without writing them (fallocate ZERO_RANGE: the range becomes unwritten
+  // extents, a metadata change); elsewhere by writing zeros. Synchronous; nothing may be in
+  // flight on the range. Throws IoError with the path and offset.
+  void zero(const Extent& e, uint64_t offset, uint64_t length);
 
   IoEngine& engine() { return engine_; }
   SwapStats stats() const;

@@ -102,7 +102,8 @@ class Runtime {
   virtual ~Runtime() = default;
   virtual const DeviceInfo& info() const = 0;
   // Raw allocations; alignment at least 4096 bytes (O_DIRECT- and device-friendly). Throw
-  // std::runtime_error naming the size when the memory is not there. Frees never throw.
+  // std::runtime_error naming the size when the memory is not there. Frees never throw. The
+  // CPU runtime's come back zeroed and faulted in (from every core: first touch is slow).
   virtual void* alloc_device(size_t bytes) = 0;
   virtual void free_device(void* p) = 0;
   virtual void* alloc_pinned(size_t bytes) = 0;  // page-locked host memory (CPU: mlock where permitted)

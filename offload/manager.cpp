@@ -322,6 +322,35 @@ void BlockManager::release(Handle& h, kernels::Stream* done_on) {
   h = Handle{};
 }
 
+void BlockManager::write_back(BlockId b) {
+  if (b >= res_.n_blocks()) throw std::out_of_range("offload: write_back of unknown block " + std::to_string(b));
+  if (open_handles_[b] != 0)
+    throw std::logic_error("offload: write_back of block '" + res_.block(b).name + "' while it is acquired");
+  for (Tier t : {Tier::host, Tier::device}) {  // host first: the direct link to NVMe
+    Effects fx = res_.write_back(b, t);
+    for (const Move& m : fx.moves) issue(m, /*fresh_dst=*/false);
+    if (!fx.moves.empty()) return;
+  }
+}
+
+void BlockManager::zero(BlockId b) {
+  if (b >= res_.n_blocks()) throw std::out_of_range("offload: zero of unknown block " + std::to_string(b));
+  const BlockSpec& spec = res_.block(b);
+  if (spec.home != Tier::nvme)
+    throw std::invalid_argument("offload: zero of block '" + spec.name + "': only blocks homed on NVMe");
+  for (int t = 0; t < kNumTiers; ++t)
+    if (static_cast<Tier>(t) != spec.home && res_.copy(b, static_cast<Tier>(t)).present)
+      throw std::logic_error("offload: zero of block '" + spec.name + "' while it has a copy on " +
+                             std::string(tier_name(static_cast<Tier>(t))));
+  RtCopy& home = rt_copy(b, Tier::nvme);
+  // No I/O may be in flight on the range (an earlier write-back, a read): their outcome no
+  // longer matters, only that they are done.
+  home.ready.quiet().wait();
+  home.users.quiet().wait();
+  store_->zero(res_.copy(b, Tier::nvme).offset, align_up(spec.bytes));
+  home = RtCopy{};
+}
+
 OffloadStats BlockManager::stats() const {
   OffloadStats s;
   {

@@ -106,6 +106,14 @@ class BlockManager {
   // done_on: the stream whose enqueued work uses the block (null: the host is done with it).
   void release(Handle& h, kernels::Stream* done_on = nullptr);
 
+  // Asides (initialising, loading) use these two to write a block once, to its home:
+  // write_back starts copying a released block's current bytes home now and keeps the copy, so
+  // the writes overlap what the client does next and a later eviction moves nothing (a no-op
+  // when home is current). zero sets a block homed on NVMe to zeros without writing it (the
+  // store records its range as zeros); only its home copy may exist, not acquired.
+  void write_back(BlockId b);
+  void zero(BlockId b);
+
   // Smallest budget of tier t at which the current schedule runs (others as configured).
   uint64_t min_budget(Tier t) const;
   OffloadStats stats() const;

@@ -24,6 +24,10 @@ class NvmeStore {
   // `buf` / on disk; waiting on it rethrows the I/O error (path and offset in the message).
   virtual std::shared_ptr<Waitable> read(uint64_t offset, uint64_t length, void* buf) = 0;
   virtual std::shared_ptr<Waitable> write(uint64_t offset, uint64_t length, const void* buf) = 0;
+  // Makes [offset, offset + length) (4 KiB aligned, nothing in flight on it) read as zeros, now.
+  // The production store records the range as zeros without writing it; this default writes
+  // zeros through write().
+  virtual void zero(uint64_t offset, uint64_t length);
   // A long-lived staging buffer the engine may register (io_uring fixed buffers). Best effort.
   virtual void register_buffer(void* /*p*/, size_t /*bytes*/) {}
   virtual void unregister_buffer(void* /*p*/) {}  // before the buffer is freed, nothing in flight

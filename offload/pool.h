@@ -1,6 +1,7 @@
 // TierPool: the memory behind one tier's arena — one region of exactly the tier's budget,
 // allocated once at start-up and faulted in (device: Runtime::alloc_device; host: alloc_pinned, i.e.
-// cudaHostAlloc, or on CPU page-aligned, huge-page advised and mlock-ed) and never per block —
+// cudaHostAlloc, or on CPU huge-page advised, faulted in from every core and mlock-ed) and never
+// per block —
 // plus the hazards of ranges given back while transfers or kernels may still touch them.
 #pragma once
 #include <cstdint>

@@ -101,6 +101,17 @@ Effects Residency::evict(BlockId b, Tier t) {
   return fx;
 }
 
+Effects Residency::write_back(BlockId b, Tier t) {
+  Effects fx;
+  const BlockSpec& spec = blocks_[b];
+  const CopyInfo& c = copy(b, t);
+  CopyInfo& home = copy_mut(b, spec.home);
+  if (t == spec.home || !c.valid || c.pins > 0 || home.valid) return fx;
+  fx.moves.push_back({b, t, spec.home, c.offset, home.offset, spec.bytes});
+  home.valid = true;
+  return fx;
+}
+
 Effects Residency::acquire(BlockId b, Tier t, Mode m) {
   Effects fx;
   CopyInfo& c = copy_mut(b, t);

@@ -83,6 +83,9 @@ class Residency {
   void alloc(BlockId b, Tier t);
   // Drops a non-home copy; writes it back home first when it holds the only current bytes.
   Effects evict(BlockId b, Tier t);
+  // Copies a non-home copy that holds the only current bytes (valid, unpinned, home stale)
+  // back home and keeps it: evicting it later moves nothing. Nothing to do otherwise.
+  Effects write_back(BlockId b, Tier t);
   // An acquire: pins the copy; a writing mode makes every other copy stale (non-home ones freed).
   Effects acquire(BlockId b, Tier t, Mode m);
   void release(BlockId b, Tier t, Mode m);

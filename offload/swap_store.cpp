@@ -1,13 +1,25 @@
 // The NvmeStore over io/: a SwapSpace extent, sub-range I/O through the space's IoEngine. A read
 // that fails checksum verification is reported with the name of the block that owns the bytes.
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 
+#include "io/aligned_buffer.h"
 #include "io/swap_space.h"
 #include "offload/nvme_store.h"
 
 namespace strata::offload {
+
+void NvmeStore::zero(uint64_t offset, uint64_t length) {
+  if (length == 0) return;
+  io::AlignedBuffer zeros(static_cast<size_t>(std::min<uint64_t>(length, uint64_t{4} << 20)));
+  std::memset(zeros.data(), 0, zeros.size());
+  for (uint64_t done = 0; done < length; done += zeros.size())
+    write(offset + done, std::min<uint64_t>(zeros.size(), length - done), zeros.data())->wait();
+}
+
 namespace {
 
 // Block names by store offset (name_range), looked up only when a read fails verification.
@@ -66,6 +78,7 @@ class SwapStore final : public NvmeStore {
   std::shared_ptr<Waitable> write(uint64_t offset, uint64_t length, const void* buf) override {
     return std::make_shared<IoPart>(space_.write(extent_, offset, length, buf), nullptr);
   }
+  void zero(uint64_t offset, uint64_t length) override { space_.zero(extent_, offset, length); }
   void register_buffer(void* p, size_t bytes) override { space_.engine().register_buffer(p, bytes); }
   void unregister_buffer(void* p) override { space_.engine().unregister_buffer(p); }
   void name_range(uint64_t offset, uint64_t bytes, const std::string& name) override { names_.add(offset, bytes, name); }

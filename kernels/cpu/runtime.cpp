@@ -16,7 +16,6 @@
 #include <mutex>
 #include <new>
 #include <random>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -234,19 +233,103 @@ std::string cpu_model_name() {
 
 constexpr size_t kHuge = size_t{2} << 20;
 
-// Host memory, 4 KiB aligned; allocations of 2 MiB or more are 2 MiB aligned and advised as
-// huge pages (fresh 4 KiB pages fault in slowly: DESIGN.md "Memory is allocated once").
-void* host_alloc(size_t bytes) {
-  if (bytes == 0) bytes = 1;
-  size_t align = bytes >= kHuge ? kHuge : 4096;
-  size_t rounded = (bytes + align - 1) / align * align;
-  void* p = std::aligned_alloc(align, rounded);
-  if (!p) throw std::runtime_error("cpu runtime: out of memory allocating " + std::to_string(bytes) + " bytes");
-  if (align == kHuge) madvise(p, rounded, MADV_HUGEPAGE);  // advisory; failure is harmless
-  return p;
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels answer EINVAL and we touch the pages
+#endif
+
+// Faults [p, p + bytes) in, writable. Fresh pages are slow to fault in (on the VMs we measured,
+// 0.3-0.7 GiB/s for one thread, the hypervisor backing each page on first touch), and the
+// pools are allocated once and then used at once: so all of it now, from every core at once
+// (DESIGN.md "Memory is allocated once"). Throws when the kernel cannot back the pages.
+void populate(char* p, size_t bytes) {
+  auto fault_in = [](char* lo, size_t len) -> int {
+    if (madvise(lo, len, MADV_POPULATE_WRITE) == 0) return 0;
+    if (errno != EINVAL) return errno;
+    for (size_t off = 0; off < len; off += 4096)  // an old kernel: a write per page (they are zero)
+      reinterpret_cast<volatile char*>(lo)[off] = 0;
+    return 0;
+  };
+  const size_t n_threads = bytes >= (size_t{64} << 20) ? static_cast<size_t>(std::max(1, num_threads())) : 1;
+  const size_t chunk = (bytes / n_threads + kHuge - 1) / kHuge * kHuge;  // whole huge pages each
+  std::vector<int> errs(n_threads, 0);
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < n_threads && t * chunk < bytes; ++t)
+    helpers.emplace_back([&, t] { errs[t] = fault_in(p + t * chunk, std::min(chunk, bytes - t * chunk)); });
+  errs[0] = fault_in(p, std::min(chunk, bytes));
+  for (auto& h : helpers) h.join();
+  for (int err : errs)
+    if (err != 0)
+      throw std::runtime_error("cpu runtime: cannot back " + std::to_string(bytes) + " bytes of memory (" +
+                               std::strerror(err) + ")");
 }
 
-std::atomic<bool> g_mlock_warned{false};
+// Host memory, 4 KiB aligned, zeroed and faulted in. Allocations of 2 MiB or more are their own
+// mapping (zero pages), 2 MiB aligned, advised as huge pages and faulted in now (populate);
+// smaller ones come from malloc, zeroed.
+class HostMemory {
+ public:
+  void* alloc(size_t bytes, bool lock) {
+    if (bytes < kHuge) {
+      void* p = std::aligned_alloc(4096, std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096));
+      if (!p) throw std::runtime_error("cpu runtime: out of memory allocating " + std::to_string(bytes) + " bytes");
+      std::memset(p, 0, bytes);  // zeroed like the mappings below, so no caller needs a pass of its own
+      return remember(p, {p, 0, bytes, lock});
+    }
+    const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge, len = rounded + kHuge;  // room to align
+    void* base = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED)
+      throw std::runtime_error("cpu runtime: cannot map " + std::to_string(bytes) + " bytes: " + std::strerror(errno));
+    char* p = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + kHuge - 1) / kHuge * kHuge);
+    madvise(p, rounded, MADV_HUGEPAGE);  // advisory (THP may be off); failure is harmless
+    try {
+      populate(p, rounded);
+    } catch (...) {
+      munmap(base, len);  // nothing else holds it; a failure here would only leak address space
+      throw;
+    }
+    return remember(p, {base, len, bytes, lock});
+  }
+  void free(void* p) {
+    if (!p) return;
+    Block b;
+    {
+      std::lock_guard lock(mu_);
+      auto it = blocks_.find(p);
+      if (it == blocks_.end()) return;  // not ours: nothing to free
+      b = it->second;
+      blocks_.erase(it);
+    }
+    if (b.locked) munlock(p, b.bytes);  // fails only if it was never locked
+    if (b.map_len == 0)
+      std::free(p);
+    else if (munmap(b.map_base, b.map_len) != 0)
+      std::fprintf(stderr, "strata: warning: munmap of %zu bytes failed (%s)\n", b.map_len, std::strerror(errno));
+  }
+
+ private:
+  struct Block {
+    void* map_base = nullptr;  // the mapping (map_len 0: from aligned_alloc)
+    size_t map_len = 0;
+    size_t bytes = 0;          // what the caller asked for
+    bool locked = false;       // mlock-ed (pinned)
+  };
+  void* remember(void* p, Block b) {
+    if (b.locked && mlock(p, b.bytes) != 0) {
+      b.locked = false;
+      if (!mlock_warned_.exchange(true))
+        std::fprintf(stderr,
+                     "strata: warning: mlock of %zu bytes failed (%s): pinned host memory is pageable; raise "
+                     "RLIMIT_MEMLOCK (ulimit -l) to pin it\n",
+                     b.bytes, std::strerror(errno));
+    }
+    std::lock_guard lock(mu_);
+    blocks_[p] = b;
+    return p;
+  }
+  std::mutex mu_;
+  std::map<void*, Block> blocks_;
+  std::atomic<bool> mlock_warned_{false};
+};
 
 class CpuRuntime final : public Runtime {
  public:
@@ -259,32 +342,10 @@ class CpuRuntime final : public Runtime {
     info_.has_bf16_matmul = cpu_has_bf16();
   }
   const DeviceInfo& info() const override { return info_; }
-  void* alloc_device(size_t bytes) override { return host_alloc(bytes); }
-  void free_device(void* p) override { std::free(p); }
-  void* alloc_pinned(size_t bytes) override {
-    void* p = host_alloc(bytes);
-    if (mlock(p, bytes) != 0 && !g_mlock_warned.exchange(true)) {
-      std::fprintf(stderr,
-                   "strata: warning: mlock of %zu bytes failed (%s): pinned host memory is pageable; raise "
-                   "RLIMIT_MEMLOCK (ulimit -l) to pin it\n",
-                   bytes, std::strerror(errno));
-    }
-    std::lock_guard lock(mu_);
-    pinned_sizes_.insert({p, bytes});
-    return p;
-  }
-  void free_pinned(void* p) override {
-    if (!p) return;
-    {
-      std::lock_guard lock(mu_);
-      auto it = pinned_sizes_.lower_bound({p, 0});
-      if (it != pinned_sizes_.end() && it->first == p) {
-        munlock(p, it->second);
-        pinned_sizes_.erase(it);
-      }
-    }
-    std::free(p);
-  }
+  void* alloc_device(size_t bytes) override { return memory_.alloc(bytes, /*lock=*/false); }
+  void free_device(void* p) override { memory_.free(p); }
+  void* alloc_pinned(size_t bytes) override { return memory_.alloc(bytes, /*lock=*/true); }
+  void free_pinned(void* p) override { memory_.free(p); }
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(); }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
   Ops& ops() override { return ops_; }
@@ -292,8 +353,7 @@ class CpuRuntime final : public Runtime {
  private:
   DeviceInfo info_;
   CpuOps ops_;
-  std::mutex mu_;
-  std::set<std::pair<void*, size_t>> pinned_sizes_;
+  HostMemory memory_;
 };
 
 }  // namespace

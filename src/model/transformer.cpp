@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/cpu/parallel.h"
+#include "src/model/init_normal.h"
 #include "src/model/linear.h"
 
 namespace strata {
@@ -33,24 +34,6 @@ struct Carver {
   float* take_f32(int64_t n) { return static_cast<float*>(take(static_cast<size_t>(n) * 4)); }
   void* take_dt(int64_t n, DType t) { return take(static_cast<size_t>(n) * kernels::dtype_size(t)); }
 };
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Standard normal numbers 2·pair and 2·pair+1 of stream `key` (Box-Muller on a counter-based
-// hash: the same values for any thread count).
-void normal_pair(uint64_t key, uint64_t pair, float* out) {
-  const uint64_t r = splitmix64(key ^ splitmix64(pair));
-  const double u1 = (static_cast<double>(r >> 40) + 1.0) / 16777217.0;  // (0, 1]
-  const double u2 = static_cast<double>(r & 0xffffffull) / 16777216.0;   // [0, 1)
-  const double rad = std::sqrt(-2.0 * std::log(u1)), ang = 2.0 * M_PI * u2;
-  out[0] = static_cast<float>(rad * std::cos(ang));
-  out[1] = static_cast<float>(rad * std::sin(ang));
-}
 
 }  // namespace
 
@@ -353,15 +336,9 @@ void Transformer::init_unit(int u, uint64_t seed, float* master) const {
       std::fill(dst, dst + p.numel, p.ones ? 1.f : 0.f);
       continue;
     }
-    const uint64_t key = splitmix64(seed * 0x100000001b3ull + static_cast<uint64_t>(pi));
-    kernels::cpu::parallel_for(0, (p.numel + 1) / 2, 1 << 15, [&](int64_t lo, int64_t hi) {
-      float z[2];
-      for (int64_t j = lo; j < hi; ++j) {
-        normal_pair(key, static_cast<uint64_t>(j), z);
-        dst[2 * j] = 0.02f * z[0];
-        if (2 * j + 1 < p.numel) dst[2 * j + 1] = 0.02f * z[1];
-      }
-    });
+    const uint64_t key = init_stream_key(seed, static_cast<uint64_t>(pi));
+    kernels::cpu::parallel_for(0, p.numel, 1 << 16,
+                               [&](int64_t lo, int64_t hi) { fill_normal(key, lo, hi - lo, 0.02f, dst + lo); });
   }
   std::fill(master + unit.n_real, master + unit.numel, 0.f);
 }

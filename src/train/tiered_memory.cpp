@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <functional>
 #include <map>
@@ -453,6 +454,21 @@ void* TieredMemory::acquire(Role r, int index, Mode m, Side side) {
   open_[static_cast<size_t>(b)] = std::move(h);
   open_side_[static_cast<size_t>(b)] = side;
   return p;
+}
+
+void TieredMemory::write_back(Role r, int index) {
+  mgr_->write_back(static_cast<BlockId>(layout_->ids[static_cast<int>(r)].at(static_cast<size_t>(index))));
+}
+
+void TieredMemory::zero(Role r, int index) {
+  const auto b = static_cast<BlockId>(layout_->ids[static_cast<int>(r)].at(static_cast<size_t>(index)));
+  bool only_home = true;
+  for (Tier t : {Tier::device, Tier::host}) only_home = only_home && !mgr_->residency().copy(b, t).present;
+  if (mgr_->block(b).home == Tier::nvme && only_home) return mgr_->zero(b);
+  void* p = acquire(r, index, Mode::write, Side::host);
+  std::memset(p, 0, mgr_->block(b).bytes);
+  release(r, index);
+  write_back(r, index);
 }
 
 void TieredMemory::release(Role r, int index) {

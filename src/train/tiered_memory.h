@@ -85,6 +85,16 @@ class TieredMemory final : public RunMemory {
   float* grad_scratch(int slot) override { return grad_scratch_[static_cast<size_t>(slot)]; }
   void* gathered(int slot) override { return gathered_[static_cast<size_t>(slot)]; }
 
+  // Initialising and loading (asides). write_back starts writing a released block to its home
+  // now, so the write overlaps what the caller does next and evicting the block later writes
+  // nothing (BlockManager::write_back). zero sets a block to zeros: one homed on NVMe without
+  // writing it (BlockManager::zero; call it before writes are in flight: ext4 zeroes a range only
+  // once the file's pending direct I/O is done), any other through the host. drain waits for
+  // every move issued so far.
+  void write_back(Role r, int index);
+  void zero(Role r, int index);
+  void drain() { mgr_->drain(); }
+
   void* extra_device() const { return extra_; }  // the step buffers (extra_device_bytes)
   const MemoryPlan& memory_plan() const { return plan_; }
   offload::OffloadStats stats() const { return mgr_->stats(); }

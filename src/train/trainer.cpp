@@ -246,7 +246,10 @@ void Trainer::Impl::write_metrics_line(const std::string& line, int64_t step) {
 }
 
 // Every unit's master weights (random init or the checkpoint), its working weights and zeroed
-// AdamW state, written unit by unit straight to the tiers they live in.
+// AdamW state, written unit by unit straight to the tiers they live in. Each block's write home
+// starts as soon as it is filled (write_back), so the writes overlap the next units' work; the
+// moments of a fresh start are zeroed without writing them (on NVMe: a range the swap file
+// records as zeros). Returns once every byte is home.
 void Trainer::Impl::init_weights(bool load_weights) {
   std::unique_ptr<HfCheckpoint> ckpt, optim;
   if (!resumed_from.empty()) {
@@ -265,6 +268,8 @@ void Trainer::Impl::init_weights(bool load_weights) {
     full.resize(static_cast<size_t>(most));
   }
   mem->begin_step(TieredMemory::Program::aside);
+  if (!optim)  // first, while no write is in flight (TieredMemory::zero)
+    for (size_t u = 0; u < model->units().size(); ++u) mem->zero(Role::adam, static_cast<int>(u));
   for (size_t ui = 0; ui < model->units().size(); ++ui) {
     const int u = static_cast<int>(ui);
     const Unit& unit = model->units()[ui];
@@ -282,26 +287,31 @@ void Trainer::Impl::init_weights(bool load_weights) {
       else
         cast_on_host(src, w, unit.numel, dtype);
       mem->release(Role::weights, u);
+      mem->write_back(Role::weights, u);
     }
     if (sharded) std::memcpy(master, src + lo, static_cast<size_t>(n) * 4);
+    mem->release(Role::master, u);
+    mem->write_back(Role::master, u);
+    if (!optim) continue;
+    // m then v, each over the unit's padded length (sharded: this rank's part of it).
     void* adam = mem->acquire(Role::adam, u, offload::Mode::write, Side::host);
     std::memset(adam, 0, static_cast<size_t>(n) * 8);
-    if (optim)  // m then v, each over the unit's padded length (sharded: this rank's part of it)
-      for (int half = 0; half < 2; ++half) {
-        float* dst = static_cast<float*>(adam) + half * n;
-        float* whole = sharded ? full.data() : dst;
-        if (sharded) std::fill(full.begin(), full.begin() + unit.numel, 0.f);
-        for (int pi : unit.params) {
-          const ParamInfo& p = model->params()[static_cast<size_t>(pi)];
-          optim->read_into(half == 0 ? exp_avg_name(p.name) : exp_avg_sq_name(p.name), p.shape, whole + p.unit_offset,
-                           DType::f32);
-        }
-        if (sharded) std::memcpy(dst, full.data() + lo, static_cast<size_t>(n) * 4);
+    for (int half = 0; half < 2; ++half) {
+      float* dst = static_cast<float*>(adam) + half * n;
+      float* whole = sharded ? full.data() : dst;
+      if (sharded) std::fill(full.begin(), full.begin() + unit.numel, 0.f);
+      for (int pi : unit.params) {
+        const ParamInfo& p = model->params()[static_cast<size_t>(pi)];
+        optim->read_into(half == 0 ? exp_avg_name(p.name) : exp_avg_sq_name(p.name), p.shape, whole + p.unit_offset,
+                         DType::f32);
       }
+      if (sharded) std::memcpy(dst, full.data() + lo, static_cast<size_t>(n) * 4);
+    }
     mem->release(Role::adam, u);
-    mem->release(Role::master, u);
+    mem->write_back(Role::adam, u);
   }
   mem->end_step();
+  mem->drain();  // the start-up includes the writes: the weights are in their tiers
 }
 
 namespace {

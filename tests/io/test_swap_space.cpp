@@ -297,6 +297,40 @@ TEST_P(SwapTest, NeverWrittenBlocksAreNotVerified) {
   EXPECT_EQ(swap.stats().checksum_failures, 0u);
 }
 
+// zero(): a striped range that held data reads back as zeros — through fallocate ZERO_RANGE, and
+// through the written-zeros fallback — the bytes around it are kept, and the zeros are verified:
+// a bit flipped inside the zeroed range is a ChecksumError naming its file.
+TEST_P(SwapTest, ZeroedRangesReadAsZerosAndAreVerified) {
+  for (bool fallback : {false, true}) {
+    SCOPED_TRACE(fallback ? "writing zeros" : "ZERO_RANGE");
+    auto e = engine();
+    SwapOptions so = two_paths(64 << 10);
+    so.test_no_zero_range = fallback;
+    SwapSpace swap(so, *e);
+    Extent x = swap.allocate(1 << 20);
+    AlignedBuffer buf(1 << 20), back(1 << 20);
+    fill_random(buf.data(), 1 << 20, 17);
+    swap.write(x, buf.data()).wait();
+    const uint64_t lo = 100 << 10, len = 600 << 10;  // starts and ends inside stripes, spans both paths
+    swap.zero(x, lo, len);
+    swap.read(x, back.data()).wait();
+    std::memset(buf.as<char>() + lo, 0, len);
+    EXPECT_EQ(std::memcmp(back.data(), buf.data(), 1 << 20), 0);
+    // Extent byte 300000: stripe 4, path 0, file offset 2·64 KiB + (300000 - 256 KiB).
+    const uint64_t file_byte = 2 * (64 << 10) + (300000 - (256 << 10));
+    flip_bit(swap.files()[0], file_byte);
+    try {
+      swap.read(x, lo, len, back.data()).wait();
+      ADD_FAILURE() << "corruption of a zeroed range not detected";
+    } catch (const ChecksumError& err) {
+      EXPECT_EQ(err.path(), swap.files()[0]);
+      EXPECT_EQ(err.file_offset(), file_byte / 4096 * 4096);
+    }
+    EXPECT_THROW(swap.zero(x, 100, 4096), AlignmentError);
+    EXPECT_THROW(swap.zero(x, 0, 2 << 20), std::out_of_range);
+  }
+}
+
 TEST_P(SwapTest, BadPathsGiveClearErrors) {
   auto e = engine();
   SwapOptions so;

@@ -8,8 +8,10 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <random>
+#include <vector>
 
 #include "io/engine.h"
 #include "io/errors.h"
@@ -302,6 +304,63 @@ TEST(Nvme, SwapSpaceStoreNamesTheCorruptBlock) {
     t.mgr->release(b);
     t.mgr->end_step();
     t.mgr->drain();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// How the trainer initialises blocks homed on NVMe: write_back starts each block's write home
+// as soon as it is released, so evicting it later writes nothing more (each block crosses the
+// link once); zero sets a block to zeros without writing it, and it reads back as verified
+// zeros. zero refuses blocks with another copy, and blocks not homed on NVMe.
+TEST(Nvme, WriteBackOnceAndZeroWithoutWriting) {
+  char tmpl[] = "/tmp/strata_offload_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::filesystem::path dir(tmpl);
+  io::EngineOptions eo;
+  eo.kind = io::EngineKind::threads;
+  auto engine = io::make_engine(eo);
+  {
+    io::SwapOptions so;
+    so.paths = {dir.string()};
+    so.allow_buffered = true;
+    io::SwapSpace space(so, *engine);
+    auto rt = kernels::make_runtime(kernels::Backend::cpu);
+    BlockManager mgr(*rt, small_staging(kAlign, 4 * kAlign), make_swap_store(space, 8 * kAlign));
+    const BlockId a = mgr.add_block("a", 3 * kAlign - 100, Tier::nvme);
+    const BlockId b = mgr.add_block("b", 3 * kAlign, Tier::nvme);
+    const BlockId h = mgr.add_block("h", kAlign, Tier::host);
+    mgr.begin_step(BlockManager::kAside);
+    for (BlockId x : {a, b}) {  // the host holds one of them: b's acquire evicts a
+      Handle w = mgr.acquire(x, Tier::host, Mode::write);
+      w.wait();
+      fill_pattern(w.data(), w.bytes(), x, 1);
+      mgr.release(w);
+      mgr.write_back(x);
+      mgr.write_back(x);  // home is current: nothing more to write
+    }
+    mgr.end_step();
+    mgr.drain();
+    LinkStats out = mgr.stats().link(Link::host_to_nvme);
+    EXPECT_EQ(out.transfers, 2u);
+    EXPECT_EQ(out.bytes, 6 * kAlign);
+
+    mgr.begin_step(BlockManager::kAside);
+    Handle r = mgr.acquire(a, Tier::host, Mode::read);  // evicts b: clean, no write
+    r.wait();
+    EXPECT_EQ(checksum(r.data(), r.bytes()), expected_checksum(r.bytes(), a, 1));
+    EXPECT_THROW(mgr.zero(a), std::logic_error);  // a has a host copy
+    mgr.release(r);
+    mgr.zero(b);
+    r = mgr.acquire(b, Tier::host, Mode::read);  // evicts a: clean, no write
+    r.wait();
+    const std::vector<char> zeros(r.bytes(), 0);
+    EXPECT_EQ(std::memcmp(r.data(), zeros.data(), zeros.size()), 0);
+    mgr.release(r);
+    mgr.end_step();
+    mgr.drain();
+    EXPECT_EQ(mgr.stats().link(Link::host_to_nvme).bytes, 6 * kAlign);
+    EXPECT_THROW(mgr.zero(h), std::invalid_argument);
+    EXPECT_EQ(space.stats().checksum_failures, 0u);
   }
   std::filesystem::remove_all(dir);
 }
