@@ -55,16 +55,19 @@ struct PassResult {
 // `submit(op, offset, buf)` issues one block: through SwapSpace, or on a given file.
 using Submit = std::function<io::IoHandle(io::IoOp, uint64_t, char*)>;
 
+// `mixed`: even-numbered blocks of the order are written and odd ones read (the step's traffic:
+// write-backs and reads in flight together); otherwise every block is `op`.
 PassResult run_pass(const Submit& submit, io::IoOp op, const std::vector<uint64_t>& order, uint64_t block, unsigned qd,
-                    char* pool) {
+                    char* pool, bool mixed = false) {
   PassResult r;
   r.lat_us.reserve(order.size());
   std::vector<io::IoHandle> slot(qd);
   size_t next = 0;
   auto issue = [&](unsigned s) {
-    uint64_t off = order[next++] * block;
+    const uint64_t i = next++;
+    const uint64_t off = order[i] * block;
     char* buf = pool + uint64_t{s} * block;
-    slot[s] = submit(op, off, buf);
+    slot[s] = submit(mixed ? (i % 2 ? io::IoOp::read : io::IoOp::write) : op, off, buf);
   };
   double cpu0 = cpu_seconds();
   auto t0 = std::chrono::steady_clock::now();
@@ -90,9 +93,10 @@ int bench_io(const BenchIoArgs& a) {
     throw std::invalid_argument("--block must be a multiple of 4 KiB and no larger than --size");
   if (a.qd == 0) throw std::invalid_argument("--qd must be positive");
   const bool random = a.mode == "randread" || a.mode == "randwrite";
-  const io::IoOp op = (a.mode == "read" || a.mode == "randread") ? io::IoOp::read : io::IoOp::write;
-  if (!random && a.mode != "read" && a.mode != "write")
-    throw std::invalid_argument("--mode must be read, write, randread or randwrite");
+  const bool mixed = a.mode == "rw";
+  const io::IoOp op = (a.mode == "read" || a.mode == "randread" || mixed) ? io::IoOp::read : io::IoOp::write;
+  if (!random && !mixed && a.mode != "read" && a.mode != "write")
+    throw std::invalid_argument("--mode must be read, write, rw, randread or randwrite");
 
   io::EngineOptions eo;
   eo.kind = io::parse_engine_kind(a.engine);
@@ -126,7 +130,7 @@ int bench_io(const BenchIoArgs& a) {
     shuffle();
     r = run_pass([&](io::IoOp o, uint64_t off, char* buf) {
       return o == io::IoOp::read ? engine->read(f, off, block, buf) : engine->write(f, off, block, buf);
-    }, op, order, block, a.qd, pool.as<char>());
+    }, op, order, block, a.qd, pool.as<char>(), mixed);
     engine->remove_file(f);
     ::close(fd);
   } else {
@@ -144,7 +148,7 @@ int bench_io(const BenchIoArgs& a) {
       run_pass(through_swap, io::IoOp::write, order, block, a.qd, pool.as<char>());
     }
     shuffle();
-    r = run_pass(through_swap, op, order, block, a.qd, pool.as<char>());
+    r = run_pass(through_swap, op, order, block, a.qd, pool.as<char>(), mixed);
     buffered = swap.stats().buffered;
     swap.free(ext);
   }
@@ -188,7 +192,7 @@ void register_bench_io(CLI::App& bench, Run& run) {
   cmd->add_option("--size", args->size, "Bytes to move, e.g. 4G")->capture_default_str();
   cmd->add_option("--block", args->block, "Request size, e.g. 1M (also the stripe unit)")->capture_default_str();
   cmd->add_option("--qd", args->qd, "Requests in flight")->capture_default_str();
-  cmd->add_option("--mode", args->mode, "read | write | randread | randwrite")->capture_default_str();
+  cmd->add_option("--mode", args->mode, "read | write | rw (half the blocks written, half read, in flight together) | randread | randwrite")->capture_default_str();
   cmd->add_option("--engine", args->engine, "uring | threads | auto")->capture_default_str();
   cmd->add_option("--reap", args->reap, "Who reaps completions: caller (this thread) | thread (a reaper thread)")
       ->capture_default_str();

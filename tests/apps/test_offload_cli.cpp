@@ -200,4 +200,18 @@ TEST_F(OffloadCli, BenchOffloadRefusesBadInputsQuickly) {
   EXPECT_TRUE(fs::is_empty(swap()));
 }
 
+// `strata bench io --mode rw`: half the blocks written and half read, in flight together (the
+// traffic of an offloaded step); every byte of --size is moved once, and the swap file is freed.
+TEST_F(OffloadCli, BenchIoMixedModeMovesEveryByteOnce) {
+  const Result r = run("bench io --path " + swap().string() + " --size 8M --block 1M --qd 4 --mode rw --allow-buffered-io");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("\"mode\":\"rw\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"size_bytes\":8388608"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"mb_per_s\":"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::is_empty(swap()));
+  const Result bad = run("bench io --path " + swap().string() + " --size 8M --mode readwrite");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("rw"), std::string::npos) << bad.err;
+}
+
 }  // namespace
