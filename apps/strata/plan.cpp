@@ -1,7 +1,8 @@
 // `strata plan`: the same flags as `strata train`, nothing trained. Prints what each tier would
 // hold (by kind of state), the bytes each link would move per step, each link's floor at its
-// measured bandwidth (a few-second probe of the --nvme-path, or --nvme-bw), the compute and
-// optimizer floors from short probes, and the predicted step time: the largest floor. The same
+// measured bandwidth (a few-second probe of the --nvme-path, or --nvme-bw), the compute floor
+// (the model's own phases timed on a one-block copy of it), the optimizer's from a short probe,
+// and the predicted step time: the largest floor. The same
 // budget check as `strata train` runs, so a plan that cannot fit fails the same way.
 #include <fmt/format.h>
 
@@ -44,8 +45,9 @@ int run_plan(const PlanOptions& po) {
   const DType dt = kernels::parse_dtype(o.dtype);
   auto cpu = kernels::make_runtime(kernels::Backend::cpu);
   Transformer model(p.cfg, dt, o.batch, o.seq, *cpu, parse_checkpointing(o.checkpoint_activations));
-  const ModelDims& d = model.dims();
-  const double gflops = probe_gemm_gflops(*rt, dt, std::min<int64_t>(d.N, 2048), d.FC, d.C, po.probe_s);
+  // The model's own phases on a one-block copy (the GEMMs at its shapes and every other op), on
+  // the backend that will run them.
+  const PhaseTimes phases = probe_phases(p.cfg, dt, o.batch, o.seq, *rt, po.probe_s);
   const bool adam_on_cpu = backend == kernels::Backend::cpu || o.offload_optimizer != "none";
   const double adam_rate =
       probe_adamw_params_per_s(adam_on_cpu ? *cpu : *rt, dt, int64_t{1} << 23, po.probe_s / 2);
@@ -61,7 +63,8 @@ int run_plan(const PlanOptions& po) {
   }
 
   StepFloor f;
-  f.compute_ms = step_flops(model) * static_cast<double>(o.grad_accum) / (gflops * 1e9) * 1e3;
+  f.compute_ms = step_compute_ms(phases, model, o.grad_accum);
+  const double gflops = step_flops(model) * static_cast<double>(o.grad_accum) / (f.compute_ms * 1e6);  // effective
   f.adamw_ms = static_cast<double>(p.n_params) / adam_rate * 1e3;
   const double nvme_w = static_cast<double>(mp.link_bytes[2]), nvme_r = static_cast<double>(mp.link_bytes[3]);
   f.link_ms[2] = bw.write_gbps > 0 ? nvme_w / (bw.write_gbps * 1e9) * 1e3 : 0;
@@ -87,7 +90,10 @@ int run_plan(const PlanOptions& po) {
       j[std::string(offload::link_name(static_cast<offload::Link>(l))) + "_bytes"] = mp.link_bytes[static_cast<size_t>(l)];
     j["nvme_read_gbps"] = bw.read_gbps;
     j["nvme_write_gbps"] = bw.write_gbps;
-    j["gemm_gflops"] = gflops;
+    j["effective_gflops"] = gflops;
+    j["block_forward_ms"] = phases.block_forward_ms;
+    j["block_backward_ms"] = phases.block_backward_ms;
+    j["edge_ms"] = phases.edge_ms;
     j["adamw_params_per_s"] = adam_rate;
     j["compute_ms"] = f.compute_ms;
     j["adamw_ms"] = f.adamw_ms;
@@ -150,7 +156,7 @@ void register_plan(CLI::App& app, Run& run) {
       app.add_subcommand("plan", "What a train command would hold per tier and move per step, and its predicted step time");
   add_train_flags(cmd, opts->train);
   cmd->add_option("--nvme-bw", opts->nvme_bw, "NVMe bandwidth in GB/s (0: probe the first --nvme-path for a few seconds)");
-  cmd->add_option("--probe-seconds", opts->probe_s, "seconds per rate probe (GEMM, AdamW)");
+  cmd->add_option("--probe-seconds", opts->probe_s, "seconds per rate probe (the model's phases, AdamW)");
   cmd->add_flag("--json", opts->json, "one JSON object instead of the tables");
   cmd->add_option("--world", opts->world, "plan one rank of an mpirun job of this many ranks (with --zero-stage)");
   cmd->callback([&run, opts] { run = [opts]() -> int { return run_plan(*opts); }; });

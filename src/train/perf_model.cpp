@@ -104,4 +104,81 @@ double probe_adamw_params_per_s(kernels::Runtime& rt, DType dt, int64_t n, doubl
   return static_cast<double>(n) / sec;
 }
 
+PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t seq, kernels::Runtime& rt,
+                        double seconds) {
+  ModelConfig c1 = cfg;
+  c1.n_layers = 1;
+  Transformer m(c1, dt, batch, seq, rt);
+  const ModelDims& d = m.dims();
+  auto s = rt.create_stream();
+  kernels::DeviceBuffer ws(rt, m.workspace_bytes());
+  m.bind_workspace(*s, ws.data());
+  // Every unit's weights from the model's own init (cast to dt), and its fp32 grads.
+  const size_t esz = kernels::dtype_size(dt);
+  std::vector<kernels::DeviceBuffer> w, g;
+  int64_t max_numel = 0;
+  for (const Unit& u : m.units()) max_numel = std::max(max_numel, u.numel);
+  std::vector<float> host(static_cast<size_t>(max_numel));
+  kernels::DeviceBuffer master(rt, static_cast<size_t>(max_numel) * 4);
+  for (int u = 0; u < static_cast<int>(m.units().size()); ++u) {
+    const int64_t n = m.units()[static_cast<size_t>(u)].numel;
+    w.emplace_back(rt, static_cast<size_t>(n) * esz);
+    g.emplace_back(rt, static_cast<size_t>(n) * 4);
+    m.init_unit(u, 1337, host.data());
+    s->memcpy_async(master.data(), host.data(), static_cast<size_t>(n) * 4);
+    rt.ops().cast(*s, {.n = n, .src = master.data(), .src_dtype = DType::f32, .dst = w.back().data(), .dst_dtype = dt});
+    s->synchronize();  // `host` is refilled for the next unit
+  }
+  std::vector<int32_t> tok(static_cast<size_t>(2 * d.N));
+  uint32_t x = 12345;
+  for (auto& t : tok) {
+    x = x * 1664525u + 1013904223u;
+    t = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(d.V));
+  }
+  kernels::DeviceBuffer ids(rt, tok.size() * 4), x0(rt, m.input_bytes());
+  s->memcpy_async(ids.data(), tok.data(), tok.size() * 4);
+  const auto* in = ids.as<int32_t>();
+  const int32_t* targets = in + d.N;
+  auto wp = [&](int u) { return w[static_cast<size_t>(u)].data(); };
+  auto gp = [&](int u) { return g[static_cast<size_t>(u)].as<float>(); };
+  const int blk = m.block_unit(0), fn = m.final_norm_unit(), hd = m.head_unit(), emb = m.embed_unit();
+  auto head = [&] { m.head(*s, targets, wp(fn), wp(hd), gp(fn), gp(hd), 1.0f, true); };
+  auto micro_batch = [&] {
+    m.embed_forward(*s, in, wp(emb), x0.data());
+    m.block_forward(*s, 0, wp(blk), x0.data(), m.final_residual());
+    head();
+    m.block_backward(*s, 0, wp(blk), x0.data(), gp(blk), true);
+    m.embed_backward(*s, in, gp(emb), !m.tied_head());
+  };
+  kernels::DeviceBuffer sums(rt, 8);
+  s->memset_async(sums.data(), 0, 8);
+  std::vector<int> edges{emb, fn};
+  if (!m.tied_head()) edges.push_back(hd);
+  const double each = seconds / 5;
+  PhaseTimes t;
+  const double whole = time_per_call(*s, each, micro_batch) * 1e3;
+  t.block_forward_ms = time_per_call(*s, each, [&] { m.block_forward(*s, 0, wp(blk), x0.data(), m.final_residual()); }) * 1e3;
+  const double head_ms = time_per_call(*s, each, head) * 1e3;
+  // The backward reads the residual gradient the head left, so each repeat starts behind a head.
+  t.block_backward_ms = std::max(0.0, time_per_call(*s, each, [&] {
+                                        head();
+                                        m.block_backward(*s, 0, wp(blk), x0.data(), gp(blk), true);
+                                      }) * 1e3 - head_ms);
+  t.edge_ms = std::max(0.0, whole - t.block_forward_ms - t.block_backward_ms);
+  t.sum_squares_ms = time_per_call(*s, each / 2, [&] { m.grad_sum_squares(*s, blk, gp(blk), sums.as<double>()); }) * 1e3;
+  t.edge_sum_squares_ms = time_per_call(*s, each / 2, [&] {
+                            for (int u : edges) m.grad_sum_squares(*s, u, gp(u), sums.as<double>());
+                          }) * 1e3;
+  s->synchronize();
+  return t;
+}
+
+double step_compute_ms(const PhaseTimes& t, const Transformer& model, int grad_accum) {
+  const ModelDims& d = model.dims();
+  double micro = t.edge_ms;
+  for (int64_t l = 0; l < d.L; ++l)
+    micro += t.block_forward_ms * (model.checkpointing().at(l) ? 2 : 1) + t.block_backward_ms;
+  return micro * grad_accum + t.edge_sum_squares_ms + t.sum_squares_ms * static_cast<double>(d.L);
+}
+
 }  // namespace strata

@@ -25,8 +25,25 @@ double probe_gemm_gflops(kernels::Runtime& rt, DType dt, int64_t m, int64_t n, i
 // copy in dt (what the optimizer phase runs unit by unit).
 double probe_adamw_params_per_s(kernels::Runtime& rt, DType dt, int64_t n, double seconds);
 
+// The model's own phases, timed on a one-block copy of it (same widths, vocab, batch shape and
+// dtype; random weights and tokens) for about `seconds` in all: what a step's compute costs on
+// this runtime, with the ops GEMM FLOPs leave out (attention, norms, cross-entropy, casts) and
+// the GEMMs at the model's own shapes.
+struct PhaseTimes {
+  double block_forward_ms = 0;   // one block's forward (a checkpointed block runs it twice)
+  double block_backward_ms = 0;  // one block's backward, its forward not recomputed
+  double edge_ms = 0;            // embedding forward + backward and the head (fwd + bwd) of a micro-batch
+  double sum_squares_ms = 0;     // Σg² over one block's and the edge units' gradients (once per step)
+  double edge_sum_squares_ms = 0;
+};
+PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t seq, kernels::Runtime& rt,
+                        double seconds);
+// A step's compute from the phases: per micro-batch the edges plus every block's forward and
+// backward (checkpointed blocks' forward twice), times the micro-batches, plus the Σg² pass.
+double step_compute_ms(const PhaseTimes& t, const Transformer& model, int grad_accum);
+
 struct StepFloor {
-  double compute_ms = 0;  // step_flops × micro-batches / GEMM rate
+  double compute_ms = 0;  // the model's phases as probed (step_compute_ms)
   double adamw_ms = 0;    // parameters / AdamW rate
   std::array<double, 4> link_ms{};  // per offload::Link: bytes / bandwidth (0 when not measured)
   double nvme_ms = 0;     // reads + writes share the disk

@@ -17,6 +17,7 @@
 #include "src/optim/adamw.h"
 #include "src/optim/schedule.h"
 #include "src/train/corpus.h"
+#include "src/train/perf_model.h"
 #include "src/train/trainer.h"
 
 using namespace strata;
@@ -404,3 +405,44 @@ TEST(Trainer, ClearErrorsBeforeTraining) {
 }
 
 }  // namespace
+
+namespace strata {
+namespace {
+
+// The plan's compute floor from the probed phases: every micro-batch runs the edges and each
+// block's forward and backward, a checkpointed block's forward twice; Σg² runs once per step.
+TEST(PerfModel, StepComputeAddsThePhasesOfEveryBlock) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  ModelConfig c = tiny_byte_llama();
+  c.n_layers = 4;
+  Transformer every2(c, DType::f32, 1, 8, *rt, parse_checkpointing("every:2"));  // blocks 0 and 2
+  PhaseTimes t;
+  t.block_forward_ms = 1, t.block_backward_ms = 3, t.edge_ms = 10, t.sum_squares_ms = 0.5, t.edge_sum_squares_ms = 2;
+  // per micro-batch 10 + 4 × (1 + 3) + 2 × 1 = 28; two of them, then 2 + 4 × 0.5
+  EXPECT_DOUBLE_EQ(step_compute_ms(t, every2, 2), 60.0);
+  Transformer none(c, DType::f32, 1, 8, *rt);
+  EXPECT_DOUBLE_EQ(step_compute_ms(t, none, 1), 10 + 16 + 2 + 2.0);
+}
+
+// The probe runs the model's own phases on a one-block copy, for llama and gpt2 (tied head) in
+// every dtype: each time is finite and positive, and the runtime is usable afterwards.
+TEST(PerfModel, ProbePhasesTimesEachPhaseOfAOneBlockCopy) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  ModelConfig gpt2 = preset_model_config("gpt2-124m");
+  gpt2.hidden_size = 16, gpt2.n_layers = 3, gpt2.n_heads = 2, gpt2.n_kv_heads = 2, gpt2.head_dim = 8;
+  gpt2.intermediate_size = 64, gpt2.vocab_size = 300, gpt2.max_position_embeddings = 32;
+  for (const ModelConfig& c : {tiny_byte_llama(), gpt2})
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      const PhaseTimes t = probe_phases(c, dt, 2, 16, *rt, 0.01);
+      for (double v : {t.block_forward_ms, t.block_backward_ms, t.sum_squares_ms, t.edge_sum_squares_ms}) {
+        EXPECT_TRUE(std::isfinite(v));
+        EXPECT_GT(v, 0.0);
+      }
+      EXPECT_GE(t.edge_ms, 0.0);
+    }
+  auto s = rt->create_stream();
+  s->synchronize();
+}
+
+}  // namespace
+}  // namespace strata
