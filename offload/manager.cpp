@@ -359,6 +359,7 @@ OffloadStats BlockManager::stats() const {
   }
   auto links = transfer_->link_stats();
   for (int i = 0; i < kNumLinks; ++i) s.links[i] = links[i];
+  s.nvme_busy_ms = transfer_->nvme_busy_ms();
   for (int t = 0; t < kNumTiers; ++t) {
     const Arena& a = res_.arena(static_cast<Tier>(t));
     s.tiers[t] = {a.capacity(), a.used(), a.peak(), a.fragmentation()};

@@ -69,19 +69,28 @@ class Lane {
   std::thread thread_;  // last: starts after the members it uses
 };
 
-// Wall time with at least one transfer in flight, and bytes, for one link.
+// Wall time with at least one transfer in flight, and bytes, for one link. A link's clock may
+// also run a shared one (`also`: both NVMe directions run the disk's), which is then busy while
+// any of its links is.
 class LinkClock {
  public:
+  LinkClock* also = nullptr;
   void begin() {
-    std::lock_guard lock(mu_);
-    if (in_flight_++ == 0) since_ = Clock::now();
+    {
+      std::lock_guard lock(mu_);
+      if (in_flight_++ == 0) since_ = Clock::now();
+    }
+    if (also) also->begin();
   }
   void end(uint64_t bytes) {
-    std::lock_guard lock(mu_);
-    assert(in_flight_ > 0);
-    stats_.bytes += bytes;
-    ++stats_.transfers;
-    if (--in_flight_ == 0) stats_.ms_busy += std::chrono::duration<double, std::milli>(Clock::now() - since_).count();
+    {
+      std::lock_guard lock(mu_);
+      assert(in_flight_ > 0);
+      stats_.bytes += bytes;
+      ++stats_.transfers;
+      if (--in_flight_ == 0) stats_.ms_busy += std::chrono::duration<double, std::milli>(Clock::now() - since_).count();
+    }
+    if (also) also->end(bytes);
   }
   LinkStats stats() const {
     std::lock_guard lock(mu_);
@@ -106,10 +115,12 @@ struct TransferEngine::Impl {
   kernels::PinnedBuffer staging;               // n_staging x staging_bytes
   std::vector<std::unique_ptr<kernels::Event>> staging_done;  // per chunk: its last PCIe copy finished
   std::array<LinkClock, kNumLinks> clocks;
+  LinkClock disk;  // either NVMe direction in flight
   // NVMe: waits + submissions, completions in order; device copies issued late; device<->NVMe.
   Lane submit, complete, deferred, staged;
 
   Impl(kernels::Runtime& r, NvmeStore* s, TransferConfig c) : rt(r), store(s), cfg(c), events(r) {
+    clock(Link::host_to_nvme).also = clock(Link::nvme_to_host).also = &disk;
     h2d = rt.create_stream();
     d2h = rt.create_stream();
     if (store && cfg.device_nvme) {
@@ -374,6 +385,8 @@ void TransferEngine::drain() {
   quiet(impl_->d2h.get());
   quiet(impl_->staging_stream.get());
 }
+
+double TransferEngine::nvme_busy_ms() const { return impl_->disk.stats().ms_busy; }
 
 std::array<LinkStats, kNumLinks> TransferEngine::link_stats() const {
   std::array<LinkStats, kNumLinks> out;

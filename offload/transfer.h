@@ -48,6 +48,8 @@ class TransferEngine {
   Fence move(const Place& src, const Place& dst, uint64_t bytes, const Fence& deps);
   void drain();  // host waits for every move issued so far (errors are left to their fences)
   std::array<LinkStats, kNumLinks> link_stats() const;
+  // Wall time with any NVMe I/O in flight (reads or writes): the disk's busy time.
+  double nvme_busy_ms() const;
   EventPool& events();  // the engine's event pool (the manager records releases with it too)
 
  private:

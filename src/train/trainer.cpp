@@ -822,6 +822,7 @@ StepStats Trainer::step() {
     st.link_bytes[static_cast<size_t>(l)] = now.links[l].bytes - m.last_stats.links[l].bytes;
     st.link_ms[static_cast<size_t>(l)] = now.links[l].ms_busy - m.last_stats.links[l].ms_busy;
   }
+  st.nvme_busy_ms = now.nvme_busy_ms - m.last_stats.nvme_busy_ms;
   st.stall_ms = m.mem->stall_ms() - m.last_stall;
   // (the compute stream's timed waits for collectives are not compute)
   st.compute_ms = m.busy_ms() - busy0 - (m.driver->exposed_ms() - waited0);
@@ -962,6 +963,7 @@ int Trainer::run(std::FILE* rank0_out) {
         j[name + "_bytes"] = st.link_bytes[static_cast<size_t>(l)];
       }
       j["io_ms"] = st.link_ms[2] + st.link_ms[3];
+      j["nvme_busy_ms"] = st.nvme_busy_ms;
       j["stall_ms"] = st.stall_ms;
       j["compute_ms"] = st.compute_ms;
       j["comm_bytes_sent"] = st.comm_bytes;

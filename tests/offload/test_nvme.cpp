@@ -236,6 +236,13 @@ TEST(Nvme, SwapSpaceStoreRoundTripsAndReportsIoErrors) {
       }
     }
     EXPECT_EQ(st.tiers[index(Tier::nvme)].budget_bytes, 8 * kAlign);
+    // The disk is busy while either direction is: at least each link's busy time, at most both
+    // added (every interval closed: nothing in flight after the drain).
+    t.mgr->drain();
+    st = t.mgr->stats();
+    const double w = st.link(Link::host_to_nvme).ms_busy, r = st.link(Link::nvme_to_host).ms_busy;
+    EXPECT_GE(st.nvme_busy_ms, std::max(w, r) - 0.01);
+    EXPECT_LE(st.nvme_busy_ms, w + r + 0.01);
     fail = true;
     t.mgr->begin_step();
     Handle a = t.mgr->acquire(0, Tier::host, Mode::read);
