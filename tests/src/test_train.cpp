@@ -434,11 +434,16 @@ TEST(PerfModel, ProbePhasesTimesEachPhaseOfAOneBlockCopy) {
   for (const ModelConfig& c : {tiny_byte_llama(), gpt2})
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       const PhaseTimes t = probe_phases(c, dt, 2, 16, *rt, 0.01);
-      for (double v : {t.block_forward_ms, t.block_backward_ms, t.sum_squares_ms, t.edge_sum_squares_ms}) {
+      // Timed directly: positive. The backward and the edges are differences of two timings,
+      // which on a model this small may round to zero (never below).
+      for (double v : {t.block_forward_ms, t.sum_squares_ms, t.edge_sum_squares_ms}) {
         EXPECT_TRUE(std::isfinite(v));
         EXPECT_GT(v, 0.0);
       }
-      EXPECT_GE(t.edge_ms, 0.0);
+      for (double v : {t.block_backward_ms, t.edge_ms}) {
+        EXPECT_TRUE(std::isfinite(v));
+        EXPECT_GE(v, 0.0);
+      }
     }
   auto s = rt->create_stream();
   s->synchronize();
