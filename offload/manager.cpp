@@ -294,7 +294,7 @@ Handle BlockManager::acquire(BlockId b, Tier t, Mode m) {
   return finish_acquire(b, t, m, static_cast<uint32_t>(event));
 }
 
-void BlockManager::release(Handle& h, kernels::Stream* done_on) {
+void BlockManager::release(Handle& h, kernels::Stream* done_on, bool discard) {
   // Checked in every build: releasing a default or already-released handle would otherwise
   // unpin block 0 and drive its counts negative.
   if (h.mgr_ != this || open_handles_[h.block_] <= 0)
@@ -308,9 +308,10 @@ void BlockManager::release(Handle& h, kernels::Stream* done_on) {
   }
   res_.release(h.block_, h.tier_, h.mode_);
   --open_handles_[h.block_];
+  if (discard) res_.discard(h.block_);
   if (planned_) {
     const ScheduleEvent* e = cursor_ < prog().schedule.size() ? &prog().schedule.events()[cursor_] : nullptr;
-    if (e && e->release && e->acquire_event == h.event_) {
+    if (e && e->release && e->acquire_event == h.event_ && e->discard == discard) {
       apply_all(prog().plan->after[cursor_]);
       ++cursor_;
       h = Handle{};
@@ -318,7 +319,7 @@ void BlockManager::release(Handle& h, kernels::Stream* done_on) {
     }
     diverge();
   }
-  recording_.release(h.event_);
+  recording_.release(h.event_, discard);
   h = Handle{};
 }
 

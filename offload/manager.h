@@ -104,7 +104,9 @@ class BlockManager {
   void end_step();  // every handle must have been released
   Handle acquire(BlockId b, Tier t, Mode m);
   // done_on: the stream whose enqueued work uses the block (null: the host is done with it).
-  void release(Handle& h, kernels::Stream* done_on = nullptr);
+  // discard: the block's bytes are dead until its next writing acquire (Residency::discard), so
+  // no copy of it is ever written home for them.
+  void release(Handle& h, kernels::Stream* done_on = nullptr, bool discard = false);
 
   // Asides (initialising, loading) use these two to write a block once, to its home:
   // write_back starts copying a released block's current bytes home now and keeps the copy, so

@@ -74,6 +74,7 @@ class Simulation {
       const ScheduleEvent& e = ev[i];
       if (e.release) {
         r_.release(e.block, e.tier, e.mode);
+        if (e.discard) r_.discard(e.block);
       } else {
         force_group(i);
         demand(i, e);

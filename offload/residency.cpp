@@ -145,6 +145,13 @@ void Residency::release(BlockId b, Tier t, Mode m) {
   if (writes(m)) --c.write_pins;
 }
 
+void Residency::discard(BlockId b) {
+  for (CopyInfo& c : copies_[b])
+    if (c.pins > 0) throw std::logic_error("offload: discard of block '" + blocks_[b].name + "' while it is acquired");
+  for (CopyInfo& c : copies_[b])
+    if (c.present) c.valid = true;
+}
+
 std::optional<std::vector<BlockId>> Residency::choose_victims(Tier t, uint64_t bytes, Policy p, int64_t after) const {
   struct Cand {
     BlockId b;

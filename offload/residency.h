@@ -89,6 +89,12 @@ class Residency {
   // An acquire: pins the copy; a writing mode makes every other copy stale (non-home ones freed).
   Effects acquire(BlockId b, Tier t, Mode m);
   void release(BlockId b, Tier t, Mode m);
+  // The block's bytes are dead until its next writing acquire (a step's gradients once the
+  // optimizer has read them): every copy counts as current, so evicting one writes nothing
+  // home. A reader before that write gets whichever stale bytes a copy holds (the update
+  // that applies nothing acquires the grads without using them). Throws std::logic_error
+  // while the block is acquired.
+  void discard(BlockId b);
 
   // Victims (in eviction order) that make room for `bytes` in t, chosen by policy among unpinned
   // non-home copies whose next use is later than `after` (Belady) — nullopt if none suffice.

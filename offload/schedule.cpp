@@ -12,10 +12,10 @@ size_t Schedule::acquire(BlockId b, Tier t, Mode m) {
   return events_.size() - 1;
 }
 
-void Schedule::release(size_t acquire_event) {
+void Schedule::release(size_t acquire_event, bool discard) {
   assert(acquire_event < events_.size() && !events_[acquire_event].release);
   const auto& a = events_[acquire_event];
-  events_.push_back({true, a.block, a.tier, a.mode, static_cast<uint32_t>(acquire_event)});
+  events_.push_back({true, a.block, a.tier, a.mode, static_cast<uint32_t>(acquire_event), discard});
 }
 
 uint64_t Schedule::fingerprint() const {
@@ -32,6 +32,7 @@ uint64_t Schedule::fingerprint() const {
     mix(static_cast<uint64_t>(e.tier));
     mix(static_cast<uint64_t>(e.mode));
     mix(e.acquire_event);
+    mix(e.discard);
   }
   return h;
 }
@@ -40,19 +41,24 @@ std::string Schedule::describe(size_t i) const {
   if (i >= events_.size()) return "event " + std::to_string(i) + ": end of step";
   const auto& e = events_[i];
   return "event " + std::to_string(i) + ": " + (e.release ? "release" : "acquire") + " block " +
-         std::to_string(e.block) + " on " + std::string(tier_name(e.tier)) + " (" + std::string(mode_name(e.mode)) + ")";
+         std::to_string(e.block) + " on " + std::string(tier_name(e.tier)) + " (" + std::string(mode_name(e.mode)) +
+         (e.discard ? ", discard" : "") + ")";
 }
 
 void Schedule::validate(size_t n_blocks) const {
   std::vector<bool> open(events_.size(), false);
   std::vector<std::vector<size_t>> open_of(n_blocks);  // per block: its open acquires
   size_t n_open = 0;
+  std::vector<bool> dead(n_blocks, false);  // discarded and not written since
   for (size_t i = 0; i < events_.size(); ++i) {
     const auto& e = events_[i];
     auto bad = [&](const std::string& why) { return std::invalid_argument("schedule " + describe(i) + ": " + why); };
     if (e.block >= n_blocks) throw bad("no such block (" + std::to_string(n_blocks) + " registered)");
     if (e.tier == Tier::nvme) throw bad("NVMe is storage only; acquire on device or host");
     if (!e.release) {
+      if (e.discard) throw bad("only a release discards");
+      if (dead[e.block] && reads(e.mode)) throw bad("reads the block after its bytes were discarded");
+      if (writes(e.mode)) dead[e.block] = false;
       for (size_t k : open_of[e.block]) {  // open acquires of the same block on another tier
         if (events_[k].tier == e.tier) continue;
         if (writes(e.mode) || writes(events_[k].mode))
@@ -70,7 +76,12 @@ void Schedule::validate(size_t n_blocks) const {
     auto& ob = open_of[e.block];
     ob.erase(std::find(ob.begin(), ob.end(), static_cast<size_t>(e.acquire_event)));
     --n_open;
+    if (e.discard) {
+      if (!ob.empty()) throw bad("discards the block while it is acquired elsewhere");
+      dead[e.block] = true;
+    }
   }
+
   if (n_open != 0)
     for (size_t i = 0; i < events_.size(); ++i)
       if (open[i]) throw std::invalid_argument("schedule " + describe(i) + ": never released within the step");

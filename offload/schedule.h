@@ -19,6 +19,7 @@ struct ScheduleEvent {
   Tier tier = Tier::device;
   Mode mode = Mode::read;
   uint32_t acquire_event = 0;  // release: index of the acquire it ends
+  bool discard = false;        // release: the block's bytes are dead from here (Residency::discard)
   bool operator==(const ScheduleEvent&) const = default;
 };
 
@@ -26,7 +27,7 @@ class Schedule {
  public:
   // Appends an acquire; returns its event index (pass it to release).
   size_t acquire(BlockId b, Tier t, Mode m);
-  void release(size_t acquire_event);
+  void release(size_t acquire_event, bool discard = false);
   void use(BlockId b, Tier t, Mode m) { release(acquire(b, t, m)); }
   void push(const ScheduleEvent& e) { events_.push_back(e); }
 

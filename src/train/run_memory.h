@@ -57,6 +57,9 @@ class RunMemory {
   // release. Mode write: every byte will be overwritten (nothing is loaded).
   virtual void* acquire(Role r, int index, offload::Mode m, Side side) = 0;
   virtual void release(Role r, int index) = 0;
+  // release, and the block's bytes are dead until its next writing acquire (nothing reads them
+  // before): an offloaded copy is then dropped, never written home. The optimizer's gradients.
+  virtual void release_discard(Role r, int index) { release(r, index); }
   // True when the master weights are the working weights (one block, fp32).
   virtual bool master_is_weights() const = 0;
   virtual kernels::Stream& stream(Side side) = 0;

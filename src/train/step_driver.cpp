@@ -412,7 +412,9 @@ kernels::Event* StepDriver::update_unit(int u, const AdamWStep& st, bool apply) 
     });
   }
   if (!aliased) mem_.release(Role::weights, u);
-  mem_.release(Role::grads, u);
+  // The gradients are spent: the next step's backward overwrites them before anything reads
+  // them, so an offloaded copy is dropped instead of written home.
+  mem_.release_discard(Role::grads, u);
   mem_.release(Role::adam, u);
   mem_.release(Role::master, u);
   return ready;

@@ -161,16 +161,18 @@ class ScheduleRecorder final : public RunMemory {
     open_[b] = out_.acquire(static_cast<BlockId>(b), tier_(b, side), m);
     return nullptr;
   }
-  void release(Role r, int index) override {
-    const int b = ids_[static_cast<int>(r)].at(static_cast<size_t>(index));
-    out_.release(open_.at(b));
-    open_.erase(b);
-  }
+  void release(Role r, int index) override { end(r, index, false); }
+  void release_discard(Role r, int index) override { end(r, index, true); }
   bool master_is_weights() const override { return aliased_; }
   kernels::Stream& stream(Side) override { throw std::logic_error("dry run: no stream"); }
   kernels::Ops& ops(Side) override { throw std::logic_error("dry run: no ops"); }
 
  private:
+  void end(Role r, int index, bool discard) {
+    const int b = ids_[static_cast<int>(r)].at(static_cast<size_t>(index));
+    out_.release(open_.at(b), discard);
+    open_.erase(b);
+  }
   const std::array<std::vector<int>, kNumRoles>& ids_;
   std::function<Tier(int, Side)> tier_;
   bool aliased_;
@@ -471,11 +473,14 @@ void TieredMemory::zero(Role r, int index) {
   write_back(r, index);
 }
 
-void TieredMemory::release(Role r, int index) {
+void TieredMemory::release(Role r, int index) { end(r, index, false); }
+void TieredMemory::release_discard(Role r, int index) { end(r, index, true); }
+
+void TieredMemory::end(Role r, int index, bool discard) {
   const int b = layout_->ids[static_cast<int>(r)].at(static_cast<size_t>(index));
   offload::Handle& h = open_[static_cast<size_t>(b)];
   const Side side = open_side_[static_cast<size_t>(b)];
-  mgr_->release(h, side == Side::host ? nullptr : &stream(side));
+  mgr_->release(h, side == Side::host ? nullptr : &stream(side), discard);
 }
 
 void TieredMemory::handoff(Role r, int index, Side to) {

@@ -75,6 +75,7 @@ class TieredMemory final : public RunMemory {
   void end_step() { mgr_->end_step(); }
   void* acquire(Role r, int index, offload::Mode m, Side side) override;
   void release(Role r, int index) override;
+  void release_discard(Role r, int index) override;
   bool master_is_weights() const override { return master_is_weights_; }
   kernels::Stream& stream(Side side) override {
     return side == Side::optimizer ? opt_stream_ : side == Side::comm && comm_ ? *comm_ : compute_;
@@ -106,6 +107,7 @@ class TieredMemory final : public RunMemory {
   struct Layout;  // the block table (opaque)
 
  private:
+  void end(Role r, int index, bool discard);  // release, then (discard) the bytes are dead
   static std::unique_ptr<Layout> build_layout(const Transformer& model, kernels::Backend backend,
                                               const Placement& pl, int64_t grad_accum, size_t extra_bytes);
 

@@ -88,7 +88,7 @@ inline void run_step(BlockManager& mgr, const Schedule& s, std::vector<uint64_t>
   for (size_t i = 0; i < s.size(); ++i) {
     const ScheduleEvent& e = s.events()[i];
     if (e.release) {
-      mgr.release(held.at(e.acquire_event));
+      mgr.release(held.at(e.acquire_event), nullptr, e.discard);
       held.erase(e.acquire_event);
       continue;
     }

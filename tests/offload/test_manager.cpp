@@ -304,3 +304,55 @@ TEST(BlockManager, HeldBlockIsNeverEvictedItsBytesStay) {
     mgr.end_step();
   }
 }
+
+// A block released with discard (the optimizer's spent gradients) is never written home for
+// those bytes: here block 0 is written on the device each step and then has to make room for
+// block 2. Without the discard its eviction writes it back (d2h) every step; with it, nothing
+// does, and the other blocks' bytes stay intact. The schedule says so, so the plan agrees.
+TEST(BlockManager, DiscardedBlockIsDroppedNotWrittenHome) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  auto run = [&](bool discard) {
+    Schedule s;
+    s.use(1, Tier::device, Mode::read);
+    s.release(s.acquire(0, Tier::device, Mode::write), discard);
+    s.use(2, Tier::device, Mode::read);
+    BlockManager mgr(*rt, budgets(2 * kAlign, 16 * kAlign));
+    for (const char* name : {"g", "w1", "w2"}) mgr.add_block(name, kAlign, Tier::host);
+    std::vector<uint64_t> versions(3, 0);
+    init_blocks(mgr, versions);
+    mgr.set_schedule(s);
+    for (int step = 0; step < 4; ++step) {
+      run_step(mgr, s, versions);
+      if (::testing::Test::HasFatalFailure()) return uint64_t{0};
+    }
+    mgr.drain();
+    const OffloadStats st = mgr.stats();
+    EXPECT_EQ(st.schedule_changes, 0u);
+    return st.links[static_cast<int>(Link::d2h)].bytes;
+  };
+  EXPECT_GT(run(false), 0u);
+  EXPECT_EQ(run(true), 0u);
+}
+
+TEST(Schedule, DiscardIsValidatedAndFingerprinted) {
+  Schedule a, b;
+  a.release(a.acquire(0, Tier::host, Mode::write));
+  b.release(b.acquire(0, Tier::host, Mode::write), true);
+  EXPECT_NE(a.fingerprint(), b.fingerprint());
+  EXPECT_NE(b.describe(1).find("discard"), std::string::npos) << b.describe(1);
+  EXPECT_NO_THROW(b.validate(1));
+  Schedule read_after;  // nothing reads discarded bytes before writing them again
+  read_after.release(read_after.acquire(0, Tier::host, Mode::read), true);
+  read_after.use(0, Tier::device, Mode::read);
+  EXPECT_THROW(read_after.validate(1), std::invalid_argument);
+  Schedule rewritten;
+  rewritten.release(rewritten.acquire(0, Tier::host, Mode::read), true);
+  rewritten.use(0, Tier::device, Mode::write);
+  rewritten.use(0, Tier::host, Mode::read);
+  EXPECT_NO_THROW(rewritten.validate(1));
+  Schedule held;  // discarded while another tier still holds it
+  const size_t h = held.acquire(0, Tier::host, Mode::read);
+  held.release(held.acquire(0, Tier::device, Mode::read), true);
+  held.release(h);
+  EXPECT_THROW(held.validate(1), std::invalid_argument);
+}
