@@ -122,7 +122,7 @@ void StepDriver::embed_and_blocks_forward(const int32_t* ids) {
     void* x0 = L > 0 ? mem_.acquire(Role::input, 0, Mode::write, Side::compute) : nullptr;
     compute([&] { m.embed_forward(mem_.stream(Side::compute), ids, w, L > 0 ? x0 : m.final_residual()); });
     if (L > 0) mem_.release(Role::input, 0);
-    drop_weights(m.embed_unit());
+    drop_weights(m.embed_unit(), last_pass_ && !m.tied_head());  // its backward needs no weights
   }
   for (int64_t l = 0; l < L; ++l) {
     const int li = static_cast<int>(l);
@@ -140,6 +140,7 @@ void StepDriver::embed_and_blocks_forward(const int32_t* ids) {
 void StepDriver::forward(const int32_t* ids, const int32_t* targets) {
   Transformer& m = model_;
   begin_pass(nullptr, false);
+  last_pass_ = false;
   embed_and_blocks_forward(ids);
   const int fn = m.final_norm_unit();
   const void* w_fn = use_weights(fn);
@@ -155,6 +156,7 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
   Transformer& m = model_;
   const Mode gmode = first ? Mode::write : Mode::read_write;  // the first micro-batch overwrites
   begin_pass(update, true);
+  last_pass_ = last;
   embed_and_blocks_forward(ids);
 
   // Head: final norm, LM head, cross-entropy and their backward. A tied head is the embedding
@@ -172,8 +174,8 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     float* c_fn = scratch_for(s_fn);
     float* c_head = scratch_for(s_head);
     compute([&] { m.head(mem_.stream(Side::compute), targets, w_fn, w_head, c_fn, c_head, grad_scale, true); });
-    drop_head_weights();
-    drop_weights(fn);
+    drop_head_weights(last);
+    drop_weights(fn, last);
     reduce_scatter_async(fn, s_fn, gmode, first, last, norm2 + fn);
     if (!m.tied_head()) reduce_scatter_async(hu, s_head, gmode, first, last, norm2 + hu);  // tied: with the embedding's
   } else {
@@ -195,8 +197,8 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     }
     mem_.release(Role::grads, hu);
     mem_.release(Role::grads, fn);
-    drop_head_weights();
-    drop_weights(fn);
+    drop_head_weights(last);
+    drop_weights(fn, last);
   }
 
   for (int64_t l = m.dims().L - 1; l >= 0; --l) {
@@ -208,7 +210,7 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
       float* c = scratch_for(slot);
       compute([&] { m.block_backward(mem_.stream(Side::compute), l, w, x, c, true); });
       mem_.release(Role::input, li);
-      drop_weights(u);
+      drop_weights(u, last);
       reduce_scatter_async(u, slot, gmode, first, last, norm2 + u);
       continue;
     }
@@ -221,7 +223,7 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     if (reduce) reduce_grads_async(u, g, norm2 + u);
     mem_.release(Role::grads, u);
     mem_.release(Role::input, li);
-    drop_weights(u);
+    drop_weights(u, last);
   }
 
   const int eu = m.embed_unit();
@@ -277,7 +279,7 @@ const void* StepDriver::use_weights(int u) {
   return mem_.acquire(Role::weights, u, Mode::read, Side::compute);
 }
 
-void StepDriver::drop_weights(int u) {
+void StepDriver::drop_weights(int u, bool last) {
   for (auto it = held_.begin(); it != held_.end(); ++it) {
     if (it->first != u) continue;
     // Stage 3 with a tied head: the embedding stays gathered until the head phase is done.
@@ -291,7 +293,11 @@ void StepDriver::drop_weights(int u) {
     compute([&] { mem_.stream(Side::compute).record(*slot_free_ev_[static_cast<size_t>(slot)]); });
     return;
   }
-  if (!sh_.sharded_weights()) mem_.release(Role::weights, u);
+  if (sh_.sharded_weights()) return;
+  if (last && !mem_.master_is_weights())
+    mem_.release_discard(Role::weights, u);
+  else
+    mem_.release(Role::weights, u);
 }
 
 // Stage 3 with a tied head: the embedding is still whole in slot 0 from this pass's embedding
@@ -302,7 +308,7 @@ const void* StepDriver::use_head_weights() {
   return use_weights(model_.head_unit());
 }
 
-void StepDriver::drop_head_weights() { drop_weights(model_.head_unit()); }
+void StepDriver::drop_head_weights(bool last) { drop_weights(model_.head_unit(), last); }
 
 void StepDriver::reduce_grads_async(int u, float* g, double* norm2) {
   // Stages 0 and 1: every rank gets the whole sum (fixed rank order, so bitwise what a

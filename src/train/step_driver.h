@@ -73,11 +73,14 @@ class StepDriver {
   // The unit's working weights for a compute phase, until drop_weights(u): the weights block
   // itself, or (stage 3) every rank's shard all-gathered into mem_.gathered(slot_of(u)).
   const void* use_weights(int u);
-  void drop_weights(int u);
+  // last: the step's last use of the unit's weights (its last micro-batch, unsharded weights
+  // apart from the master): they are spent until the next update rewrites them, so an
+  // offloaded copy is dropped, not written home (RunMemory::release_discard).
+  void drop_weights(int u, bool last = false);
   // The head's: use_weights(head), except that a tied head (stage 3) keeps the embedding
   // gathered by the embedding's forward.
   const void* use_head_weights();
-  void drop_head_weights();
+  void drop_head_weights(bool last = false);
   int slot_of(int u) const;  // RunMemory's slots: 0 embedding, 1 untied head, 2 the rest
   void embed_and_blocks_forward(const int32_t* ids);
   // Stage 2: a unit's whole grads of this micro-batch (in `whole`, a scratch) are summed across
@@ -126,6 +129,7 @@ class StepDriver {
   std::vector<std::pair<int, int>> held_;  // stage 3: (unit, slot) gathered and in use
   bool held_head_ = false;                 // ... the embedding's kept for a tied head's phase
   int rest_slot_ = 3;                      // the slot the last "other" unit's grads used
+  bool last_pass_ = false;                 // this pass is the step's last micro-batch (forward_backward)
   // Events (created when not dry and world > 1): per whole-unit slot, the gather into it is
   // done (comm) / compute is done with it; per scratch slot, the backward wrote it (compute) /
   // the reduce-scatter read it (comm); a ring for prepared weights; one for plain ordering.
