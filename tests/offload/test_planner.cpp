@@ -151,3 +151,19 @@ TEST(Planner, CleanCopyIsEvictedBeforeDirtyOnATie) {
     EXPECT_EQ(p.bytes_moved(), kAlign);
   }
 }
+
+// A release that discards (the optimizer's spent gradients): the simulation knows the bytes are
+// dead, so evicting the copy later writes nothing home; without the discard the same schedule
+// pays a write-back.
+TEST(Planner, DiscardedCopyIsEvictedWithoutAWriteBack) {
+  for (bool discard : {false, true}) {
+    Residency r = blocks_on_host({kAlign, kAlign, kAlign}, 2 * kAlign);
+    Schedule s;
+    s.use(1, Tier::device, Mode::read);
+    s.release(s.acquire(0, Tier::device, Mode::write), discard);
+    s.use(2, Tier::device, Mode::read);  // needs block 0's slot: its next use is the farthest
+    const Plan p = simulate(r, s, {Policy::belady, false});
+    EXPECT_EQ(p.link_bytes[static_cast<size_t>(Link::d2h)], discard ? 0u : kAlign) << "discard " << discard;
+    EXPECT_EQ(p.link_bytes[static_cast<size_t>(Link::h2d)], 2 * kAlign) << "discard " << discard;
+  }
+}

@@ -9,7 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "kernels/runtime.h"
@@ -18,6 +20,7 @@
 #include "src/optim/schedule.h"
 #include "src/train/corpus.h"
 #include "src/train/perf_model.h"
+#include "src/train/step_driver.h"
 #include "src/train/trainer.h"
 
 using namespace strata;
@@ -447,6 +450,77 @@ TEST(PerfModel, ProbePhasesTimesEachPhaseOfAOneBlockCopy) {
     }
   auto s = rt->create_stream();
   s->synchronize();
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// What the step driver asks of its memory, recorded without any (a dry run).
+class ReleaseRecorder final : public RunMemory {
+ public:
+  struct Event {
+    Role role;
+    int index;
+    bool release, discard;
+    offload::Mode mode;
+  };
+  explicit ReleaseRecorder(bool aliased) : aliased_(aliased) {}
+  bool dry() const override { return true; }
+  void* acquire(Role r, int index, offload::Mode m, Side) override {
+    events.push_back({r, index, false, false, m});
+    return nullptr;
+  }
+  void release(Role r, int index) override { events.push_back({r, index, true, false, offload::Mode::read}); }
+  void release_discard(Role r, int index) override { events.push_back({r, index, true, true, offload::Mode::read}); }
+  bool master_is_weights() const override { return aliased_; }
+  kernels::Stream& stream(Side) override { throw std::logic_error("dry run"); }
+  kernels::Ops& ops(Side) override { throw std::logic_error("dry run"); }
+  std::vector<Event> events;
+
+ private:
+  bool aliased_;
+};
+
+// Spent state is released with discard: each unit's grads once the update has read them, its
+// working weights (when they are not the master) after their last use in the step — never in
+// an earlier micro-batch, and nothing reads a discarded block before it is written again, over
+// two steps of two micro-batches each, for llama and a tied gpt2.
+TEST(StepDriverDiscard, SpentGradsAndWeightsAreDiscardedAndNeverReadBeforeRewritten) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  ModelConfig gpt2 = preset_model_config("gpt2-124m");
+  gpt2.hidden_size = 16, gpt2.n_layers = 3, gpt2.n_heads = 2, gpt2.n_kv_heads = 2, gpt2.head_dim = 8;
+  gpt2.intermediate_size = 64, gpt2.vocab_size = 300, gpt2.max_position_embeddings = 32;
+  for (const ModelConfig& c : {tiny_byte_llama(), gpt2})
+    for (bool aliased : {false, true}) {
+      Transformer model(c, aliased ? DType::f32 : DType::bf16, 1, 8, *rt, parse_checkpointing("every:2"));
+      ReleaseRecorder rec(aliased);
+      const PendingUpdate update;
+      for (int step = 0; step < 2; ++step) {
+        StepDriver driver(model, rec);
+        for (int k = 0; k < 2; ++k) driver.forward_backward(nullptr, nullptr, 1.f, k == 0, k == 1, nullptr, k == 0 ? &update : nullptr);
+      }
+      const int units = static_cast<int>(model.units().size());
+      std::map<std::pair<Role, int>, int> discards;
+      std::set<std::pair<Role, int>> dead;
+      for (const auto& e : rec.events) {
+        const auto key = std::make_pair(e.role, e.index);
+        if (e.release) {
+          if (e.discard) ++discards[key], dead.insert(key);
+          continue;
+        }
+        if (dead.count(key)) {
+          EXPECT_TRUE(offload::writes(e.mode)) << "role " << int(e.role) << " unit " << e.index << " read after its discard";
+          dead.erase(key);
+        }
+      }
+      for (int u = 0; u < units; ++u) {
+        EXPECT_EQ(discards[std::make_pair(Role::grads, u)], 2) << "grads of unit " << u;
+        EXPECT_EQ(discards[std::make_pair(Role::weights, u)], aliased ? 0 : 2) << "weights of unit " << u;
+      }
+    }
 }
 
 }  // namespace
