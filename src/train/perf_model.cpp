@@ -60,35 +60,6 @@ double step_flops(const Transformer& model) {
   return flops;
 }
 
-double probe_gemm_gflops(kernels::Runtime& rt, DType dt, int64_t m, int64_t n, int64_t k, double seconds) {
-  const size_t esz = kernels::dtype_size(dt);
-  kernels::DeviceBuffer a(rt, static_cast<size_t>(m * k) * esz), b(rt, static_cast<size_t>(k * n) * esz),
-      c(rt, static_cast<size_t>(m * n) * esz);
-  auto s = rt.create_stream();
-  // Operands like a model's (small, varied values), not zeros: on zeros a CPU's GEMM ran ~4x
-  // faster than on the model's data, and the plan under-predicted compute by as much.
-  std::vector<uint16_t> bits(std::max(a.bytes(), b.bytes()) / 2);
-  uint32_t x = 0x9E3779B9u;
-  for (auto& v : bits) {
-    x = x * 1664525u + 1013904223u;
-    // bf16 and the upper halves of fp32 words: sign, exponent around 2^-4..2^-1, mantissa bits.
-    v = static_cast<uint16_t>(((x >> 16) & 0x807Fu) | ((0x3Bu + ((x >> 8) & 3u)) << 7));
-  }
-  s->memcpy_async(a.data(), bits.data(), a.bytes());
-  s->memcpy_async(b.data(), bits.data(), b.bytes());
-  kernels::MatmulArgs args;
-  args.a = a.data();
-  args.b = b.data();
-  args.c = c.data();
-  args.ab_dtype = args.c_dtype = dt;
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  args.trans_b = true;  // x·Wᵀ, as the model's linear layers
-  const double sec = time_per_call(*s, seconds, [&] { rt.ops().matmul(*s, args); });
-  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / sec / 1e9;
-}
-
 double probe_adamw_params_per_s(kernels::Runtime& rt, DType dt, int64_t n, double seconds) {
   kernels::DeviceBuffer p(rt, static_cast<size_t>(n) * 4), m(rt, static_cast<size_t>(n) * 4),
       v(rt, static_cast<size_t>(n) * 4), g(rt, static_cast<size_t>(n) * 4),

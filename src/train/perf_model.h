@@ -1,7 +1,8 @@
-// The performance model of DESIGN.md: a step's FLOPs (6·params·tokens, causal attention, and
-// the recompute of checkpointed blocks), the optimizer's work, the bytes the plan moves per
-// link — each over its measured rate is a floor, and the step can be no faster than the
-// largest. Short probes measure the rates on this machine (`strata plan`, benches).
+// The performance model of DESIGN.md: the step's compute (the model's own phases timed on a
+// one-block copy), the optimizer's work, the bytes the plan moves per link — each over its
+// measured rate is a floor, and the step can be no faster than the largest. Short probes
+// measure the rates on this machine (`strata plan`). A step's FLOPs (6·params·tokens, causal
+// attention, the recompute of checkpointed blocks) are reported beside them.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -18,9 +19,6 @@ double step_flops(const Transformer& model);
 // The same for a config without building a model (benches): no recompute.
 double step_flops(const ModelConfig& c, int64_t n_params, int64_t batch, int64_t seq);
 
-// Sustained GEMM rate (GFLOP/s) of the runtime at an (m, n, k) shape in dtype dt, timed for
-// about `seconds` after a warm-up.
-double probe_gemm_gflops(kernels::Runtime& rt, DType dt, int64_t m, int64_t n, int64_t k, double seconds);
 // AdamW throughput (parameters/s) of the runtime's kernel over n fp32 parameters with a working
 // copy in dt (what the optimizer phase runs unit by unit).
 double probe_adamw_params_per_s(kernels::Runtime& rt, DType dt, int64_t n, double seconds);
