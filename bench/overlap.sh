@@ -20,7 +20,7 @@ trap 'rm -f "$metrics"' EXIT
 w1=$(bench write) r1=$(bench read)
 # Steps 2..N: the first step starts cold.
 awk -v w0="$w0" -v r0="$r0" -v w1="$w1" -v r1="$r1" -v res="$resident_ms" '
-  function num(k,   m) { return match($0, "\"" k "\":[0-9.eE+-]+") ? substr($0, RSTART + length(k) + 3, RLENGTH - length(k) - 3) + 0 : 0 }
+  function num(k) { return match($0, "\"" k "\":[0-9.eE+-]+") ? substr($0, RSTART + length(k) + 3, RLENGTH - length(k) - 3) + 0 : 0 }
   NR > 1 { n++; ms += num("step_ms"); busy += num("nvme_busy_ms"); wb += num("host_to_nvme_bytes"); rb += num("nvme_to_host_bytes") }
   END {
     if (n == 0) { print "overlap.sh: fewer than 2 steps in the metrics" > "/dev/stderr"; exit 2 }

@@ -31,8 +31,8 @@ struct PhaseTimes {
   double block_forward_ms = 0;   // one block's forward (a checkpointed block runs it twice)
   double block_backward_ms = 0;  // one block's backward, its forward not recomputed
   double edge_ms = 0;            // embedding forward + backward and the head (fwd + bwd) of a micro-batch
-  double sum_squares_ms = 0;     // Σg² over one block's and the edge units' gradients (once per step)
-  double edge_sum_squares_ms = 0;
+  double sum_squares_ms = 0;       // Σg² over one block's gradients (once per step)
+  double edge_sum_squares_ms = 0;  // ... over the embedding's, final norm's and untied head's
 };
 PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t seq, kernels::Runtime& rt,
                         double seconds);
