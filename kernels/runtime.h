@@ -15,6 +15,7 @@ namespace strata::kernels {
 
 class Ops;
 class EventPoint;
+class Runtime;
 
 enum class Backend : uint8_t { cpu, cuda };
 std::string_view backend_name(Backend b);
@@ -38,6 +39,7 @@ class Event {
   virtual void synchronize() = 0;
   virtual bool query() = 0;  // true when completed (or never recorded)
   virtual Backend backend() const = 0;  // of the runtime that created it
+  virtual Runtime& runtime() const = 0;  // the runtime that created it
   // The most recent record as a handle of its own (later records do not move it); null when
   // never recorded. This is the plumbing behind Stream::wait on another runtime's event.
   virtual std::shared_ptr<EventPoint> point() = 0;
@@ -72,7 +74,9 @@ class EventPoint {
 class Stream {
  public:
   virtual ~Stream() = default;
-  // e completes when all work enqueued so far has; e must come from this stream's runtime.
+  virtual Runtime& runtime() const = 0;  // the runtime that created it (its events may be recorded here)
+  // e completes when all work enqueued so far has; e must come from this stream's runtime (the
+  // same Runtime object, not only the same backend: std::invalid_argument otherwise).
   virtual void record(Event& e) = 0;
   // Later work on this stream waits for e's last record (taken now; a later record does not
   // move this wait). e may come from another runtime: a CPU stream can wait on a CUDA event

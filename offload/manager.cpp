@@ -39,6 +39,15 @@ BlockManager::BlockManager(kernels::Runtime& rt, ManagerConfig cfg, std::unique_
 
 BlockManager::~BlockManager() { drain(); }
 
+EventPool& BlockManager::events_for(kernels::Stream& s) {
+  kernels::Runtime& r = s.runtime();
+  if (&r == &rt_) return transfer_->events();
+  for (auto& [rt, pool] : side_pools_)
+    if (rt == &r) return *pool;
+  side_pools_.emplace_back(&r, std::make_unique<EventPool>(r));
+  return *side_pools_.back().second;
+}
+
 BlockId BlockManager::add_block(const std::string& name, uint64_t bytes, Tier home) {
   if (in_step_) throw std::logic_error("offload: add_block('" + name + "') inside a step");
   if (home == Tier::nvme && !store_)
@@ -301,7 +310,7 @@ void BlockManager::release(Handle& h, kernels::Stream* done_on, bool discard) {
     throw std::logic_error("offload: release of a handle this manager did not hand out (default, or already released)");
   RtCopy& rc = rt_copy(h.block_, h.tier_);
   if (done_on) {
-    std::shared_ptr<EventPart> part = transfer_->events().take();
+    std::shared_ptr<EventPart> part = events_for(*done_on).take();
     done_on->record(part->event());
     rc.users.add(Fence(part));
     if (writes(h.mode_)) rc.ready.add(Fence(part));  // readers on other streams see the writes

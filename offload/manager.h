@@ -144,6 +144,10 @@ class BlockManager {
   std::array<TierPool, kNumTiers> pools_;
   Residency res_;
   std::vector<std::array<RtCopy, kNumTiers>> copies_;
+  // Events for releases on streams of another runtime (the optimizer's CPU stream next to a
+  // CUDA compute stream): an event is recorded only on a stream of the runtime that made it.
+  std::vector<std::pair<kernels::Runtime*, std::unique_ptr<EventPool>>> side_pools_;
+  EventPool& events_for(kernels::Stream& s);
   std::unique_ptr<TransferEngine> transfer_;  // after the pools: destroyed (drained) first
 
   struct Program {

@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
-# One GPU check for a lent device machine (H200, ~15 minutes of device time for all tries): build
-# for sm_90, run test_kernels (the CUDA op tests run instead of skipping), then
-# `strata bench ops --backend cuda` and three `strata train --backend cuda` runs (1B all on the
-# GPU; 1B under a 24 GiB budget with optimizer and weights in pinned host RAM; 8B under 24 GiB
-# with weights on NVMe, next to `strata plan`'s prediction), and print ONE short table. Every step runs under `timeout`
-# and the script carries on past failures; the build dominates (a few minutes on 16 cores), the
-# train runs add at most 9 minutes of timeouts: run it with timeout_s 600 and expect ~8–10 minutes.
-# Full logs go to $OUT (default /tmp/strata-gpu).
-# Usage (repository root, on the GPU machine): bash bench/gpu/check.sh
-#   env: OUT=dir  BUILD_DIR=dir (default build-gpu)  REPS=n (bench repetitions, default 10)
+# One GPU check for a lent device machine (H200, ~15 minutes of device time for all tries), in one
+# call, printing ONE short table. In order of what it can find wrong:
+#  1. the CUDA op tests (test_kernels' Cuda* suites: each op against the CPU backend);
+#  2. the offload invariants on the GPU: a small model trained with --backend cuda under several
+#     placements (optimizer in pinned host RAM, everything on NVMe with checkpointing, a tight
+#     device budget, grad accumulation 2) must give losses and grad norms BITWISE equal to the
+#     resident GPU run, in bf16 and fp32; a resume from a step-2 checkpoint must too; and the GPU
+#     run is compared with the CPU backend's (close, not bitwise: different kernels);
+#  3. `strata bench ops --backend cuda`;
+#  4. the 1B model resident and under a 24 GiB device budget (optimizer and weights in pinned host
+#     RAM, checkpointing), and `strata plan` for the 8B model under 24 GiB.
+# Every step runs under `timeout` and the script carries on past failures. Logs go to $OUT.
+#
+# Usage (repository root, on the GPU machine):
+#   bash bench/gpu/check.sh                      builds there (needs the build dependencies)
+#   PREBUILT=.gpu/sg.tar.xz bash bench/gpu/check.sh
+#     uses binaries built elsewhere: a tarball of sg/bin/{strata,test_kernels} and sg/lib/ (the
+#     non-CUDA shared libraries they need); cuBLAS and the CUDA runtime come from the machine.
+#     Make it with bench/gpu/pack.sh after a CUDA build (sm_90).
+#   env: OUT=dir  BUILD_DIR=dir (default build-gpu)  REPS=n (bench repetitions, default 5)
+#        QUICK=1 (steps 1-2 only)  GPU_BACKEND=cpu (dry run of steps 1-2 without a GPU)
 set -uo pipefail
 OUT="${OUT:-/tmp/strata-gpu}"
 BUILD_DIR="${BUILD_DIR:-build-gpu}"
-REPS="${REPS:-10}"
+REPS="${REPS:-5}"
+GB="${GPU_BACKEND:-cuda}"  # GPU_BACKEND=cpu dry-runs steps 1-2 on a machine without a GPU
 mkdir -p "$OUT"
 T0=$(date +%s)
 STATUS=()  # "step rc seconds" lines for the summary
@@ -21,41 +33,110 @@ STATUS=()  # "step rc seconds" lines for the summary
 step() {
   local name="$1" limit="$2"; shift 2
   local t=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout --kill-after=5 "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
-  STATUS+=("$(printf '%-14s rc=%-3s %4ss%s' "$name" "$rc" "$(( $(date +%s) - t ))" \
+  STATUS+=("$(printf '%-16s rc=%-3s %4ss%s' "$name" "$rc" "$(( $(date +%s) - t ))" \
     "$([ "$rc" = 124 ] && echo "  (timed out after ${limit}s)")")")
   return $rc
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-echo "gpu: $(cat "$OUT/gpu.txt")"
+echo "gpu: $(cat "$OUT/gpu.txt")   host: $(nproc) cores, $(free -g | awk '/Mem:/ { print $2 }') GiB"
 
-# Dependencies: only if something is missing (the machine may have no network).
-step install 120 bash -c 'source scripts/common.sh; strata_install_deps'
+if [ -n "${PREBUILT:-}" ]; then
+  rm -rf /tmp/sg && tar xJf "$PREBUILT" -C /tmp || { echo "cannot unpack $PREBUILT"; exit 1; }
+  BIN=/tmp/sg/bin
+  # cuBLAS / cudart of this machine: the toolkit's, else the Python wheels'.
+  CUDA_LIBS=""
+  for f in $( (ls /usr/local/cuda/lib64/libcublasLt.so.13 /usr/local/cuda/targets/x86_64-linux/lib/libcublasLt.so.13 \
+              /usr/local/cuda/lib/libcublasLt.so.13 2>/dev/null; \
+              find /opt /usr -name 'libcublasLt.so.13' 2>/dev/null) | head -3); do
+    CUDA_LIBS="$CUDA_LIBS:$(dirname "$f")"
+  done
+  for f in $(find /opt /usr -name 'libcudart.so.13' 2>/dev/null | head -2); do CUDA_LIBS="$CUDA_LIBS:$(dirname "$f")"; done
+  export LD_LIBRARY_PATH="/tmp/sg/lib$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" > "$OUT/libs.log"
+  ldd "$BIN/strata" "$BIN/test_kernels" >> "$OUT/libs.log" 2>&1
+  if grep -q "not found" "$OUT/libs.log"; then echo "missing libraries:"; grep "not found" "$OUT/libs.log" | sort -u; fi
+else
+  BIN="$BUILD_DIR/bin"
+  step install 120 bash -c 'source scripts/common.sh; strata_install_deps'
+  step configure 120 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DSTRATA_BUILD_BENCH=OFF -DSTRATA_WERROR=OFF
+  step build 330 cmake --build "$BUILD_DIR" -j "$(nproc)" --target test_kernels strata
+fi
+S="$BIN/strata"
 
-step configure 120 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DSTRATA_BUILD_BENCH=OFF -DSTRATA_WERROR=OFF
-step build 330 cmake --build "$BUILD_DIR" -j "$(nproc)" --target test_kernels strata
+# 1. The CUDA op tests.
+step test_cuda 100 "$BIN/test_kernels" --gtest_brief=1 --gtest_filter='*Cuda*'
 
-# All kernel tests: the CPU ones (quick on 16 cores) and the CUDA ones against them.
-step test_kernels 200 "$BUILD_DIR/bin/test_kernels" --gtest_brief=1
-step bench_ops 200 "$BUILD_DIR/bin/strata" bench ops --backend cuda --reps "$REPS"
-cp "$OUT/bench_ops.log" "$OUT/bench_ops.jsonl" 2>/dev/null
+# 2. Offload invariants on the GPU (small model, seconds each).
+SWAP=/tmp/strata-swap
+rm -rf "$SWAP" "$OUT"/inv_* && mkdir -p "$SWAP"
+INV=()  # "dtype name verdict" lines
+INV_TIMEOUTS=0  # after two timed-out runs (a hang) the rest are not run: device time is short
+losses() {  # the step, loss and grad norm of each metrics line, full precision
+  grep -o '"grad_norm":[^,]*\|"loss":[^,]*\|"step":[^,]*' "$1" 2>/dev/null | paste -d' ' - - - ; }
+inv() {  # inv DTYPE NAME REF ARGS...: trains 4 steps and compares with run REF of DTYPE (- = none)
+  local dt="$1" name="$2" ref="$3"; shift 3
+  if [ "$INV_TIMEOUTS" -ge 2 ]; then INV+=("$(printf '%-5s %-18s %s' "$dt" "$name" "not run: two runs timed out")"); return; fi
+  step "inv_${dt}_$name" 30 "$S" train --backend "${BACKEND:-$GB}" --dtype "$dt" --batch 4 --seq 64 --steps 4 \
+    --warmup 1 --log-every 1 --metrics "$OUT/inv_${dt}_$name.jsonl" "$@"
+  local rc=$?
+  local v a="$OUT/inv_${dt}_$ref.jsonl" b="$OUT/inv_${dt}_$name.jsonl"
+  [ "$rc" = 124 ] && INV_TIMEOUTS=$((INV_TIMEOUTS + 1))
+  if [ "$rc" != 0 ]; then v="FAILED rc=$rc: $(grep -v '^\s*$' "$OUT/inv_${dt}_$name.log" | tail -1 | cut -c1-110)"
+  elif [ "$ref" = - ]; then v="losses $(losses "$b" | awk '{ printf "%s ", $2 }' | sed 's/"loss"://g')"
+  elif cmp -s <(losses "$a") <(losses "$b"); then v="bitwise equal to $ref"
+  else v="DIFFERS from $ref: max |loss difference| $(paste -d' ' <(losses "$a") <(losses "$b") | sed 's/"[a-z_]*"://g' |
+      awk '{ d = $2 - $5; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.3g", m }')"
+  fi
+  INV+=("$(printf '%-5s %-18s %s' "$dt" "$name" "$v")")
+}
+NV=(--nvme-path "$SWAP")
+# AdamW on the GPU (optimizer none) and on the CPU (optimizer cpu/nvme) are different kernels:
+# each placement is compared with the resident run of its optimizer's side.
+for dt in bf16 fp32; do
+  inv $dt resident - --grad-accum 2
+  inv $dt params_grads_cpu resident --grad-accum 2 --offload-params cpu --offload-grads cpu
+  inv $dt ckpt_acts_cpu resident --grad-accum 2 --checkpoint-activations full --offload-activations cpu
+  inv $dt opt_cpu - --grad-accum 2 --offload-optimizer cpu
+  inv $dt opt_cpu_vs_gpu resident --grad-accum 2 --offload-optimizer cpu
+  inv $dt all_cpu opt_cpu --grad-accum 2 --offload-params cpu --offload-grads cpu --offload-optimizer cpu
+  inv $dt all_nvme_ckpt opt_cpu --grad-accum 2 --offload-params nvme --offload-grads nvme --offload-optimizer nvme \
+    --checkpoint-activations full --offload-activations cpu "${NV[@]}"
+  inv $dt every2_acts_nvme opt_cpu --grad-accum 2 --offload-optimizer nvme --checkpoint-activations every:2 \
+    --offload-activations nvme "${NV[@]}"
+  inv $dt tight_device opt_cpu --grad-accum 2 --offload-params cpu --offload-grads cpu --offload-optimizer cpu \
+    --checkpoint-activations full --device-mem 48M
+done
+# Resume: 2 steps with a checkpoint, then on to 4 from it, against the 4-step run.
+rm -rf /tmp/strata-ckpt
+step inv_resume_a 30 "$S" train --backend "$GB" --dtype bf16 --batch 4 --seq 64 --steps 4 --warmup 1 --grad-accum 2 \
+  --offload-optimizer cpu --checkpoint-dir /tmp/strata-ckpt --checkpoint-every 2 --metrics "$OUT/inv_resume_a.jsonl"
+ls /tmp/strata-ckpt > "$OUT/inv_resume_dirs.log" 2>&1
+step inv_resume_b 30 "$S" train --backend "$GB" --dtype bf16 --batch 4 --seq 64 --steps 4 --warmup 1 --grad-accum 2 \
+  --offload-optimizer cpu --checkpoint-dir /tmp/strata-ckpt --resume /tmp/strata-ckpt/step-00000002 \
+  --metrics "$OUT/inv_resume_b.jsonl"
+if cmp -s <(losses "$OUT/inv_resume_a.jsonl" | tail -2) <(losses "$OUT/inv_resume_b.jsonl" | tail -2) &&
+   [ "$(losses "$OUT/inv_resume_b.jsonl" | wc -l)" -eq 2 ]; then INV+=("bf16  resume_from_step2  bitwise equal (steps 3-4)")
+else INV+=("bf16  resume_from_step2  DIFFERS or failed: see inv_resume_*.log"); fi
+# The CPU backend on the same run: close to the GPU's, not bitwise.
+BACKEND=cpu inv bf16 cpu_backend opt_cpu --grad-accum 2 --offload-optimizer cpu
+rm -rf "$SWAP"/* /tmp/strata-ckpt
 
-# --- training runs: the issue's three figures. ~16k tokens per step for the 1B runs; short runs,
-# each under its own timeout (the 8B one may stop at the plan check: its error is the figure).
-SWAP="${SWAP:-$OUT/swap}"
-mkdir -p "$SWAP"
-TRAIN=("$BUILD_DIR/bin/strata" train --backend cuda --dtype bf16 --log-every 1)
-step train_1b 150 "${TRAIN[@]}" --preset llama-1b --batch 8 --seq 2048 --steps 6 --metrics "$OUT/train_1b.jsonl"
-step train_1b_24g 150 "${TRAIN[@]}" --preset llama-1b --batch 8 --seq 2048 --steps 4 --device-mem 24G \
-  --offload-optimizer cpu --offload-params cpu --checkpoint-activations full --metrics "$OUT/train_1b_24g.jsonl"
-step plan_8b 60 "$BUILD_DIR/bin/strata" plan --backend cuda --dtype bf16 --preset llama-8b --batch 1 --seq 2048 \
-  --device-mem 24G --offload-optimizer cpu --offload-params nvme --checkpoint-activations full --nvme-path "$SWAP"
-step train_8b 180 "${TRAIN[@]}" --preset llama-8b --batch 1 --seq 2048 --steps 2 --device-mem 24G \
-  --offload-optimizer cpu --offload-params nvme --checkpoint-activations full --nvme-path "$SWAP" \
-  --metrics "$OUT/train_8b.jsonl"
+if [ -z "${QUICK:-}" ]; then
+  # 3. Op throughput.
+  step bench_ops 75 "$S" bench ops --backend cuda --reps "$REPS"
+  # 4. The 1B model (16k tokens per step) resident and under 24 GiB; the 8B plan under 24 GiB.
+  TRAIN=("$S" train --backend cuda --dtype bf16 --log-every 1)
+  step train_1b 80 "${TRAIN[@]}" --preset llama-1b --batch 8 --seq 2048 --steps 5 --metrics "$OUT/train_1b.jsonl"
+  step train_1b_24g 90 "${TRAIN[@]}" --preset llama-1b --batch 8 --seq 2048 --steps 4 --device-mem 24G \
+    --offload-optimizer cpu --offload-params cpu --checkpoint-activations full --metrics "$OUT/train_1b_24g.jsonl"
+  step plan_8b 40 "$S" plan --backend cuda --dtype bf16 --preset llama-8b --batch 1 --seq 2048 \
+    --device-mem 24G --offload-optimizer cpu --offload-params nvme --checkpoint-activations full --nvme-path "$SWAP"
+fi
+rm -rf "$SWAP"
 
 # ---- the table ----------------------------------------------------------------------------------
 field() {  # field JSON_LINE KEY: the value of KEY (string or number), empty when absent
@@ -65,13 +146,18 @@ echo
 echo "== steps (logs in $OUT)"
 printf '%s\n' "${STATUS[@]}"
 echo
-echo "== test_kernels"
-grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests ran" "$OUT/test_kernels.log" | head -30 || true
-grep -E "^\[  FAILED  \]" "$OUT/test_kernels.log" | head -20 || true
+echo "== CUDA op tests"
+grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$OUT/test_cuda.log" | head -10 || true
+grep -E "^\[  FAILED  \]" "$OUT/test_cuda.log" | head -20 || true
+grep -B3 -E "^\[  FAILED  \]" "$OUT/test_cuda.log" | grep -v "^\[" | head -20 || true
+echo
+echo "== offload invariants on the GPU (4 steps, accum 2; each against the run it names)"
+printf '%s\n' "${INV[@]}"
+if [ -z "${QUICK:-}" ]; then
 echo
 echo "== strata bench ops --backend cuda (ratio: our throughput / bare cuBLASLt; % of the device's peak)"
 printf '%-30s %-26s %9s %10s %10s %7s %7s\n' op shape ms TFLOP/s GB/s ratio %peak
-if [ -s "$OUT/bench_ops.jsonl" ]; then
+if [ -s "$OUT/bench_ops.log" ]; then
   while IFS= read -r l; do
     case "$l" in \{*) ;; *) continue ;; esac
     name=$(field "$l" name)
@@ -80,26 +166,31 @@ if [ -s "$OUT/bench_ops.jsonl" ]; then
     if [ -n "$err" ]; then printf '%-30s %-26s ERROR %s\n' "$name" "$(field "$l" shape)" "${err:0:60}"; continue; fi
     printf '%-30s %-26s %9s %10s %10s %7s %7s\n' "$name" "$(field "$l" shape)" "$(field "$l" ms)" \
       "$(field "$l" tflops)" "$(field "$l" gb_per_s)" "$(field "$l" ratio)" "$(field "$l" pct_peak)"
-  done < "$OUT/bench_ops.jsonl"
-else
-  echo "(no bench output: see $OUT/bench_ops.log and $OUT/build.log)"
+  done < "$OUT/bench_ops.log"
 fi
 echo
-echo "== strata train --backend cuda (tokens/s: median of the steps after the first; MFU = 6·params·tokens/s"
-echo "   over 989 TFLOP/s, the H200's dense bf16 peak, attention FLOPs not counted)"
-printf '%-14s %12s %8s %s\n' run tokens/s MFU note
-for run in train_1b train_1b_24g train_8b; do
+echo "== strata train --backend cuda (median of the steps after the first; MFU = 6·params·tokens/s over"
+echo "   989 TFLOP/s, the H200's dense bf16 peak, attention FLOPs not counted)"
+printf '%-14s %10s %7s %9s %9s %9s %s\n' run tokens/s MFU step_ms stall_ms h2d_GB note
+med() { sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
+for run in train_1b train_1b_24g; do
   if [ -s "$OUT/$run.jsonl" ]; then
-    tps=$(grep -o '"tokens_per_s":[0-9.eE+-]*' "$OUT/$run.jsonl" | tail -n +2 | cut -d: -f2 | sort -g |
-          awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }')
-    params=$(grep -o 'params     [0-9.]*[KMB]' "$OUT/$run.log" | head -1 | awk '{ v = $2; u = substr(v, length(v)); v = substr(v, 1, length(v) - 1);
+    tps=$(grep -o '"tokens_per_s":[0-9.eE+-]*' "$OUT/$run.jsonl" | tail -n +2 | cut -d: -f2 | med)
+    sms=$(grep -o '"step_ms":[0-9.eE+-]*' "$OUT/$run.jsonl" | tail -n +2 | cut -d: -f2 | med)
+    stall=$(grep -o '"stall_ms":[0-9.eE+-]*' "$OUT/$run.jsonl" | tail -n +2 | cut -d: -f2 | med)
+    h2d=$(grep -o '"h2d_bytes":[0-9]*' "$OUT/$run.jsonl" | tail -1 | cut -d: -f2)
+    params=$(grep -o 'params  *[0-9.]*[KMB]' "$OUT/$run.log" | head -1 | awk '{ v = $2; u = substr(v, length(v)); v = substr(v, 1, length(v) - 1);
              print v * (u == "B" ? 1e9 : u == "M" ? 1e6 : 1e3) }')
     mfu=$(awk -v t="${tps:-0}" -v p="${params:-0}" 'BEGIN { printf "%.1f%%", 600 * p * t / 989e12 }')
-    printf '%-14s %12s %8s %s\n' "$run" "${tps:-?}" "$mfu" ""
+    printf '%-14s %10.0f %7s %9.1f %9.1f %9.2f %s\n' "$run" "${tps:-0}" "$mfu" "${sms:-0}" "${stall:-0}" \
+      "$(awk -v b="${h2d:-0}" 'BEGIN { print b / 1e9 }')" "$(grep -o 'start-up *[0-9.]* s' "$OUT/$run.log" | head -1)"
   else
-    printf '%-14s %12s %8s %s\n' "$run" - - "$(tail -1 "$OUT/$run.log" 2>/dev/null | cut -c1-100)"
+    printf '%-14s %10s %7s %s\n' "$run" - - "$(grep -v '^\s*$' "$OUT/$run.log" 2>/dev/null | tail -1 | cut -c1-110)"
   fi
 done
-grep -E "^predicted step" "$OUT/plan_8b.log" 2>/dev/null | sed 's/^/plan_8b: /'
+grep -E "^predicted step|error" "$OUT/plan_8b.log" 2>/dev/null | head -3 | sed 's/^/plan_8b: /'
+fi
 echo
 echo "total: $(( $(date +%s) - T0 ))s"
+tar czf "$OUT/logs.tar.gz" -C "$OUT" --exclude=logs.tar.gz . 2>/dev/null && find "$OUT" -maxdepth 1 -type f \
+  ! -name logs.tar.gz ! -name summary.txt -delete  # one file back (the tool returns at most 8)

@@ -74,6 +74,8 @@ struct Marker final : EventPoint {
 
 class CpuEvent final : public Event {
  public:
+  explicit CpuEvent(Runtime& rt) : rt_(rt) {}
+  Runtime& runtime() const override { return rt_; }
   void synchronize() override {
     auto m = current();
     if (!m) return;
@@ -98,6 +100,7 @@ class CpuEvent final : public Event {
   }
 
  private:
+  Runtime& rt_;
   std::mutex mu_;
   std::shared_ptr<Marker> marker_;
 };
@@ -115,7 +118,9 @@ int stream_jitter_us() {
 
 class CpuStream final : public Stream {
  public:
-  CpuStream() : jitter_us_(stream_jitter_us()), rng_(std::random_device{}()), worker_([this] { run(); }) {}
+  explicit CpuStream(Runtime& rt)
+      : rt_(rt), jitter_us_(stream_jitter_us()), rng_(std::random_device{}()), worker_([this] { run(); }) {}
+  Runtime& runtime() const override { return rt_; }
   ~CpuStream() override {
     {
       std::lock_guard lock(mu_);
@@ -126,7 +131,7 @@ class CpuStream final : public Stream {
   }
 
   void record(Event& e) override {
-    if (e.backend() != Backend::cpu)
+    if (&e.runtime() != &rt_)
       throw std::invalid_argument("Stream::record: the event belongs to another runtime (create it from this one)");
     auto m = std::make_shared<Marker>();
     static_cast<CpuEvent&>(e).set(m);
@@ -208,6 +213,7 @@ class CpuStream final : public Stream {
   bool stop_ = false;
   std::exception_ptr error_;  // touched only by the worker
   std::atomic<int64_t> busy_ns_{0};  // time in non-wait tasks
+  Runtime& rt_;
   const int jitter_us_;
   std::minstd_rand rng_;  // the worker's
   std::thread worker_;
@@ -346,8 +352,8 @@ class CpuRuntime final : public Runtime {
   void free_device(void* p) override { memory_.free(p); }
   void* alloc_pinned(size_t bytes) override { return memory_.alloc(bytes, /*lock=*/true); }
   void free_pinned(void* p) override { memory_.free(p); }
-  std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(); }
-  std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
+  std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(*this); }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(*this); }
   Ops& ops() override { return ops_; }
 
  private:

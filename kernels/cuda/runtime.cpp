@@ -204,7 +204,8 @@ class CudaRecord final : public EventPoint {
 
 class CudaEvent final : public Event {
  public:
-  explicit CudaEvent(std::shared_ptr<EventPool> pool) : pool_(std::move(pool)) {}
+  CudaEvent(std::shared_ptr<EventPool> pool, Runtime& rt) : pool_(std::move(pool)), rt_(rt) {}
+  Runtime& runtime() const override { return rt_; }
   void synchronize() override {
     auto r = current();
     if (!r) return;
@@ -228,6 +229,7 @@ class CudaEvent final : public Event {
 
  private:
   std::shared_ptr<EventPool> pool_;
+  Runtime& rt_;
   std::mutex mu_;
   std::shared_ptr<CudaRecord> rec_;
 };
@@ -297,7 +299,7 @@ class HostWaits {
 
 class CudaStream final : public Stream, public StreamContext {
  public:
-  explicit CudaStream(int device) : errors_state_(std::make_shared<StreamErrors>(device)) {
+  CudaStream(int device, Runtime& rt) : rt_(rt), errors_state_(std::make_shared<StreamErrors>(device)) {
     device_ = device;
     STRATA_CUDA_CHECK(cudaSetDevice(device_));
     STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -309,8 +311,9 @@ class CudaStream final : public Stream, public StreamContext {
     report_free_error(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     report_free_error(cudaStreamDestroy(stream_), "cudaStreamDestroy");
   }
+  Runtime& runtime() const override { return rt_; }
   void record(Event& e) override {
-    if (e.backend() != Backend::cuda)
+    if (&e.runtime() != &rt_)
       throw std::invalid_argument("Stream::record: the event belongs to another runtime (create it from this one)");
     auto& ev = static_cast<CudaEvent&>(e);
     auto rec = std::make_shared<CudaRecord>(ev.pool(), errors_state_, errors_state_->enqueued);
@@ -421,14 +424,17 @@ class CudaStream final : public Stream, public StreamContext {
     if (scratch_) STRATA_CUDA_CHECK(cudaFreeAsync(scratch_, stream_));
     scratch_ = nullptr, scratch_bytes_ = 0;
     cudaError_t e = cudaMallocAsync(&scratch_, want, stream_);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // not left for the next launch's check
       throw std::runtime_error("cudaMallocAsync of " + std::to_string(want) + " bytes of op scratch failed: " +
                                cudaGetErrorString(e));
+    }
     scratch_bytes_ = want;
     return scratch_;
   }
 
  private:
+  Runtime& rt_;
   std::shared_ptr<StreamErrors> errors_state_;
   std::unique_ptr<HostWaits> host_waits_;
   void* scratch_ = nullptr;
@@ -454,8 +460,12 @@ class CudaRuntime final : public Runtime {
     STRATA_CUDA_CHECK(cudaSetDevice(info_.index));
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+      // A failed allocation also sets the thread's last error, which the next kernel launch's
+      // check (cudaGetLastError) would report as that kernel's: clear it, it is thrown here.
+      (void)cudaGetLastError();
       throw std::runtime_error("cudaMalloc of " + std::to_string(bytes) + " bytes failed: " + cudaGetErrorString(e));
+    }
     return p;
   }
   // Frees run from buffer destructors: a failure is reported, never thrown (that would terminate).
@@ -466,15 +476,17 @@ class CudaRuntime final : public Runtime {
     STRATA_CUDA_CHECK(cudaSetDevice(info_.index));
     void* p = nullptr;
     cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // not left for the next launch's check (see alloc_device)
       throw std::runtime_error("cudaHostAlloc of " + std::to_string(bytes) + " bytes failed: " + cudaGetErrorString(e));
+    }
     return p;
   }
   void free_pinned(void* p) override {
     if (p) report_free_error(cudaFreeHost(p), "cudaFreeHost");
   }
-  std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(info_.index); }
-  std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(pool_); }
+  std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(info_.index, *this); }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(pool_, *this); }
   Ops& ops() override { return ops_; }
 
  private:

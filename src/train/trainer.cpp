@@ -648,7 +648,15 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   // Collectives get a stream of their own, so they overlap compute (StepDriver).
   if (m.sh.world > 1) m.comm_stream = m.rt->create_stream();
   kernels::Runtime* opt_rt = m.rt.get();
-  if (m.backend != kernels::Backend::cpu && pl.optimizer != offload::Tier::device) {  // AdamW next to its state
+  // AdamW next to its state: on a CPU runtime and stream of its own when the compute device is
+  // not the CPU. STRATA_TEST_SEPARATE_OPTIMIZER_RUNTIME=1 does the same on the CPU backend, so
+  // the tests here drive the two-runtime code a GPU run takes (events and streams of two
+  // runtimes, the optimizer's releases on its own stream) without a GPU.
+  static const bool separate_for_tests = [] {
+    const char* e = std::getenv("STRATA_TEST_SEPARATE_OPTIMIZER_RUNTIME");
+    return e && std::string_view(e) == "1";
+  }();
+  if ((m.backend != kernels::Backend::cpu || separate_for_tests) && pl.optimizer != offload::Tier::device) {
     kernels::cpu::set_num_threads(o.threads);
     m.cpu_rt = kernels::make_runtime(kernels::Backend::cpu);
     m.cpu_stream = m.cpu_rt->create_stream();

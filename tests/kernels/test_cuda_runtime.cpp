@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "kernels/runtime.h"
 
 using namespace strata::kernels;
@@ -71,6 +72,14 @@ TEST(CudaRuntime, OversizedAllocationIsAClearError) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("cudaMalloc"), std::string::npos) << e.what();
   }
+  // The failure is not left behind for the next kernel's launch check (the first GPU run saw an
+  // attention test fail with this allocation's "out of memory").
+  DeviceBuffer x(*rt, 1024 * sizeof(float));
+  auto s = rt->create_stream();
+  ScaleArgs a;
+  a.n = 1024, a.x = x.data(), a.s = 2.f;
+  EXPECT_NO_THROW(rt->ops().scale(*s, a));
+  EXPECT_NO_THROW(s->synchronize());
 }
 
 // A host function that throws does not terminate the process: the stream's synchronize (and an

@@ -133,3 +133,24 @@ TEST(CpuRuntime, BackendParsingAndCudaAbsence) {
     EXPECT_THROW(make_runtime(Backend::cuda), std::runtime_error);
   }
 }
+
+// An event is recorded only on a stream of the Runtime object that made it (a second CPU
+// runtime is another runtime, as the optimizer's is next to a CUDA one); any stream may wait on it.
+TEST(CpuRuntime, EventsAreRecordedOnlyOnTheirRuntimesStreams) {
+  auto a = make_runtime(Backend::cpu), b = make_runtime(Backend::cpu);
+  auto sa = a->create_stream(), sb = b->create_stream();
+  auto eb = b->create_event();
+  EXPECT_EQ(&sa->runtime(), a.get());
+  EXPECT_EQ(&eb->runtime(), b.get());
+  EXPECT_THROW(sa->record(*eb), std::invalid_argument);
+  bool first = false, second = false;
+  sb->host_fn([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    first = true;
+  });
+  sb->record(*eb);
+  sa->wait(*eb);
+  sa->host_fn([&] { second = first; });
+  sa->synchronize();
+  EXPECT_TRUE(second);
+}

@@ -229,25 +229,23 @@ TEST(BlockManager, ReleasingAHandleTwiceIsAnError) {
 }
 
 // Compute on a stream, release with that stream: the write-back waits for the kernel, not the host.
-TEST(BlockManager, ReleaseOnAStreamOrdersLaterMoves) {
-  auto rt = kernels::make_runtime(kernels::Backend::cpu);
-  auto compute = rt->create_stream();
-  BlockManager mgr(*rt, budgets(2 * kAlign, 8 * kAlign));
+void expect_release_orders_later_moves(kernels::Runtime& rt, kernels::Stream& compute) {
+  BlockManager mgr(rt, budgets(2 * kAlign, 8 * kAlign));
   BlockId a = mgr.add_block("a", 2 * kAlign, Tier::host), b = mgr.add_block("b", 2 * kAlign, Tier::host);
   std::vector<uint64_t> versions(2, 0);
   init_blocks(mgr, versions);
   for (int step = 0; step < 3; ++step) {
     mgr.begin_step();
     Handle h = mgr.acquire(a, Tier::device, Mode::read_write);
-    h.wait_on(*compute);
+    h.wait_on(compute);
     uint64_t v = ++versions[a];
     void* p = h.data();
     uint64_t n = h.bytes();
-    compute->host_fn([p, n, a, v] {
+    compute.host_fn([p, n, a, v] {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a slow kernel
       fill_pattern(p, n, a, v);
     });
-    mgr.release(h, compute.get());
+    ASSERT_NO_THROW(mgr.release(h, &compute));
     Handle hb = mgr.acquire(b, Tier::device, Mode::read);  // evicts a: write-back after the kernel
     hb.wait();
     mgr.release(hb);
@@ -257,7 +255,23 @@ TEST(BlockManager, ReleaseOnAStreamOrdersLaterMoves) {
     mgr.release(ha);
     mgr.end_step();
   }
-  compute->synchronize();
+  compute.synchronize();
+}
+
+TEST(BlockManager, ReleaseOnAStreamOrdersLaterMoves) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  auto compute = rt->create_stream();
+  expect_release_orders_later_moves(*rt, *compute);
+}
+
+// The same with the stream of another runtime (a CUDA run's optimizer works on a CPU runtime of
+// its own and releases on its stream): the release event must come from that stream's runtime
+// (an event of the manager's runtime cannot be recorded there; the first GPU run failed so).
+TEST(BlockManager, ReleaseOnAnotherRuntimesStreamOrdersLaterMoves) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  auto other = kernels::make_runtime(kernels::Backend::cpu);
+  auto side = other->create_stream();
+  expect_release_orders_later_moves(*rt, *side);
 }
 
 // A pinned block (a handle still held) is never evicted, whatever the policy would pick: here

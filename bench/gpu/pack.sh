@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Packs a CUDA build's strata and test_kernels with the non-CUDA shared libraries they load
+# (oneDNN, oneTBB, liburing, fmt, OpenMPI, ...) into one tarball for bench/gpu/check.sh's
+# PREBUILT mode, so a lent GPU machine without those packages spends no device time building.
+# The C/C++ runtime and CUDA's libraries are left out: they come from the GPU machine.
+# Usage: bash bench/gpu/pack.sh [BUILD_DIR (default build)] [OUT_TARBALL (default .gpu/sg.tar.xz)]
+set -euo pipefail
+BUILD="${1:-build}"
+TAR="${2:-.gpu/sg.tar.xz}"
+for b in strata test_kernels; do [ -x "$BUILD/bin/$b" ] || { echo "pack.sh: no $BUILD/bin/$b: build first" >&2; exit 1; }; done
+ldd "$BUILD/bin/strata" | grep -q libcudart || { echo "pack.sh: $BUILD was built without CUDA" >&2; exit 1; }
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
+mkdir -p "$STAGE/sg/bin" "$STAGE/sg/lib" "$(dirname "$TAR")"
+cp "$BUILD/bin/strata" "$BUILD/bin/test_kernels" "$STAGE/sg/bin/"
+ldd "$BUILD/bin/strata" "$BUILD/bin/test_kernels" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
+  while read -r name path; do
+    case "$name" in
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|libstdc++.so*|libgcc_s.so*|libcu*|libnccl*|libnv*) ;;
+      *) cp -L "$path" "$STAGE/sg/lib/$name" ;;
+    esac
+  done
+tar cJf "$TAR" -C "$STAGE" sg
+echo "$TAR: $(du -h "$TAR" | cut -f1) ($(ls "$STAGE/sg/lib" | tr '\n' ' '))"
