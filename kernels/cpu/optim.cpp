@@ -63,11 +63,13 @@ AdamConsts adam_consts(const AdamWArgs& a) {
 
 void adamw_portable(const AdamWArgs& a, const AdamConsts& c, int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi; ++i) {
+    // The AVX-512 kernel's operations (adamw16) and the CUDA kernel's, rounding for rounding.
     const float g = load_as_f32(a.grad, a.grad_dtype, i) * c.grad_scale;
     float p = a.param[i] * c.decay;
-    const float m = c.b1 * a.m[i] + c.one_m_b1 * g;
-    const float v = c.b2 * a.v[i] + c.one_m_b2 * (g * g);
-    p -= c.step_size * m / (std::sqrt(v) * c.inv_sqrt_bc2 + c.eps);
+    const float m = std::fma(a.m[i], c.b1, g * c.one_m_b1);
+    const float v = std::fma(a.v[i], c.b2, (g * g) * c.one_m_b2);
+    const float denom = std::fma(std::sqrt(v), c.inv_sqrt_bc2, c.eps);
+    p = std::fma(-c.step_size, m / denom, p);
     a.param[i] = p, a.m[i] = m, a.v[i] = v;
     if (a.param_copy) store_from_f32(a.param_copy, a.copy_dtype, i, p);
   }

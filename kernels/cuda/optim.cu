@@ -42,11 +42,16 @@ template <class G, class C>
 __global__ void adamw_kernel(float* __restrict__ param, const G* __restrict__ grad, float* __restrict__ m,
                              float* __restrict__ v, C* __restrict__ copy, int64_t n, AdamConsts c) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = to_f32(grad[i]) * c.grad_scale;
-    float p = param[i] * c.decay;
-    const float mi = c.b1 * m[i] + c.one_m_b1 * g;
-    const float vi = c.b2 * v[i] + c.one_m_b2 * (g * g);
-    p -= c.step_size * mi / (sqrtf(vi) * c.inv_sqrt_bc2 + c.eps);
+    // Operation for operation the CPU kernel's (kernels/cpu/optim.cpp: the same roundings and
+    // fused multiply-adds, explicit so nvcc contracts nothing else), so an update gives the same
+    // bits on either device and AdamW's placement (GPU, or CPU next to offloaded state) never
+    // changes a loss.
+    const float g = __fmul_rn(to_f32(grad[i]), c.grad_scale);
+    float p = __fmul_rn(param[i], c.decay);
+    const float mi = __fmaf_rn(m[i], c.b1, __fmul_rn(g, c.one_m_b1));
+    const float vi = __fmaf_rn(v[i], c.b2, __fmul_rn(__fmul_rn(g, g), c.one_m_b2));
+    const float denom = __fmaf_rn(__fsqrt_rn(vi), c.inv_sqrt_bc2, c.eps);
+    p = __fmaf_rn(-c.step_size, __fdiv_rn(mi, denom), p);
     param[i] = p, m[i] = mi, v[i] = vi;
     if (copy) copy[i] = from_f32<C>(p);
   }

@@ -264,3 +264,39 @@ TEST(Cast, LargeBuffersAndSameDtypeCopy) {
   cpu::cast({n, x.data(), DType::f32, z.data(), DType::f32});
   EXPECT_EQ(x, z);
 }
+
+namespace {
+
+// The portable path does the AVX-512 path's operations (and the CUDA kernel's), rounding for
+// rounding: AdamW gives the same bits on any of them, so where it runs never changes a loss.
+TEST(AdamW, PortableAndAvx512PathsAreBitwiseEqual) {
+  cpu::set_avx512_enabled(true);
+  if (!cpu::use_avx512()) GTEST_SKIP() << "this CPU has no AVX-512: only the portable path runs";
+  const int64_t n = 1003;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<float> p0(n);
+  for (float& x : p0) x = d(rng);
+  std::vector<float> p[2], m[2], v[2];
+  std::vector<uint16_t> copy[2];
+  for (int k = 0; k < 2; ++k) p[k] = p0, m[k].assign(n, 0.f), v[k].assign(n, 0.f), copy[k].assign(n, 0);
+  for (int64_t t = 1; t <= 4; ++t) {
+    std::vector<float> g(n);
+    for (int64_t i = 0; i < n; ++i) g[i] = (i % 5 == 0) ? d(rng) * 1e-7f : d(rng) * 3.f;
+    for (int k = 0; k < 2; ++k) {
+      cpu::set_avx512_enabled(k == 0);
+      AdamWArgs a;
+      a.n = n, a.param = p[k].data(), a.m = m[k].data(), a.v = v[k].data(), a.grad = g.data();
+      a.grad_dtype = DType::f32, a.param_copy = copy[k].data(), a.copy_dtype = DType::bf16;
+      a.lr = 3e-3f, a.weight_decay = 0.1f, a.step = t, a.grad_scale = 0.5f;
+      cpu::adamw(a);
+    }
+  }
+  cpu::set_avx512_enabled(true);
+  EXPECT_EQ(0, std::memcmp(p[0].data(), p[1].data(), n * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(m[0].data(), m[1].data(), n * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(v[0].data(), v[1].data(), n * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(copy[0].data(), copy[1].data(), n * sizeof(uint16_t)));
+}
+
+}  // namespace
