@@ -131,7 +131,7 @@ struct TieredMemory::Layout {
   // The programs the manager plans: [step] one training step (the previous step's update inside
   // its forward), [update] a pending update on its own (before a save or checkpoint).
   std::array<offload::Schedule, kNumPrograms> programs;
-  uint64_t aside_host_bytes = 0;  // host room the asides need (GPU: a unit staged through the host)
+  uint64_t aside_host_bytes = 0;  // host room the asides need (GPU: the host homes + a unit staged through the host)
 
   Tier tier_of(int block, Side side) const {
     const Tier home = specs[static_cast<size_t>(block)].home;
@@ -281,14 +281,21 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   }
   for (const auto& p : l->programs) p.validate(l->specs.size());
   // Initialising and saving stage one unit's master, weights and AdamW state through host memory
-  // (on the CPU backend the device memory is host memory already).
-  if (backend != kernels::Backend::cpu)
+  // (on the CPU backend the device memory is host memory already): the host holds its home
+  // copies and, next to them, the unit's blocks that live elsewhere (the GPU's first offloaded
+  // run failed when the budget was only the homes).
+  if (backend != kernels::Backend::cpu) {
+    uint64_t staged = 0;
     for (size_t u = 0; u < model.units().size(); ++u) {
       uint64_t b = 0;
-      for (Role r : {Role::weights, Role::master, Role::adam})
-        b += offload::align_up(l->specs[static_cast<size_t>(l->ids[static_cast<int>(r)][u])].bytes);
-      l->aside_host_bytes = std::max(l->aside_host_bytes, b);
+      for (Role r : {Role::weights, Role::master, Role::adam}) {
+        const auto& spec = l->specs[static_cast<size_t>(l->ids[static_cast<int>(r)][u])];
+        if (spec.home != Tier::host) b += offload::align_up(spec.bytes);
+      }
+      staged = std::max(staged, b);
     }
+    l->aside_host_bytes = homed_sum(*l, Tier::host) + staged;
+  }
   return l;
 }
 
@@ -327,8 +334,9 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
 
   if (budget[1] < l->aside_host_bytes)
     throw offload::BudgetError("the placement does not fit: host budget " + offload::format_size(budget[1]) +
-                                   " cannot stage one unit (" + offload::format_size(l->aside_host_bytes) +
-                                   ") to initialise, load or save it; raise --host-mem to at least that",
+                                   " cannot hold its home copies and stage one unit next to them (" +
+                                   offload::format_size(l->aside_host_bytes) + ", " + std::to_string(l->aside_host_bytes) +
+                                   " bytes) to initialise, load or save it; raise --host-mem to at least that",
                                Tier::host, budget[1], l->aside_host_bytes);
   offload::Residency cold = roomy.cold(budget);
   for (const auto& p : l->programs) {

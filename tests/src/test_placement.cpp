@@ -166,3 +166,35 @@ TEST(Placement, BudgetBelowMinimumNamesTheMinimumWhichRuns) {
 }
 
 }  // namespace
+
+namespace {
+
+// On a GPU, initialising, loading and saving stage a unit through pinned host memory next to
+// the host's home copies: the host budget the plan picks, and the minimum it names, hold both
+// (the first GPU run failed with weights and grads in host memory: its budget was the homes).
+TEST(Placement, GpuHostBudgetHoldsTheHomesAndAStagedUnit) {
+  TempDir dir;
+  write_hf_config(tiny_llama(), dir.path() / "config.json");
+  TrainOptions o;
+  o.model = dir.path().string();
+  o.backend = "cuda";  // planned only: no device needed
+  o.batch = 2, o.seq = 16;
+  for (const char* what : {"params+grads", "optimizer"}) {
+    SCOPED_TRACE(what);
+    o.offload_params = o.offload_grads = o.offload_optimizer = "none";
+    if (what[0] == 'p') o.offload_params = o.offload_grads = "cpu";
+    else o.offload_optimizer = "cpu";
+    const RunPlan p = plan_run(o, /*minimums=*/true);
+    uint64_t homes = 0;
+    for (uint64_t b : p.memory.homed[1]) homes += b;
+    ASSERT_GT(homes, 0u);
+    EXPECT_GT(p.memory.budget[1], homes);
+    EXPECT_GT(p.memory.minimum[1], homes);
+    EXPECT_LE(p.memory.minimum[1], p.memory.budget[1]);
+    o.host_mem = std::to_string(homes);  // the homes alone are refused before anything starts
+    EXPECT_THROW(plan_run(o), offload::BudgetError);
+    o.host_mem.clear();
+  }
+}
+
+}  // namespace
