@@ -328,31 +328,55 @@ uint64_t min_budget(const Residency& state, const Schedule& s, Tier t) {
   return hi;
 }
 
+uint64_t min_budget(const Residency& state, std::span<const Schedule> programs, Tier t) {
+  uint64_t need = 0;
+  for (const Schedule& s : programs) need = std::max(need, min_budget(state, s, t));
+  std::array<uint64_t, kNumTiers> budgets = budgets_of(state);
+  budgets[index(t)] = need;
+  bool all = true;
+  for (const Schedule& s : programs) all = all && runs(state, s, budgets);
+  if (all) return need;
+  for (const Schedule& s : programs) need = std::max(need, working_set_bytes(state, s, t));
+  return need;
+}
+
 void check_budgets(const Residency& state, const Schedule& s) {
-  if (runs(state, s, budgets_of(state))) return;
+  check_budgets(state, budgets_of(state), std::span<const Schedule>(&s, 1));
+}
+
+void check_budgets(const Residency& blocks, const std::array<uint64_t, kNumTiers>& budgets,
+                   std::span<const Schedule> programs) {
+  auto runs_all = [&](const std::array<uint64_t, kNumTiers>& b) {
+    for (const Schedule& s : programs)
+      if (!runs(blocks, s, b)) return false;
+    return true;
+  };
+  if (runs_all(budgets)) return;
   // Name each tier that is too small on its own: its minimum with the other tiers roomy enough
   // that they evict nothing (so the blame is never put on a tier that is not short).
-  std::array<uint64_t, kNumTiers> roomy = budgets_of(state);
+  std::array<uint64_t, kNumTiers> roomy = budgets;
   for (int k = 0; k < kNumTiers; ++k)
-    roomy[k] = std::max(roomy[k], working_set_bytes(state, s, static_cast<Tier>(k)));
+    for (const Schedule& s : programs)
+      roomy[k] = std::max(roomy[k], working_set_bytes(blocks, s, static_cast<Tier>(k)));
+  const Residency at_roomy = blocks.cold(roomy);
   std::string what;
   Tier first = Tier::device;
   uint64_t first_need = 0;
   for (int k = 0; k < kNumTiers; ++k) {
     const Tier t = static_cast<Tier>(k);
     std::array<uint64_t, kNumTiers> b = roomy;
-    b[k] = state.budget(t);
-    if (runs(state, s, b)) continue;
-    const uint64_t need = min_budget(state.cold(roomy), s, t);
+    b[k] = budgets[k];
+    if (runs_all(b)) continue;
+    const uint64_t need = min_budget(at_roomy, programs, t);
     if (what.empty()) first = t, first_need = need;
-    what += (what.empty() ? "" : "; ") + std::string(tier_name(t)) + " budget " + format_size(state.budget(t)) +
+    what += (what.empty() ? "" : "; ") + std::string(tier_name(t)) + " budget " + format_size(budgets[k]) +
             " is below the minimum " + format_size(need) + " (" + std::to_string(need) +
             " bytes) at which this step's schedule can run: " + std::string(budget_remedy(t)) + " to at least that";
   }
   if (what.empty())  // each tier suffices alone, not together
     what = "the device, host and NVMe budgets together are too small for this step's schedule (each would do if "
            "the others were larger); raise --device-mem or --host-mem";
-  throw BudgetError(what, first, state.budget(first), first_need);
+  throw BudgetError(what, first, budgets[index(first)], first_need);
 }
 
 }  // namespace strata::offload

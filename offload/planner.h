@@ -4,7 +4,9 @@
 // prefetch as early as the budget allows (MIN's own fetches, hoisted: no extra bytes), and the
 // smallest budget at which a schedule runs.
 #pragma once
+#include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -56,6 +58,10 @@ std::vector<Plan> candidate_plans(const Residency& start, const Schedule& s);
 // and the bytes of every copy the schedule touches; fragmentation can make feasibility
 // non-monotone, so the answer is a budget that was verified to run.
 uint64_t min_budget(const Residency& state, const Schedule& s, Tier t);
+// The same for several programs that must all run under one budget: the largest of their
+// minimums (each verified on its own), or, where fragmentation makes that one fail another
+// program, every copy the programs touch in t (which runs them all).
+uint64_t min_budget(const Residency& state, std::span<const Schedule> programs, Tier t);
 // Bytes that must be resident in t at the busiest event (home copies + pinned copies): a lower
 // bound of min_budget.
 uint64_t peak_pinned_bytes(const Residency& state, const Schedule& s, Tier t);
@@ -67,5 +73,10 @@ uint64_t working_set_bytes(const Residency& state, const Schedule& s, Tier t);
 // Throws BudgetError naming the tier, its budget and the minimum when no candidate runs `s`
 // from a cold start under the budgets of `state`.
 void check_budgets(const Residency& state, const Schedule& s);
+// The same for several programs under `budgets` rather than the budgets of `blocks` (only its
+// blocks are used): a budget that cannot even hold its tier's home copies is named with the
+// minimum at which every program runs, not the home copies that overflow it.
+void check_budgets(const Residency& blocks, const std::array<uint64_t, kNumTiers>& budgets,
+                   std::span<const Schedule> programs);
 
 }  // namespace strata::offload

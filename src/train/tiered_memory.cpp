@@ -332,22 +332,29 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
   budget[1] = std::min(budget[1], mp.working_set[1]);
   budget[2] = nvme;
 
-  if (budget[1] < l->aside_host_bytes)
+  // A tier too small is named with the smallest budget at which every program runs (the other
+  // tiers roomy), also when it cannot even hold its home copies: naming only the home copy that
+  // overflows it would name a budget that fails again at the next.
+  const bool checkpointing = model.checkpointing().any();
+  if (budget[1] < l->aside_host_bytes) {
+    const uint64_t need = std::max(
+        l->aside_host_bytes, offload::min_budget(roomy.cold(mp.working_set), l->programs, Tier::host));
     throw offload::BudgetError("the placement does not fit: host budget " + offload::format_size(budget[1]) +
                                    " cannot hold its home copies and stage one unit next to them (" +
-                                   offload::format_size(l->aside_host_bytes) + ", " + std::to_string(l->aside_host_bytes) +
-                                   " bytes) to initialise, load or save it; raise --host-mem to at least that",
-                               Tier::host, budget[1], l->aside_host_bytes);
-  offload::Residency cold = roomy.cold(budget);
-  for (const auto& p : l->programs) {
-    try {
-      offload::check_budgets(cold, p);
-    } catch (const offload::BudgetError& e) {
-      throw offload::BudgetError(std::string("the placement does not fit: ") + e.what() +
-                                     hints(e.tier(), pl, model.checkpointing().any()),
-                                 e.tier(), e.budget(), e.minimum());
-    }
+                                   offload::format_size(l->aside_host_bytes) +
+                                   ") to initialise, load or save it; raise --host-mem to at least " +
+                                   offload::format_size(need) + " (" + std::to_string(need) + " bytes)" +
+                                   hints(Tier::host, pl, checkpointing),
+                               Tier::host, budget[1], need);
   }
+  try {
+    offload::check_budgets(roomy, budget, l->programs);
+  } catch (const offload::BudgetError& e) {
+    throw offload::BudgetError(std::string("the placement does not fit: ") + e.what() +
+                                   hints(e.tier(), pl, checkpointing),
+                               e.tier(), e.budget(), e.minimum());
+  }
+  const offload::Residency cold = roomy.cold(budget);
   // What a step moves once the run is under way: the first step starts cold (home copies only),
   // every later one from where the previous ended, so plan a second step from the first's end
   // state (the first alone under-counts by ~10% on NVMe-heavy placements).
@@ -362,9 +369,7 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
     mp.policy = pick.name();
   }
   if (minimums)  // each with the other tier at its budget; every program must run
-    for (Tier t : {Tier::device, Tier::host})
-      for (const auto& p : l->programs)
-        mp.minimum[offload::index(t)] = std::max(mp.minimum[offload::index(t)], offload::min_budget(cold, p, t));
+    for (Tier t : {Tier::device, Tier::host}) mp.minimum[offload::index(t)] = offload::min_budget(cold, l->programs, t);
   mp.minimum[1] = std::max(mp.minimum[1], l->aside_host_bytes);
   return mp;
 }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -136,17 +137,23 @@ TEST(Placement, EveryCombinationIsBitwiseTheAllInMemoryRun) {
   EXPECT_GE(n_run, 16);
 }
 
-// A host budget below the minimum fails before step 1, naming the tier and the minimum; the
-// minimum named runs.
-TEST(Placement, BudgetBelowMinimumNamesTheMinimumWhichRuns) {
-  TempDir dir;
+// One step of tiny_llama, its config in `dir` and any swap files under dir/swap.
+TrainOptions one_step_run(const TempDir& dir) {
   write_hf_config(tiny_llama(), dir.path() / "config.json");
   fs::create_directories(dir.path() / "swap");
   TrainOptions o;
   o.model = dir.path().string();
   o.batch = 2, o.seq = 16, o.steps = 1;
-  o.offload_optimizer = "nvme", o.offload_grads = "nvme";
   o.nvme_paths = {(dir.path() / "swap").string()};
+  return o;
+}
+
+// A host budget below the minimum fails before step 1, naming the tier and the minimum; the
+// minimum named runs.
+TEST(Placement, BudgetBelowMinimumNamesTheMinimumWhichRuns) {
+  TempDir dir;
+  TrainOptions o = one_step_run(dir);
+  o.offload_optimizer = "nvme", o.offload_grads = "nvme";
   const uint64_t minimum = plan_run(o, true).memory.minimum[1];
   ASSERT_GT(minimum, offload::kAlign);
   o.host_mem = std::to_string(minimum - offload::kAlign);
@@ -163,6 +170,54 @@ TEST(Placement, BudgetBelowMinimumNamesTheMinimumWhichRuns) {
   Trainer t(o);
   EXPECT_TRUE(std::isfinite(t.step().loss));
   EXPECT_LE(t.host_bytes(), minimum);
+}
+
+// A budget too small for even its tier's home copies fails the same way: the error names the
+// tier's minimum (not the home copy that overflowed it, which named a budget that failed again
+// at the next), and the minimum named runs.
+void expect_home_shortfall_names_the_minimum(TrainOptions o, offload::Tier tier) {
+  const bool device = tier == offload::Tier::device;
+  const char* const flag = device ? "--device-mem" : "--host-mem";
+  std::string& mem = device ? o.device_mem : o.host_mem;
+  const RunPlan ample = plan_run(o);
+  uint64_t homed = 0;
+  for (uint64_t b : ample.memory.homed[offload::index(tier)]) homed += b;
+  ASSERT_GT(homed, offload::kAlign) << "the budget must be too small for the home copies";
+  mem = std::to_string(offload::kAlign);
+  uint64_t minimum = 0;
+  try {
+    Trainer t(o);
+    ADD_FAILURE() << "a " << flag << " below the home copies was accepted";
+  } catch (const offload::BudgetError& e) {
+    const std::string msg = e.what();
+    minimum = e.minimum();
+    EXPECT_EQ(e.tier(), tier) << msg;
+    EXPECT_EQ(e.budget(), offload::kAlign) << msg;
+    EXPECT_GE(minimum, homed) << msg;
+    EXPECT_NE(msg.find(flag), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(" + std::to_string(minimum) + " bytes)"), std::string::npos) << msg;
+  }
+  ASSERT_GT(minimum, 0u);
+  mem = std::to_string(minimum);
+  Trainer t(o);
+  EXPECT_TRUE(std::isfinite(t.step().loss));
+  EXPECT_LE(device ? t.device_bytes() : t.host_bytes(), minimum);
+}
+
+TEST(Placement, DeviceBudgetBelowItsHomeCopiesNamesTheMinimumWhichRuns) {
+  TempDir dir;
+  TrainOptions o = one_step_run(dir);
+  // The device homes only the kept inputs, the workspace and the step buffers.
+  o.offload_params = o.offload_grads = o.offload_optimizer = "nvme";
+  o.checkpoint_activations = "full";
+  expect_home_shortfall_names_the_minimum(o, offload::Tier::device);
+}
+
+TEST(Placement, HostBudgetBelowItsHomeCopiesNamesTheMinimumWhichRuns) {
+  TempDir dir;
+  TrainOptions o = one_step_run(dir);
+  o.offload_optimizer = "cpu";  // the host homes the master weights and the AdamW state
+  expect_home_shortfall_names_the_minimum(o, offload::Tier::host);
 }
 
 }  // namespace
