@@ -19,11 +19,14 @@
 #     non-CUDA shared libraries they need); cuBLAS and the CUDA runtime come from the machine.
 #     Make it with bench/gpu/pack.sh after a CUDA build (sm_90).
 #   env: OUT=dir  BUILD_DIR=dir (default build-gpu)  REPS=n (bench repetitions, default 5)
-#        QUICK=1 (steps 1-2 only)  GPU_BACKEND=cpu (dry run of steps 1-2 without a GPU)
+#        STAGES="tests inv ops train nvme" (the default; any subset)  QUICK=1 (tests and inv only)  GPU_BACKEND=cpu (dry run of steps 1-2 without a GPU)
 set -uo pipefail
 OUT="${OUT:-/tmp/strata-gpu}"
 BUILD_DIR="${BUILD_DIR:-build-gpu}"
 REPS="${REPS:-5}"
+STAGES="${STAGES:-tests inv ops train nvme}"
+[ -n "${QUICK:-}" ] && STAGES="tests inv"
+has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 GB="${GPU_BACKEND:-cuda}"  # GPU_BACKEND=cpu dry-runs steps 1-2 on a machine without a GPU
 mkdir -p "$OUT"
 T0=$(date +%s)
@@ -68,11 +71,12 @@ fi
 S="$BIN/strata"
 
 # 1. The CUDA op tests.
-step test_cuda 100 "$BIN/test_kernels" --gtest_brief=1 --gtest_filter='*Cuda*'
+has tests && step test_cuda 100 "$BIN/test_kernels" --gtest_brief=1 --gtest_filter='*Cuda*'
 
 # 2. Offload invariants on the GPU (small model, seconds each).
 SWAP=/tmp/strata-swap
 rm -rf "$SWAP" "$OUT"/inv_* && mkdir -p "$SWAP"
+if has inv; then
 INV=()  # "dtype name verdict" lines
 INV_TIMEOUTS=0  # after two timed-out runs (a hang) the rest are not run: device time is short
 losses() {  # the step, loss and grad norm of each metrics line, full precision
@@ -124,17 +128,37 @@ else INV+=("bf16  resume_from_step2  DIFFERS or failed: see inv_resume_*.log"); 
 # The CPU backend on the same run: close to the GPU's, not bitwise.
 BACKEND=cpu inv bf16 cpu_backend opt_cpu --grad-accum 2 --offload-optimizer cpu
 rm -rf "$SWAP"/* /tmp/strata-ckpt
+fi
 
-if [ -z "${QUICK:-}" ]; then
-  # 3. Op throughput.
-  step bench_ops 75 "$S" bench ops --backend cuda --reps "$REPS"
-  # 4. The 1B model (16k tokens per step) resident and under 24 GiB; the 8B plan under 24 GiB.
-  TRAIN=("$S" train --backend cuda --dtype bf16 --log-every 1)
-  step train_1b 80 "${TRAIN[@]}" --preset llama-1b --batch 8 --seq 2048 --steps 5 --metrics "$OUT/train_1b.jsonl"
-  step train_1b_24g 90 "${TRAIN[@]}" --preset llama-1b --batch 8 --seq 2048 --steps 4 --device-mem 24G \
+# 3. Op throughput.
+has ops && step bench_ops 75 "$S" bench ops --backend cuda --reps "$REPS"
+# 4. The 1B model (16k tokens per step) resident, with the optimizer in host RAM, and under a
+# 24 GiB device budget; each offloaded run next to `strata plan`'s prediction; the 8B plan.
+TRAIN=("$S" train --backend "$GB" --dtype bf16 --log-every 1)
+B1=(${B1_ARGS:---preset llama-1b --batch 8 --seq 2048})  # B1_ARGS: another model or shape (dry runs)
+PLANS=()
+if has train; then
+  step train_1b 80 "${TRAIN[@]}" "${B1[@]}" --steps 5 --metrics "$OUT/train_1b.jsonl"
+  step train_1b_opt_cpu 90 "${TRAIN[@]}" "${B1[@]}" --steps 4 --offload-optimizer cpu --metrics "$OUT/train_1b_opt_cpu.jsonl"
+  step plan_1b_opt_cpu 40 "$S" plan --backend "$GB" --dtype bf16 "${B1[@]}" --offload-optimizer cpu
+  step train_1b_24g 90 "${TRAIN[@]}" "${B1[@]}" --steps 4 --device-mem 24G \
     --offload-optimizer cpu --offload-params cpu --checkpoint-activations full --metrics "$OUT/train_1b_24g.jsonl"
-  step plan_8b 40 "$S" plan --backend cuda --dtype bf16 --preset llama-8b --batch 1 --seq 2048 \
-    --device-mem 24G --offload-optimizer cpu --offload-params nvme --checkpoint-activations full --nvme-path "$SWAP"
+  step plan_1b_24g 40 "$S" plan --backend "$GB" --dtype bf16 "${B1[@]}" --device-mem 24G \
+    --offload-optimizer cpu --offload-params cpu --checkpoint-activations full
+  step plan_8b 40 "$S" plan --backend "$GB" --dtype bf16 --preset llama-8b --batch 1 --seq 2048 \
+    --device-mem 24G --offload-optimizer cpu --offload-grads cpu --offload-params nvme --checkpoint-activations full \
+    --nvme-path "$SWAP"
+  PLANS+=(train_1b_opt_cpu:plan_1b_opt_cpu train_1b_24g:plan_1b_24g)
+fi
+# 5. The optimizer state on this machine's disk: the io bench right before, the run, its plan.
+if has nvme; then
+  mkdir -p "$SWAP"
+  step bench_io_w 40 "$S" bench io --path "$SWAP" --size 4G --mode write
+  step bench_io_r 40 "$S" bench io --path "$SWAP" --size 4G --mode read
+  step train_1b_opt_nvme 150 "${TRAIN[@]}" "${B1[@]}" --steps 3 --offload-optimizer nvme --host-mem 6G --nvme-path "$SWAP" \
+    --metrics "$OUT/train_1b_opt_nvme.jsonl"
+  step plan_1b_opt_nvme 40 "$S" plan --backend "$GB" --dtype bf16 "${B1[@]}" --offload-optimizer nvme --host-mem 6G --nvme-path "$SWAP"
+  PLANS+=(train_1b_opt_nvme:plan_1b_opt_nvme)
 fi
 rm -rf "$SWAP"
 
@@ -146,14 +170,14 @@ echo
 echo "== steps (logs in $OUT)"
 printf '%s\n' "${STATUS[@]}"
 echo
-echo "== CUDA op tests"
-grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$OUT/test_cuda.log" | head -10 || true
-grep -E "^\[  FAILED  \]" "$OUT/test_cuda.log" | head -20 || true
-grep -B3 -E "^\[  FAILED  \]" "$OUT/test_cuda.log" | grep -v "^\[" | head -20 || true
+has tests && echo "== CUDA op tests"
+has tests && grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$OUT/test_cuda.log" | head -10 || true
+has tests && grep -E "^\[  FAILED  \]" "$OUT/test_cuda.log" | head -20
+has tests && grep -B3 -E "^\[  FAILED  \]" "$OUT/test_cuda.log" | grep -v "^\[" | head -20 || true
 echo
-echo "== offload invariants on the GPU (4 steps, accum 2; each against the run it names)"
-printf '%s\n' "${INV[@]}"
-if [ -z "${QUICK:-}" ]; then
+has inv && echo "== offload invariants on the GPU (4 steps, accum 2; each against the run it names)"
+has inv && printf '%s\n' "${INV[@]}"
+if has ops; then
 echo
 echo "== strata bench ops --backend cuda (ratio: our throughput / bare cuBLASLt; % of the device's peak)"
 printf '%-30s %-26s %9s %10s %10s %7s %7s\n' op shape ms TFLOP/s GB/s ratio %peak
@@ -168,29 +192,37 @@ if [ -s "$OUT/bench_ops.log" ]; then
       "$(field "$l" tflops)" "$(field "$l" gb_per_s)" "$(field "$l" ratio)" "$(field "$l" pct_peak)"
   done < "$OUT/bench_ops.log"
 fi
+fi
 echo
 echo "== strata train --backend cuda (median of the steps after the first; MFU = 6·params·tokens/s over"
 echo "   989 TFLOP/s, the H200's dense bf16 peak, attention FLOPs not counted)"
-printf '%-14s %10s %7s %9s %9s %9s %s\n' run tokens/s MFU step_ms stall_ms h2d_GB note
+printf '%-18s %9s %6s %8s %8s %8s %8s %s\n' run tokens/s MFU step_ms plan_ms h2d_GB nvme_GB start-up
 med() { sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
-for run in train_1b train_1b_24g; do
+for run in train_1b train_1b_opt_cpu train_1b_24g train_1b_opt_nvme; do
+  [ -f "$OUT/$run.log" ] || continue
   if [ -s "$OUT/$run.jsonl" ]; then
     tps=$(grep -o '"tokens_per_s":[0-9.eE+-]*' "$OUT/$run.jsonl" | tail -n +2 | cut -d: -f2 | med)
     sms=$(grep -o '"step_ms":[0-9.eE+-]*' "$OUT/$run.jsonl" | tail -n +2 | cut -d: -f2 | med)
-    stall=$(grep -o '"stall_ms":[0-9.eE+-]*' "$OUT/$run.jsonl" | tail -n +2 | cut -d: -f2 | med)
     h2d=$(grep -o '"h2d_bytes":[0-9]*' "$OUT/$run.jsonl" | tail -1 | cut -d: -f2)
+    nv=$(grep -o '"nvme_bytes":[0-9]*' "$OUT/$run.jsonl" | tail -1 | cut -d: -f2)
     params=$(grep -o 'params  *[0-9.]*[KMB]' "$OUT/$run.log" | head -1 | awk '{ v = $2; u = substr(v, length(v)); v = substr(v, 1, length(v) - 1);
              print v * (u == "B" ? 1e9 : u == "M" ? 1e6 : 1e3) }')
     mfu=$(awk -v t="${tps:-0}" -v p="${params:-0}" 'BEGIN { printf "%.1f%%", 600 * p * t / 989e12 }')
-    printf '%-14s %10.0f %7s %9.1f %9.1f %9.2f %s\n' "$run" "${tps:-0}" "$mfu" "${sms:-0}" "${stall:-0}" \
-      "$(awk -v b="${h2d:-0}" 'BEGIN { print b / 1e9 }')" "$(grep -o 'start-up *[0-9.]* s' "$OUT/$run.log" | head -1)"
+    plan=-
+    for pr in "${PLANS[@]}"; do [ "${pr%%:*}" = "$run" ] && plan=$(grep -o '^predicted step: [0-9]*' "$OUT/${pr#*:}.log" 2>/dev/null | grep -o '[0-9]*$'); done
+    printf '%-18s %9.0f %6s %8.1f %8s %8.2f %8.2f %s\n' "$run" "${tps:-0}" "$mfu" "${sms:-0}" "${plan:--}" \
+      "$(awk -v b="${h2d:-0}" 'BEGIN { print b / 1e9 }')" "$(awk -v b="${nv:-0}" 'BEGIN { print b / 1e9 }')" \
+      "$(grep -o 'start-up *[0-9.]* s' "$OUT/$run.log" | head -1 | sed 's/start-up *//')"
   else
-    printf '%-14s %10s %7s %s\n' "$run" - - "$(grep -v '^\s*$' "$OUT/$run.log" 2>/dev/null | tail -1 | cut -c1-110)"
+    printf '%-18s %9s %6s %s\n' "$run" - - "$(grep -v '^\s*$' "$OUT/$run.log" 2>/dev/null | tail -1 | cut -c1-110)"
   fi
 done
-grep -E "^predicted step|error" "$OUT/plan_8b.log" 2>/dev/null | head -3 | sed 's/^/plan_8b: /'
-fi
+for b in bench_io_w bench_io_r; do [ -s "$OUT/$b.log" ] && echo "$b: $(grep -o '"mb_per_s":[0-9.]*' "$OUT/$b.log" | head -1)"; done
+for p in plan_1b_opt_cpu plan_1b_24g plan_1b_opt_nvme plan_8b; do
+  grep -E "^predicted|^adamw|^compute|^host_to|^nvme_to|error" "$OUT/$p.log" 2>/dev/null | head -6 | sed "s/^/$p: /"
+done
 echo
 echo "total: $(( $(date +%s) - T0 ))s"
-tar czf "$OUT/logs.tar.gz" -C "$OUT" --exclude=logs.tar.gz . 2>/dev/null && find "$OUT" -maxdepth 1 -type f \
-  ! -name logs.tar.gz ! -name summary.txt -delete  # one file back (the tool returns at most 8)
+# One file back (the device tool returns at most 8): every log in a tarball.
+tar czf "$OUT/logs.tar.gz" -C "$OUT" --exclude=logs.tar.gz --exclude=summary.txt . 2>/dev/null
+[ -s "$OUT/logs.tar.gz" ] && find "$OUT" -maxdepth 1 -type f ! -name logs.tar.gz ! -name summary.txt -delete
