@@ -19,6 +19,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -514,10 +515,16 @@ class CudaRuntime final : public Runtime {
     const size_t n = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16);
     const size_t slice = (bytes / n + 4095) / 4096 * 4096;
     std::vector<std::thread> touch;
-    for (size_t i = 0; i < n && i * slice < bytes; ++i)
-      touch.emplace_back([p, i, slice, bytes] {
-        std::memset(static_cast<char*>(p) + i * slice, 0, std::min(slice, bytes - i * slice));
-      });
+    try {
+      for (size_t i = 0; i < n && i * slice < bytes; ++i)
+        touch.emplace_back([p, i, slice, bytes] {
+          std::memset(static_cast<char*>(p) + i * slice, 0, std::min(slice, bytes - i * slice));
+        });
+    } catch (const std::system_error&) {  // no thread to be had: cudaHostAlloc instead
+      for (auto& t : touch) t.join();
+      munmap(p, bytes);
+      return nullptr;
+    }
     for (auto& t : touch) t.join();
     if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
       (void)cudaGetLastError();  // not left for the next launch's check; cudaHostAlloc instead
