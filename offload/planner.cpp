@@ -16,6 +16,10 @@ namespace {
 struct NextUse {
   std::vector<int64_t> next;   // [event]
   std::map<std::pair<BlockId, int>, int64_t> first;  // (block, tier) -> first acquire in the step
+  // The acquire at event `next` (a copy's next use) only writes: CopyInfo::next_overwrites.
+  bool overwrites(const Schedule& s, int64_t next) const {
+    return next != kNever && !reads(s.events()[static_cast<size_t>(next % static_cast<int64_t>(s.size()))].mode);
+  }
 };
 
 NextUse next_uses(const Schedule& s) {
@@ -62,6 +66,7 @@ class Simulation {
         if (!c.present) continue;
         auto it = nu_.first.find({b, t});
         c.next_use = it == nu_.first.end() ? kNever : it->second;
+        c.next_overwrites = nu_.overwrites(s_, c.next_use);
         base_ = std::max(base_, c.last_use + 1);
       }
     for (size_t g = 0; g < groups_.size(); ++g) group_at_[groups_[g].event] = g;
@@ -81,6 +86,7 @@ class Simulation {
         r_.acquire(e.block, e.tier, e.mode);
         CopyInfo& c = r_.copy_mut(e.block, e.tier);
         c.next_use = nu_.next[i];
+        c.next_overwrites = nu_.overwrites(s_, c.next_use);
         c.last_use = base_ + static_cast<int64_t>(i);
       }
       hoist(static_cast<int64_t>(i));
@@ -173,6 +179,7 @@ class Simulation {
       count(r_.load(load.block, t));
       ops.push_back(load);
       r_.copy_mut(load.block, t).next_use = static_cast<int64_t>(g.event);
+      r_.copy_mut(load.block, t).next_overwrites = false;  // loaded to be read
       ++next_group_;
     }
   }

@@ -98,6 +98,7 @@ Effects Residency::evict(BlockId b, Tier t) {
   fx.freed.push_back({b, t, c.offset, spec.bytes});
   c.present = c.valid = false;
   c.next_use = kNever;
+  c.next_overwrites = false;
   return fx;
 }
 
@@ -134,6 +135,7 @@ Effects Residency::acquire(BlockId b, Tier t, Mode m) {
     fx.freed.push_back({b, static_cast<Tier>(s), o.offset, spec.bytes});
     o.present = o.valid = false;
     o.next_use = kNever;
+    o.next_overwrites = false;
   }
   return fx;
 }
@@ -164,7 +166,12 @@ std::optional<std::vector<BlockId>> Residency::choose_victims(Tier t, uint64_t b
     if (!c.present || c.pins > 0 || blocks_[b].home == t) continue;
     if (p == Policy::belady && c.next_use <= after) continue;
     bool dirty = c.valid && !copies_[b][index(blocks_[b].home)].valid;
-    cands.push_back({b, p == Policy::belady ? c.next_use : -c.last_use, dirty});
+    int64_t key = p == Policy::belady ? c.next_use : -c.last_use;
+    // A clean copy that its next use overwrites whole is worth nothing until then: evicting it
+    // moves no byte, and keeping it only holds room (a discarded gradient between its update and
+    // the next backward). A dirty one keeps its place: evicting it would write it home.
+    if (p == Policy::belady && c.next_overwrites && !dirty) key = kNever;
+    cands.push_back({b, key, dirty});
   }
   // Belady: farthest next use first, clean before dirty at equal distance (no write-back).
   // LRU: least recently used first.

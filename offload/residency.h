@@ -47,6 +47,7 @@ struct CopyInfo {
   int pins = 0;          // open acquires
   int write_pins = 0;    // ... of them in a writing mode
   int64_t next_use = kNever;  // planner: event index of the next acquire (cyclic)
+  bool next_overwrites = false;  // planner: ... which writes every byte without reading any
   int64_t last_use = -1;      // LRU: event index of the last acquire
 };
 

@@ -167,3 +167,32 @@ TEST(Planner, DiscardedCopyIsEvictedWithoutAWriteBack) {
     EXPECT_EQ(p.link_bytes[static_cast<size_t>(Link::h2d)], 2 * kAlign) << "discard " << discard;
   }
 }
+
+// A clean copy whose next use overwrites it whole (a gradient after its update, before the next
+// backward) is worth nothing until then: it is evicted before a copy that is read again, even
+// one read later than that overwrite. Counting the overwrite as a use kept such copies and
+// reloaded the other.
+TEST(Planner, CleanCopyOverwrittenNextGoesBeforeOneReadLater) {
+  for (bool discard : {false, true}) {
+    Residency r = blocks_on_host({kAlign, kAlign, kAlign}, 2 * kAlign);
+    Schedule s;
+    s.use(0, Tier::device, Mode::read);                                      // A
+    s.use(1, Tier::device, Mode::write);                                     // G written...
+    s.release(s.acquire(1, Tier::device, Mode::read), discard);              // ...read, dead if discarded
+    const size_t b = s.acquire(2, Tier::device, Mode::read);                 // B: room for one of A, G
+    s.release(b);
+    s.use(1, Tier::device, Mode::write);                                     // G overwritten
+    s.release(s.acquire(1, Tier::device, Mode::read), discard);
+    s.use(0, Tier::device, Mode::read);                                      // A read again
+    const Plan p = simulate(r, s, {Policy::belady, false});
+    // Discarded, G is clean and goes first; written and not discarded, evicting it would write
+    // it home, so Belady's order stands (A, read later than G's overwrite, goes).
+    const PlanOp victim{OpKind::evict, discard ? BlockId{1} : BlockId{0}, Tier::device};
+    ASSERT_FALSE(p.before[b].empty());
+    EXPECT_EQ(p.before[b].front(), victim) << "discard " << discard;
+    if (discard) {
+      EXPECT_EQ(p.link_bytes[static_cast<size_t>(Link::d2h)], 0u);
+      EXPECT_EQ(p.link_bytes[static_cast<size_t>(Link::h2d)], 2 * kAlign);  // A and B, once each
+    }
+  }
+}
