@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/strata/commands.h"
+#include "src/train/perf_model.h"
 #include "src/train/trainer.h"
 
 namespace strata::app {
@@ -23,17 +24,6 @@ struct BenchStepOptions {
   int threads = 0;
   int warmup = 2, steps = 5;
 };
-
-// Training FLOPs per step: 6 per parameter per token (forward 2, backward 4), plus attention's
-// q·kᵀ and p·v: 2·2·T·(Hq·D) per token and layer forward, ×3 with backward (= nanoGPT's
-// 12·L·T·C per token), halved because causal attention only computes the lower triangle.
-double step_flops(const ModelConfig& c, int64_t n_params, int64_t batch, int64_t seq) {
-  const double tokens = static_cast<double>(batch * seq);
-  const int64_t hd = c.effective_head_dim();
-  const double attn = 6.0 * 2.0 * static_cast<double>(c.n_layers) * static_cast<double>(c.n_heads * hd) *
-                      static_cast<double>(seq) * tokens / 2.0;
-  return 6.0 * static_cast<double>(n_params) * tokens + attn;
-}
 
 }  // namespace
 

@@ -374,6 +374,57 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
   return mp;
 }
 
+offload::StepTimeline TieredMemory::estimate(const Transformer& model, kernels::Backend backend, const Placement& pl,
+                                             int64_t grad_accum, size_t extra_device_bytes, const StepCosts& c) {
+  const MemoryPlan mp = plan(model, backend, pl, grad_accum, extra_device_bytes);
+  auto l = build_layout(model, backend, pl, grad_accum, extra_device_bytes);
+  offload::Residency state(mp.budget);
+  for (const auto& spec : l->specs) state.add_block(spec);
+  // Each phase's compute runs where the driver turns from acquiring its blocks to releasing
+  // them; what it is follows from the blocks it holds.
+  const offload::Schedule& step = l->programs[static_cast<int>(Program::step)];
+  const auto& ev = step.events();
+  std::vector<int> unit_of(l->specs.size(), -1);
+  for (int r : {static_cast<int>(Role::weights), static_cast<int>(Role::grads), static_cast<int>(Role::adam)})
+    for (size_t u = 0; u < l->ids[static_cast<size_t>(r)].size(); ++u)
+      unit_of[static_cast<size_t>(l->ids[static_cast<size_t>(r)][u])] = static_cast<int>(u);
+  std::vector<int> layer_of(model.units().size(), -1);
+  for (int64_t layer = 0; layer < model.dims().L; ++layer) layer_of[static_cast<size_t>(model.block_unit(layer))] = static_cast<int>(layer);
+  const PhaseTimes& t = c.phases;
+  std::vector<double> cost(ev.size(), 0.0);
+  std::vector<offload::BlockId> open;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    if (ev[i].release) {
+      open.erase(std::find(open.begin(), open.end(), ev[i].block));
+      continue;
+    }
+    open.push_back(ev[i].block);
+    if (i + 1 < ev.size() && !ev[i + 1].release) continue;
+    double ms = 0;
+    bool adam = false, grads = false, weights = false;
+    int layer = -1;
+    for (offload::BlockId b : open) {
+      const int role = l->role_of[b], u = unit_of[b];
+      if (role == static_cast<int>(Role::adam)) {
+        adam = true;
+        ms += static_cast<double>(l->specs[b].bytes / 8) / std::max(c.adamw_params_per_ms, 1e-9);
+      }
+      if (role == static_cast<int>(Role::grads)) grads = true;
+      if (role == static_cast<int>(Role::weights)) weights = true;
+      if (u >= 0 && layer_of[static_cast<size_t>(u)] >= 0) layer = layer_of[static_cast<size_t>(u)];
+    }
+    if (!adam && layer >= 0 && grads)  // a block's backward, its forward first when checkpointed
+      ms = t.block_backward_ms + (model.checkpointing().at(layer) ? t.block_forward_ms : 0) +
+           t.sum_squares_ms / static_cast<double>(grad_accum);
+    else if (!adam && layer >= 0 && weights)
+      ms = t.block_forward_ms;
+    else if (!adam && layer < 0 && grads && open.size() > 1)  // the head (with the edges' share)
+      ms = t.edge_ms + t.edge_sum_squares_ms / static_cast<double>(grad_accum);
+    cost[i] = ms;
+  }
+  return offload::estimate_step(state, step, cost, c.links);
+}
+
 TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::Stream& compute,
                            kernels::Runtime& opt_rt, kernels::Stream& opt_stream, const Placement& placement,
                            int64_t grad_accum, size_t extra_device_bytes, kernels::Stream* comm)

@@ -15,7 +15,9 @@
 #include "io/engine.h"
 #include "io/swap_space.h"
 #include "offload/manager.h"
+#include "offload/timeline.h"
 #include "src/model/transformer.h"
+#include "src/train/perf_model.h"
 #include "src/train/run_memory.h"
 
 namespace strata {
@@ -47,6 +49,13 @@ struct MemoryPlan {
   std::string policy;
 };
 
+// What a step's phases cost on this machine, for TieredMemory::estimate.
+struct StepCosts {
+  PhaseTimes phases;                // the model's phases on the compute device
+  double adamw_params_per_ms = 0;   // AdamW where the optimizer runs
+  offload::LinkRates links;         // bytes per ms per link
+};
+
 class TieredMemory final : public RunMemory {
  public:
   // What a step of the manager runs: a training step, a pending update on its own, or an aside
@@ -70,6 +79,11 @@ class TieredMemory final : public RunMemory {
   // bisection of simulated steps).
   static MemoryPlan plan(const Transformer& model, kernels::Backend backend, const Placement& placement,
                          int64_t grad_accum, size_t extra_device_bytes, bool minimums = false);
+
+  // The step's time on this machine (CPU backend: compute and AdamW on one stream): the plan
+  // plan() would run, replayed against a clock (offload/timeline.h) with each phase's cost.
+  static offload::StepTimeline estimate(const Transformer& model, kernels::Backend backend, const Placement& placement,
+                                        int64_t grad_accum, size_t extra_device_bytes, const StepCosts& costs);
 
   void begin_step(Program p = Program::step) { mgr_->begin_step(static_cast<int>(p)); }
   void end_step() { mgr_->end_step(); }

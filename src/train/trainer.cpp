@@ -592,6 +592,15 @@ RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
   return p;
 }
 
+offload::StepTimeline estimate_run(const TrainOptions& o, const StepCosts& costs, int world) {
+  ResolvedRun r = resolve_run(o);
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);  // sizes only: no device needed
+  Transformer model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world);
+  r.placement.sharding = Sharding{o.zero_stage, world, 0};
+  return TieredMemory::estimate(model, r.backend, r.placement, o.grad_accum, step_buffer_bytes(o, model.units().size()),
+                                costs);
+}
+
 Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   const auto t_start = Clock::now();
   Impl& m = *impl_;
