@@ -66,7 +66,7 @@ int run_plan(const PlanOptions& po) {
     so.paths = o.nvme_paths;
     so.allow_buffered = true;
     io::SwapSpace space(so, *engine);
-    bw = io::measure_bandwidth(space, 16ull << 20, 16);
+    bw = io::measure_bandwidth(space, 16ull << 20, 32);  // 512 MiB each way
   }
 
   StepFloor f;
