@@ -202,6 +202,7 @@ std::shared_ptr<Request> EngineBase::make_request(IoOp op, std::span<const IoSpa
   r->op = op;
   r->label = std::move(ropts.label);
   r->verify = std::move(ropts.verify);
+  if (op == IoOp::read) r->check_piece = std::move(ropts.check_piece);
   size_t n_pieces = 0;
   for (const IoSpan& s : spans) {
     if (!is_aligned(s.buf) || !is_aligned(s.offset) || !is_aligned(s.length)) {
@@ -230,6 +231,8 @@ std::shared_ptr<Request> EngineBase::make_request(IoOp op, std::span<const IoSpa
         p.offset = s.offset + done;
         p.length = std::min<uint64_t>(opts_.block_bytes, s.length - done);
         p.buf = static_cast<char*>(s.buf) + done;
+        p.start = p.buf;
+        p.total = p.length;
         r->pieces.push_back(p);
       }
     }

@@ -72,6 +72,10 @@ using FileId = int32_t;
 struct RequestOptions {
   std::string label;
   std::function<void()> verify;
+  // A read only: called with each piece's [from, from + bytes) of the buffer once the piece has
+  // arrived, on the thread that completes it (so a check overlaps the rest of the read). It
+  // must not throw: it records what it finds for `verify` to report.
+  std::function<void(const char*, uint64_t)> check_piece;
 };
 
 // One contiguous range of a request: `length` bytes at `offset` of `file`, to/from `buf`.

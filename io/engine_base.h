@@ -29,6 +29,8 @@ struct Piece {
   uint64_t length = 0;
   char* buf = nullptr;
   int zero_progress = 0;  // consecutive 0-byte writes
+  char* start = nullptr;  // the piece as submitted (buf and length advance on a short transfer)
+  uint64_t total = 0;
 };
 
 // Implemented by an engine whose completions the caller reaps (no reaper thread).
@@ -50,6 +52,7 @@ struct Request {
   Reaper* reaper = nullptr;  // non-null: wait() drives the engine's completion loop
   std::string label;
   std::function<void()> verify;
+  std::function<void(const char*, uint64_t)> check_piece;  // RequestOptions::check_piece
   std::once_flag verify_once;
   std::exception_ptr verify_error;
   // The first failure, kept as plain data: each wait() throws its own IoError built from it, so
@@ -69,8 +72,18 @@ struct Request {
     std::lock_guard lk(error_mu);
     if (!error) error = std::move(f);
   }
-  // Called once per piece when it is finished for good; the last one completes the request.
-  void finish_piece() {
+  // Called once per piece when it is finished for good; the last one completes the request. A
+  // read's piece is checked first (check_piece), here on the thread that reaped it, so the
+  // check overlaps the rest of the read instead of following it.
+  void finish_piece(const Piece& p) {
+    if (check_piece) {
+      bool failed;
+      {
+        std::lock_guard lk(error_mu);
+        failed = error.has_value();
+      }
+      if (!failed) check_piece(p.start, p.total);  // records what it finds; never throws
+    }
     if (pieces_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     latency_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t_submit).count(),
                      std::memory_order_relaxed);

@@ -73,7 +73,7 @@ class ThreadEngine final : public detail::EngineBase {
       }
       run_piece(*p);
       Request* r = p->req;
-      r->finish_piece();  // may free the request (and p)
+      r->finish_piece(*p);  // may free the request (and p)
       std::lock_guard lk(mu_);
       if (--outstanding_ == 0) idle_cv_.notify_all();
     }

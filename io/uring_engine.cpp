@@ -264,7 +264,7 @@ class UringEngine final : public detail::EngineBase, public detail::Reaper {
       for (unsigned i = n_requeue; i-- > 0;) backlog_.push_front(requeue[i]);
       fill_locked();
       lk.unlock();
-      for (unsigned i = 0; i < n_finished; ++i) finished[i]->req->finish_piece();
+      for (unsigned i = 0; i < n_finished; ++i) finished[i]->req->finish_piece(*finished[i]);
       if (n_finished) {
         if (outstanding_.fetch_sub(n_finished, std::memory_order_acq_rel) == n_finished && opts_.reaper_thread) {
           std::lock_guard idle_lk(idle_mu_);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -149,6 +150,48 @@ TEST_P(EngineTest, ShortTransfersAreCompletedForTheRemainder) {
   EXPECT_GT(truncated.load(), 0);
   EXPECT_GE(e.stats().short_requeues, static_cast<uint64_t>(truncated.load()));
   EXPECT_EQ(e.stats().bytes_read, uint64_t{1} << 20);  // each byte counted once despite re-queues
+}
+
+// A read's check_piece sees every piece once, whole (also when it completed short and was
+// re-queued for the rest), with its bytes already there; verify runs after all of them.
+TEST_P(EngineTest, EachPieceOfAReadIsCheckedOnceWithItsBytes) {
+  EngineOptions o = options_for(GetParam());
+  o.block_bytes = 64 << 10;
+  o.completion_hook = [](IoOp, uint64_t, uint64_t length, int64_t res) -> int64_t {
+    return res > 4096 && static_cast<uint64_t>(res) == length ? static_cast<int64_t>(length / 2 / 4096 * 4096) : res;
+  };
+  IoEngine& e = make(o);
+  constexpr uint64_t kLen = 1 << 20;
+  AlignedBuffer a(kLen), b(kLen);
+  fill_random(a.data(), kLen, 11);
+  e.write(file_, 4096, kLen, a.data()).wait();
+  std::memset(b.data(), 0, kLen);
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, uint64_t>> seen;  // (offset in the buffer, bytes)
+  bool all_there = true, verified_after = true;
+  RequestOptions ro;
+  ro.check_piece = [&](const char* from, uint64_t bytes) {
+    const uint64_t at = static_cast<uint64_t>(from - b.as<char>());
+    std::lock_guard lk(mu);
+    seen.emplace_back(at, bytes);
+    all_there = all_there && std::memcmp(from, a.as<char>() + at, bytes) == 0;
+  };
+  ro.verify = [&] {
+    std::lock_guard lk(mu);
+    verified_after = seen.size() == kLen / (64 << 10);
+  };
+  IoSpan span{file_, 4096, kLen, b.data()};
+  IoHandle h = e.submit(IoOp::read, std::span<const IoSpan>(&span, 1), std::move(ro));
+  h.wait();
+  std::sort(seen.begin(), seen.end());
+  ASSERT_EQ(seen.size(), kLen / (64 << 10));
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].first, i * (64 << 10));
+    EXPECT_EQ(seen[i].second, uint64_t{64} << 10);
+  }
+  EXPECT_TRUE(all_there);
+  EXPECT_TRUE(verified_after);
+  EXPECT_GT(e.stats().short_requeues, 0u);
 }
 
 TEST_P(EngineTest, EagainAndEintrAreRetried) {
