@@ -101,7 +101,7 @@ int run_plan(const PlanOptions& po) {
     c.adamw_params_per_ms = adam_rate / 1e3;
     c.links.nvme_read = bw.read_gbps * 1e6;
     c.links.nvme_write = bw.write_gbps * 1e6;
-    tl = estimate_run(o, c, po.world);
+    tl = estimate_run(o, p, c);
     f.predicted_ms = std::max(f.predicted_ms, tl.step_ms);
   }
 
@@ -177,9 +177,10 @@ int run_plan(const PlanOptions& po) {
   fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "adamw", fmt::format("{} params", p.n_params),
              fmt::format("{:.3g} G/s", adam_rate / 1e9), fmt::format("{:.0f} ms", f.adamw_ms));
   if (replayed) {
-    fmt::print("\npredicted step: {:.0f} ms (the plan replayed: compute {:.0f} ms, waiting for blocks {:.0f} ms, NVMe "
-               "busy {:.0f} ms; offload plan {})\n",
-               f.predicted_ms, tl.compute_ms, tl.stall_ms, tl.nvme_busy_ms, mp.policy.empty() ? "none" : mp.policy);
+    fmt::print("\npredicted step: {:.0f} ms (the plan replayed: {:.0f} ms, of which compute {:.0f} ms, waiting for "
+               "blocks {:.0f} ms, NVMe busy {:.0f} ms; the largest floor {:.0f} ms; offload plan {})\n",
+               f.predicted_ms, tl.step_ms, tl.compute_ms, tl.stall_ms, tl.nvme_busy_ms,
+               std::max(compute_and_update, f.nvme_ms), mp.policy.empty() ? "none" : mp.policy);
     return 0;
   }
   fmt::print("\npredicted step: {:.0f} ms (the largest floor: {}; offload plan {})\n", f.predicted_ms,

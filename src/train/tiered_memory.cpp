@@ -375,10 +375,10 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
 }
 
 offload::StepTimeline TieredMemory::estimate(const Transformer& model, kernels::Backend backend, const Placement& pl,
-                                             int64_t grad_accum, size_t extra_device_bytes, const StepCosts& c) {
-  const MemoryPlan mp = plan(model, backend, pl, grad_accum, extra_device_bytes);
+                                             int64_t grad_accum, size_t extra_device_bytes,
+                                             const std::array<uint64_t, offload::kNumTiers>& budget, const StepCosts& c) {
   auto l = build_layout(model, backend, pl, grad_accum, extra_device_bytes);
-  offload::Residency state(mp.budget);
+  offload::Residency state(budget);
   for (const auto& spec : l->specs) state.add_block(spec);
   // Each phase's compute runs where the driver turns from acquiring its blocks to releasing
   // them; what it is follows from the blocks it holds.
@@ -389,7 +389,8 @@ offload::StepTimeline TieredMemory::estimate(const Transformer& model, kernels::
     for (size_t u = 0; u < l->ids[static_cast<size_t>(r)].size(); ++u)
       unit_of[static_cast<size_t>(l->ids[static_cast<size_t>(r)][u])] = static_cast<int>(u);
   std::vector<int> layer_of(model.units().size(), -1);
-  for (int64_t layer = 0; layer < model.dims().L; ++layer) layer_of[static_cast<size_t>(model.block_unit(layer))] = static_cast<int>(layer);
+  for (int64_t layer = 0; layer < model.dims().L; ++layer)
+    layer_of[static_cast<size_t>(model.block_unit(layer))] = static_cast<int>(layer);
   const PhaseTimes& t = c.phases;
   std::vector<double> cost(ev.size(), 0.0);
   std::vector<offload::BlockId> open;

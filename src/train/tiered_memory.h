@@ -80,10 +80,12 @@ class TieredMemory final : public RunMemory {
   static MemoryPlan plan(const Transformer& model, kernels::Backend backend, const Placement& placement,
                          int64_t grad_accum, size_t extra_device_bytes, bool minimums = false);
 
-  // The step's time on this machine (CPU backend: compute and AdamW on one stream): the plan
-  // plan() would run, replayed against a clock (offload/timeline.h) with each phase's cost.
+  // The step's time on this machine (CPU backend: compute and AdamW on one stream): the step's
+  // plan under `budget` (plan()'s MemoryPlan::budget) replayed against a clock
+  // (offload/timeline.h) with each phase's cost.
   static offload::StepTimeline estimate(const Transformer& model, kernels::Backend backend, const Placement& placement,
-                                        int64_t grad_accum, size_t extra_device_bytes, const StepCosts& costs);
+                                        int64_t grad_accum, size_t extra_device_bytes,
+                                        const std::array<uint64_t, offload::kNumTiers>& budget, const StepCosts& costs);
 
   void begin_step(Program p = Program::step) { mgr_->begin_step(static_cast<int>(p)); }
   void end_step() { mgr_->end_step(); }

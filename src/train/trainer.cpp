@@ -575,30 +575,40 @@ uint64_t comm_bytes_per_step(const Transformer& model, const Sharding& sh, int64
   return static_cast<uint64_t>(b);
 }
 
+namespace {
+// One rank of a `world`-rank run, sized for planning: its model on a CPU runtime (shapes only, no
+// device needed) and its placement with this rank's sharding.
+struct SizedRun {
+  ResolvedRun r;
+  std::unique_ptr<kernels::Runtime> rt = kernels::make_runtime(kernels::Backend::cpu);
+  Transformer model;
+  size_t step_buffers;
+  SizedRun(const TrainOptions& o, int world)
+      : r(resolve_run(o)),
+        model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world),
+        step_buffers(step_buffer_bytes(o, model.units().size())) {
+    r.placement.sharding = Sharding{o.zero_stage, world, 0};
+  }
+};
+}  // namespace
+
 RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
   if (world < 1) throw std::invalid_argument("--world must be at least 1, got " + std::to_string(world));
-  ResolvedRun r = resolve_run(o);
-  auto rt = kernels::make_runtime(kernels::Backend::cpu);  // sizes only: no device needed
-  Transformer model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world);
-  r.placement.sharding = Sharding{o.zero_stage, world, 0};
+  const SizedRun run(o, world);
   RunPlan p;
-  p.memory = TieredMemory::plan(model, r.backend, r.placement, o.grad_accum,
-                                step_buffer_bytes(o, model.units().size()), minimums);
-  p.cfg = r.cfg;
-  p.n_params = model.n_params();
+  p.memory = TieredMemory::plan(run.model, run.r.backend, run.r.placement, o.grad_accum, run.step_buffers, minimums);
+  p.cfg = run.r.cfg;
+  p.n_params = run.model.n_params();
   p.tokens_per_step = o.batch * o.seq * o.grad_accum * world;
   p.world = world;
-  p.comm_bytes = comm_bytes_per_step(model, r.placement.sharding, o.grad_accum);
+  p.comm_bytes = comm_bytes_per_step(run.model, run.r.placement.sharding, o.grad_accum);
   return p;
 }
 
-offload::StepTimeline estimate_run(const TrainOptions& o, const StepCosts& costs, int world) {
-  ResolvedRun r = resolve_run(o);
-  auto rt = kernels::make_runtime(kernels::Backend::cpu);  // sizes only: no device needed
-  Transformer model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world);
-  r.placement.sharding = Sharding{o.zero_stage, world, 0};
-  return TieredMemory::estimate(model, r.backend, r.placement, o.grad_accum, step_buffer_bytes(o, model.units().size()),
-                                costs);
+offload::StepTimeline estimate_run(const TrainOptions& o, const RunPlan& p, const StepCosts& costs) {
+  const SizedRun run(o, p.world);
+  return TieredMemory::estimate(run.model, run.r.backend, run.r.placement, o.grad_accum, run.step_buffers,
+                                p.memory.budget, costs);
 }
 
 Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {

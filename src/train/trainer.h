@@ -106,8 +106,9 @@ struct RunPlan {
 };
 // world: plan one rank of a job of that many ranks (--zero-stage decides what is sharded).
 RunPlan plan_run(const TrainOptions& opts, bool minimums = false, int world = 1);
-// One rank's step time from its plan replayed with these costs (TieredMemory::estimate).
-offload::StepTimeline estimate_run(const TrainOptions& opts, const StepCosts& costs, int world = 1);
+// One rank's step time: the plan replayed with these costs under plan_run's budgets (`plan`,
+// from plan_run with the same options; TieredMemory::estimate).
+offload::StepTimeline estimate_run(const TrainOptions& opts, const RunPlan& plan, const StepCosts& costs);
 
 // Bytes each rank sends (and receives) per optimizer step for the collectives of its ZeRO
 // stage, as the mpi communicator moves them: an all-reduce of B bytes sends 2(N-1)/N·B

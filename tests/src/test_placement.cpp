@@ -172,6 +172,35 @@ TEST(Placement, BudgetBelowMinimumNamesTheMinimumWhichRuns) {
   EXPECT_LE(t.host_bytes(), minimum);
 }
 
+// The replayed step costs every phase once: each block's forward, its backward and (checkpointed)
+// its recompute, the head and edges once per micro-batch, the Σg² once per step, and AdamW over
+// every unit. With instant links nothing waits, so the step is exactly that sum.
+TEST(Placement, ReplayedStepCostsEveryPhaseOnce) {
+  TempDir dir;
+  TrainOptions o = one_step_run(dir);
+  o.offload_params = o.offload_grads = o.offload_optimizer = "nvme";
+  o.checkpoint_activations = "every:2";
+  o.grad_accum = 2;
+  const RunPlan p = plan_run(o);
+  StepCosts c;
+  c.phases = {.block_forward_ms = 1, .block_backward_ms = 10, .edge_ms = 100, .sum_squares_ms = 1000,
+              .edge_sum_squares_ms = 10000};
+  const int64_t L = tiny_llama().n_layers;
+  ASSERT_GE(L, 2);
+  const double ckpt = static_cast<double>((L + 1) / 2);  // every:2 checkpoints layers 0, 2, ...
+  const double phases = 2 * (100 + static_cast<double>(L) * (1 + 10) + ckpt * 1) + 10000 + static_cast<double>(L) * 1000;
+  c.adamw_params_per_ms = 1e30;  // AdamW costs nothing
+  offload::StepTimeline t = estimate_run(o, p, c);
+  EXPECT_NEAR(t.compute_ms, phases, 1e-6);
+  EXPECT_NEAR(t.step_ms, phases, 1e-6);  // links not modelled: nothing waits
+  EXPECT_EQ(t.stall_ms, 0);
+  c.adamw_params_per_ms = 1;  // one parameter per ms: AdamW adds every unit's padded size (m, v: 8 bytes)
+  t = estimate_run(o, p, c);
+  const uint64_t adam_bytes = p.memory.homed[offload::index(offload::Tier::nvme)][static_cast<size_t>(Role::adam)];
+  ASSERT_GE(adam_bytes / 8, static_cast<uint64_t>(p.n_params));
+  EXPECT_NEAR(t.compute_ms - phases, static_cast<double>(adam_bytes / 8), 1e-6);
+}
+
 // A budget too small for even its tier's home copies fails the same way: the error names the
 // tier's minimum (not the home copy that overflowed it, which named a budget that failed again
 // at the next), and the minimum named runs.
