@@ -104,6 +104,12 @@ int run_plan(const PlanOptions& po) {
     tl = estimate_run(o, p, c);
     f.predicted_ms = std::max(f.predicted_ms, tl.step_ms);
   }
+  // The norm barrier's bound (tiered_memory.h): what no schedule beats with these budgets.
+  const double window_ms = split ? std::max(f.adamw_ms, first_forward_ms) : first_forward_ms + f.adamw_ms;
+  const BarrierBound barrier = barrier_bound(mp, backend, window_ms, compute_and_update - window_ms,
+                                             {.nvme_read = bw.read_gbps * 1e6, .nvme_write = bw.write_gbps * 1e6});
+  const bool barred = nvme_moved > 0 && barrier.window_io_ms > barrier.window_compute_ms;
+  if (barred) f.predicted_ms = std::max(f.predicted_ms, barrier.step_ms);
 
   if (po.json) {
     nlohmann::json j;
@@ -133,6 +139,13 @@ int run_plan(const PlanOptions& po) {
       j["replayed_stall_ms"] = tl.stall_ms;
       j["replayed_nvme_busy_ms"] = tl.nvme_busy_ms;
     }
+    j["barrier_step_ms"] = barrier.step_ms;
+    j["barrier_window_compute_ms"] = barrier.window_compute_ms;
+    j["barrier_window_io_ms"] = barrier.window_io_ms;
+    j["barrier_read_bytes"] = barrier.read_bytes;
+    j["barrier_write_bytes"] = barrier.write_bytes;
+    j["barrier_room_bytes"] = barrier.room;
+    j["barrier_ms_per_gib"] = barrier.ms_per_gib;
     j["world"] = p.world;
     j["zero_stage"] = o.zero_stage;
     // Per rank, over every tier: what each role's blocks hold (ZeRO stages shard them).
@@ -176,18 +189,31 @@ int run_plan(const PlanOptions& po) {
              fmt::format("{:.0f} GFLOP/s", gflops), fmt::format("{:.0f} ms", f.compute_ms));
   fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "adamw", fmt::format("{} params", p.n_params),
              fmt::format("{:.3g} G/s", adam_rate / 1e9), fmt::format("{:.0f} ms", f.adamw_ms));
+  const auto print_barrier = [&] {
+    if (!barred) return;
+    fmt::print("norm barrier: no schedule runs this step in under {:.0f} ms with these budgets. The update reads {} "
+               "and writes {} on NVMe between the step's last gradient (clipping needs the global norm) and the "
+               "next forward, and RAM holds at most {} of either side: {:.0f} ms of I/O in a window of {:.0f} ms "
+               "of compute. Each GiB more --host-mem takes up to {:.0f} ms off.\n",
+               barrier.step_ms, gib(barrier.read_bytes), gib(barrier.write_bytes), gib(barrier.room),
+               barrier.window_io_ms, barrier.window_compute_ms, barrier.ms_per_gib);
+  };
   if (replayed) {
     fmt::print("\npredicted step: {:.0f} ms (the plan replayed: {:.0f} ms, of which compute {:.0f} ms, waiting for "
                "blocks {:.0f} ms, NVMe busy {:.0f} ms; the largest floor {:.0f} ms; offload plan {})\n",
                f.predicted_ms, tl.step_ms, tl.compute_ms, tl.stall_ms, tl.nvme_busy_ms,
                std::max(compute_and_update, f.nvme_ms), mp.policy.empty() ? "none" : mp.policy);
+    print_barrier();
     return 0;
   }
-  fmt::print("\npredicted step: {:.0f} ms (the largest floor: {}; offload plan {})\n", f.predicted_ms,
-             f.nvme_ms > compute_and_update ? "NVMe reads + writes"
-             : split                        ? "AdamW on the CPU beside the first forward, then the rest of compute"
-                                            : "compute + AdamW",
+  fmt::print("\npredicted step: {:.0f} ms ({}; offload plan {})\n", f.predicted_ms,
+             barred && barrier.step_ms >= std::max(compute_and_update, f.nvme_ms)
+                 ? "the norm barrier's bound, below"
+             : f.nvme_ms > compute_and_update ? "the largest floor: NVMe reads + writes"
+             : split ? "the largest floor: AdamW on the CPU beside the first forward, then the rest of compute"
+                     : "the largest floor: compute + AdamW",
              mp.policy.empty() ? "none" : mp.policy);
+  print_barrier();
   return 0;
 }
 

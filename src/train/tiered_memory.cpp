@@ -374,6 +374,32 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
   return mp;
 }
 
+BarrierBound barrier_bound(const MemoryPlan& mp, kernels::Backend backend, double window_compute_ms, double rest_ms,
+                           const offload::LinkRates& rates) {
+  BarrierBound b;
+  const auto& nvme = mp.homed[offload::index(Tier::nvme)];
+  const auto role = [&](Role r) { return nvme[static_cast<size_t>(r)]; };
+  b.read_bytes = role(Role::master) + role(Role::adam) + role(Role::grads);
+  b.write_bytes = role(Role::master) + role(Role::adam) + role(Role::weights);
+  const auto free_of_homes = [&](Tier t) {
+    uint64_t homed = 0;
+    for (uint64_t x : mp.homed[offload::index(t)]) homed += x;
+    const uint64_t budget = mp.budget[offload::index(t)];
+    return budget > homed ? budget - homed : 0;
+  };
+  // On the CPU backend an NVMe-homed block is only ever copied to the host tier.
+  b.room = free_of_homes(Tier::host) + (backend == kernels::Backend::cpu ? 0 : free_of_homes(Tier::device));
+  const auto ms = [](uint64_t bytes, double per_ms) { return per_ms > 0 ? static_cast<double>(bytes) / per_ms : 0.0; };
+  const uint64_t reads = b.read_bytes > b.room ? b.read_bytes - b.room : 0;
+  const uint64_t writes = b.write_bytes > b.room ? b.write_bytes - b.room : 0;
+  b.window_compute_ms = window_compute_ms;
+  b.window_io_ms = ms(reads, rates.nvme_read) + ms(writes, rates.nvme_write);
+  b.step_ms = rest_ms + std::max(window_compute_ms, b.window_io_ms);
+  if (b.window_io_ms > window_compute_ms)
+    b.ms_per_gib = (reads ? ms(1ull << 30, rates.nvme_read) : 0) + (writes ? ms(1ull << 30, rates.nvme_write) : 0);
+  return b;
+}
+
 offload::StepTimeline TieredMemory::estimate(const Transformer& model, kernels::Backend backend, const Placement& pl,
                                              int64_t grad_accum, size_t extra_device_bytes,
                                              const std::array<uint64_t, offload::kNumTiers>& budget, const StepCosts& c) {

@@ -56,6 +56,27 @@ struct StepCosts {
   offload::LinkRates links;         // bytes per ms per link
 };
 
+// The norm barrier: a lower bound on the step that no schedule beats. Clipping needs the global
+// norm, so no unit updates before the step's last gradient exists, and each unit's update must be
+// done before the next forward computes it. So what the update reads from NVMe (the master,
+// moments and gradients homed there) and writes back (master, moments, weights) moves inside that
+// window, except what RAM holds: read ahead before it, or still dirty after it. Neither can
+// exceed `room`, the RAM that working copies of NVMe-homed blocks may use (the host budget less
+// its home copies; on a GPU also the device's). Reads and writes share the disk's one queue. The
+// window's compute is the first micro-batch's block forwards and, where it shares the cores,
+// AdamW; the rest of the step's compute runs outside it. With every optimizer byte on NVMe and a
+// small host budget (1.5B, 8 GiB) this bound, not max(compute, bytes ÷ bandwidth), is the step's.
+struct BarrierBound {
+  uint64_t read_bytes = 0, write_bytes = 0;  // the update's NVMe traffic
+  uint64_t room = 0;
+  double window_compute_ms = 0, window_io_ms = 0;
+  double step_ms = 0;     // rest of compute + max(window compute, window I/O)
+  double ms_per_gib = 0;  // what one more GiB of room takes off while the window's I/O bounds it
+};
+// rest_ms + window_compute_ms: the step's compute (with AdamW); rates in bytes per ms.
+BarrierBound barrier_bound(const MemoryPlan& mp, kernels::Backend backend, double window_compute_ms, double rest_ms,
+                           const offload::LinkRates& rates);
+
 class TieredMemory final : public RunMemory {
  public:
   // What a step of the manager runs: a training step, a pending update on its own, or an aside

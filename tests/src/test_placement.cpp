@@ -201,6 +201,73 @@ TEST(Placement, ReplayedStepCostsEveryPhaseOnce) {
   EXPECT_NEAR(t.compute_ms - phases, static_cast<double>(adam_bytes / 8), 1e-6);
 }
 
+// The norm barrier's bound: the update's NVMe reads and writes, less what the room left beside
+// the home copies can hold at either end of the window, over each direction's rate.
+TEST(Placement, BarrierBoundCountsTheUpdatesBytesBeyondTheRoom) {
+  MemoryPlan mp;
+  const auto nvme = offload::index(offload::Tier::nvme), host = offload::index(offload::Tier::host),
+             device = offload::index(offload::Tier::device);
+  mp.homed[nvme][static_cast<size_t>(Role::master)] = 100;
+  mp.homed[nvme][static_cast<size_t>(Role::adam)] = 200;
+  mp.homed[nvme][static_cast<size_t>(Role::grads)] = 50;
+  mp.homed[nvme][static_cast<size_t>(Role::weights)] = 25;
+  mp.homed[nvme][static_cast<size_t>(Role::input)] = 1000;  // checkpoints: not the update's
+  mp.homed[host][kNumRoles] = 30;                            // host buffers: not room
+  mp.budget[host] = 130;
+  mp.homed[device][static_cast<size_t>(Role::input)] = 5;
+  mp.budget[device] = 45;
+  const offload::LinkRates rates{.nvme_read = 10, .nvme_write = 5};
+  BarrierBound b = barrier_bound(mp, kernels::Backend::cpu, 20, 7, rates);
+  EXPECT_EQ(b.read_bytes, 350u);
+  EXPECT_EQ(b.write_bytes, 325u);
+  EXPECT_EQ(b.room, 100u);  // on the CPU only the host holds NVMe-homed copies
+  EXPECT_DOUBLE_EQ(b.window_io_ms, (350 - 100) / 10.0 + (325 - 100) / 5.0);
+  EXPECT_DOUBLE_EQ(b.step_ms, 7 + 70);
+  EXPECT_DOUBLE_EQ(b.ms_per_gib, (1u << 30) / 10.0 + (1u << 30) / 5.0);
+  b = barrier_bound(mp, kernels::Backend::cuda, 20, 7, rates);
+  EXPECT_EQ(b.room, 140u);  // a GPU's free device memory holds copies too
+  EXPECT_DOUBLE_EQ(b.window_io_ms, (350 - 140) / 10.0 + (325 - 140) / 5.0);
+  b = barrier_bound(mp, kernels::Backend::cpu, 100, 7, rates);  // compute covers the window's I/O
+  EXPECT_DOUBLE_EQ(b.step_ms, 107);
+  EXPECT_EQ(b.ms_per_gib, 0);
+  mp.budget[host] = 1000;  // room for everything: nothing has to move inside the window
+  b = barrier_bound(mp, kernels::Backend::cpu, 20, 7, rates);
+  EXPECT_EQ(b.window_io_ms, 0);
+  EXPECT_DOUBLE_EQ(b.step_ms, 27);
+}
+
+// No schedule beats the bound, so neither may the replayed plan: all on NVMe, at the host
+// minimum and with ample room, with each link slow enough to matter.
+TEST(Placement, ReplayedStepNeverBeatsTheBarrierBound) {
+  TempDir dir;
+  TrainOptions o = one_step_run(dir);
+  o.offload_params = o.offload_grads = o.offload_optimizer = "nvme";
+  o.checkpoint_activations = "full";
+  StepCosts c;
+  c.phases = {.block_forward_ms = 1, .block_backward_ms = 3, .edge_ms = 2, .sum_squares_ms = 0.1,
+              .edge_sum_squares_ms = 0.2};
+  c.adamw_params_per_ms = 1e30;
+  const double window_ms = static_cast<double>(tiny_llama().n_layers) * c.phases.block_forward_ms;
+  for (bool at_minimum : {false, true}) {
+    if (at_minimum) o.host_mem = std::to_string(plan_run(o, true).memory.minimum[1]);
+    const RunPlan p = plan_run(o);
+    const auto& nvme = p.memory.homed[offload::index(offload::Tier::nvme)];
+    const double update_bytes = static_cast<double>(nvme[static_cast<size_t>(Role::adam)]);
+    ASSERT_GT(update_bytes, 0);
+    for (double io_ms : {1.0, 10.0, 100.0}) {  // the moments alone take io_ms to read
+      c.links.nvme_read = update_bytes / io_ms, c.links.nvme_write = update_bytes / io_ms;
+      const offload::StepTimeline t = estimate_run(o, p, c);
+      const BarrierBound b = barrier_bound(p.memory, kernels::Backend::cpu, window_ms, t.compute_ms - window_ms, c.links);
+      if (at_minimum && io_ms == 100.0) {
+        EXPECT_GT(b.window_io_ms, window_ms) << "the bound binds somewhere";
+      }
+      EXPECT_GE(t.step_ms, b.step_ms * (1 - 1e-9))
+          << "host " << o.host_mem << ", io " << io_ms << " ms: window I/O " << b.window_io_ms << " ms, room "
+          << b.room;
+    }
+  }
+}
+
 // A budget too small for even its tier's home copies fails the same way: the error names the
 // tier's minimum (not the home copy that overflowed it, which named a budget that failed again
 // at the next), and the minimum named runs.
