@@ -108,7 +108,8 @@ int run_plan(const PlanOptions& po) {
   const double window_ms = split ? std::max(f.adamw_ms, first_forward_ms) : first_forward_ms + f.adamw_ms;
   const BarrierBound barrier = barrier_bound(mp, backend, window_ms, compute_and_update - window_ms,
                                              {.nvme_read = bw.read_gbps * 1e6, .nvme_write = bw.write_gbps * 1e6});
-  const bool barred = nvme_moved > 0 && barrier.window_io_ms > barrier.window_compute_ms;
+  // With the update in the backward (no clipping) there is no barrier.
+  const bool barred = !p.update_in_backward && nvme_moved > 0 && barrier.window_io_ms > barrier.window_compute_ms;
   if (barred) f.predicted_ms = std::max(f.predicted_ms, barrier.step_ms);
 
   if (po.json) {
@@ -146,6 +147,7 @@ int run_plan(const PlanOptions& po) {
     j["barrier_write_bytes"] = barrier.write_bytes;
     j["barrier_room_bytes"] = barrier.room;
     j["barrier_ms_per_gib"] = barrier.ms_per_gib;
+    j["update_in_backward"] = p.update_in_backward;
     j["world"] = p.world;
     j["zero_stage"] = o.zero_stage;
     // Per rank, over every tier: what each role's blocks hold (ZeRO stages shard them).
@@ -162,8 +164,9 @@ int run_plan(const PlanOptions& po) {
   }
   fmt::print("strata plan: {} params, {} tokens/step ({} x {} x {} micro-batches), {} on {}\n", p.n_params,
              p.tokens_per_step, o.batch, o.seq, o.grad_accum, o.dtype, o.backend);
-  fmt::print("placement: params {}, grads {}, optimizer {}, activations {} (checkpointing {})\n", o.offload_params,
-             o.offload_grads, o.offload_optimizer, o.offload_activations, o.checkpoint_activations);
+  fmt::print("placement: params {}, grads {}, optimizer {}, activations {} (checkpointing {}); AdamW {}\n",
+             o.offload_params, o.offload_grads, o.offload_optimizer, o.offload_activations, o.checkpoint_activations,
+             p.update_in_backward ? "in the backward (no clipping)" : "in the next step's forward");
   if (p.world > 1)
     fmt::print("ranks: {}, ZeRO stage {}: the tiers below are per rank; each rank sends {} and receives {} per step\n",
                p.world, o.zero_stage, gib(p.comm_bytes), gib(p.comm_bytes));

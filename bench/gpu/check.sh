@@ -114,6 +114,11 @@ for dt in bf16 fp32; do
   inv $dt tight_device opt_cpu --grad-accum 2 --offload-params cpu --offload-grads cpu --offload-optimizer cpu \
     --checkpoint-activations full --device-mem 48M
 done
+# Without clipping each unit updates in the backward (AdamW on the CPU beside the GPU's backward):
+# placements must still agree bit for bit.
+inv bf16 opt_cpu_clip0 - --grad-accum 2 --grad-clip 0 --offload-optimizer cpu
+inv bf16 all_nvme_clip0 opt_cpu_clip0 --grad-accum 2 --grad-clip 0 --offload-params nvme --offload-grads nvme \
+  --offload-optimizer nvme --checkpoint-activations full --offload-activations cpu "${NV[@]}"
 # Resume: 2 steps with a checkpoint, then on to 4 from it, against the 4-step run.
 rm -rf /tmp/strata-ckpt
 step inv_resume_a 30 "$S" train --backend "$GB" --dtype bf16 --batch 4 --seq 64 --steps 4 --warmup 1 --grad-accum 2 \
@@ -141,6 +146,8 @@ if has train; then
   step train_1b 80 "${TRAIN[@]}" "${B1[@]}" --steps 5 --metrics "$OUT/train_1b.jsonl"
   step train_1b_opt_cpu 90 "${TRAIN[@]}" "${B1[@]}" --steps 4 --offload-optimizer cpu --metrics "$OUT/train_1b_opt_cpu.jsonl"
   step plan_1b_opt_cpu 40 "$S" plan --backend "$GB" --dtype bf16 "${B1[@]}" --offload-optimizer cpu
+  step train_1b_opt_cpu_clip0 90 "${TRAIN[@]}" "${B1[@]}" --steps 4 --offload-optimizer cpu --grad-clip 0 \
+    --metrics "$OUT/train_1b_opt_cpu_clip0.jsonl"
   step train_1b_24g 90 "${TRAIN[@]}" "${B1[@]}" --steps 4 --device-mem 24G \
     --offload-optimizer cpu --offload-params cpu --checkpoint-activations full --metrics "$OUT/train_1b_24g.jsonl"
   step plan_1b_24g 40 "$S" plan --backend "$GB" --dtype bf16 "${B1[@]}" --device-mem 24G \
@@ -196,9 +203,9 @@ fi
 echo
 echo "== strata train --backend cuda (median of the steps after the first; MFU = 6·params·tokens/s over"
 echo "   989 TFLOP/s, the H200's dense bf16 peak, attention FLOPs not counted)"
-printf '%-18s %9s %6s %8s %8s %8s %8s %s\n' run tokens/s MFU step_ms plan_ms h2d_GB nvme_GB start-up
+printf '%-22s %9s %6s %8s %8s %8s %8s %s\n' run tokens/s MFU step_ms plan_ms h2d_GB nvme_GB start-up
 med() { sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
-for run in train_1b train_1b_opt_cpu train_1b_24g train_1b_opt_nvme; do
+for run in train_1b train_1b_opt_cpu train_1b_opt_cpu_clip0 train_1b_24g train_1b_opt_nvme; do
   [ -f "$OUT/$run.log" ] || continue
   if [ -s "$OUT/$run.jsonl" ]; then
     tps=$(grep -o '"tokens_per_s":[0-9.eE+-]*' "$OUT/$run.jsonl" | tail -n +2 | cut -d: -f2 | med)
@@ -210,11 +217,11 @@ for run in train_1b train_1b_opt_cpu train_1b_24g train_1b_opt_nvme; do
     mfu=$(awk -v t="${tps:-0}" -v p="${params:-0}" 'BEGIN { printf "%.1f%%", 600 * p * t / 989e12 }')
     plan=-
     for pr in "${PLANS[@]}"; do [ "${pr%%:*}" = "$run" ] && plan=$(grep -o '^predicted step: [0-9]*' "$OUT/${pr#*:}.log" 2>/dev/null | grep -o '[0-9]*$'); done
-    printf '%-18s %9.0f %6s %8.1f %8s %8.2f %8.2f %s\n' "$run" "${tps:-0}" "$mfu" "${sms:-0}" "${plan:--}" \
+    printf '%-22s %9.0f %6s %8.1f %8s %8.2f %8.2f %s\n' "$run" "${tps:-0}" "$mfu" "${sms:-0}" "${plan:--}" \
       "$(awk -v b="${h2d:-0}" 'BEGIN { print b / 1e9 }')" "$(awk -v b="${nv:-0}" 'BEGIN { print b / 1e9 }')" \
       "$(grep -o 'start-up *[0-9.]* s' "$OUT/$run.log" | head -1 | sed 's/start-up *//')"
   else
-    printf '%-18s %9s %6s %s\n' "$run" - - "$(grep -v '^\s*$' "$OUT/$run.log" 2>/dev/null | tail -1 | cut -c1-110)"
+    printf '%-22s %9s %6s %s\n' "$run" - - "$(grep -v '^\s*$' "$OUT/$run.log" 2>/dev/null | tail -1 | cut -c1-110)"
   fi
 done
 for b in bench_io_w bench_io_r; do [ -s "$OUT/$b.log" ] && echo "$b: $(grep -o '"mb_per_s":[0-9.]*' "$OUT/$b.log" | head -1)"; done

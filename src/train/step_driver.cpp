@@ -152,8 +152,14 @@ void StepDriver::forward(const int32_t* ids, const int32_t* targets) {
 }
 
 void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, float grad_scale, bool first, bool last,
-                                  double* norm2, const PendingUpdate* update) {
+                                  double* norm2, const PendingUpdate* update, const AdamWStep* update_now) {
   Transformer& m = model_;
+  if (update_now && (!last || sh_.world > 1 || update))
+    throw std::logic_error("StepDriver: an update in the backward needs the last micro-batch, one rank and no pending update");
+  // Unit u's gradient is final: its optimizer step now (update_now), after its compute.
+  const auto update_final = [&](int u) {
+    if (update_now) update_unit(u, *update_now, true);
+  };
   const Mode gmode = first ? Mode::write : Mode::read_write;  // the first micro-batch overwrites
   begin_pass(update, true);
   last_pass_ = last;
@@ -199,6 +205,8 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     mem_.release(Role::grads, fn);
     drop_head_weights(last);
     drop_weights(fn, last);
+    update_final(fn);
+    if (!m.tied_head()) update_final(hu);  // tied: with the embedding's, after its backward
   }
 
   for (int64_t l = m.dims().L - 1; l >= 0; --l) {
@@ -224,6 +232,7 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     mem_.release(Role::grads, u);
     mem_.release(Role::input, li);
     drop_weights(u, last);
+    update_final(u);
   }
 
   const int eu = m.embed_unit();
@@ -243,6 +252,7 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     });
     if (reduce) reduce_grads_async(eu, g, norm2 + eu);
     mem_.release(Role::grads, eu);
+    update_final(eu);
   }
   end_pass();
 }

@@ -32,6 +32,10 @@ struct Placement {
   uint64_t device_mem = 0;                           // 0: what the plan needs
   uint64_t host_mem = 0;                             // 0: what the plan needs, within physical RAM
   Sharding sharding;                                 // ZeRO: this rank's part of each unit
+  // Each unit's AdamW runs in the backward, right after its last gradient of the step, instead
+  // of inside the next step's forward (StepDriver::forward_backward). Only where nothing waits
+  // for the global norm: no clipping, no fp16 loss scaler, one rank.
+  bool update_in_backward = false;
   bool uses_nvme() const;
 };
 // "none" (the compute device) | "cpu" (pinned host RAM) | "nvme"; `flag` names the option in errors.

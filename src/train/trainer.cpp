@@ -494,6 +494,8 @@ ResolvedRun resolve_run(const TrainOptions& o) {
                                 " moves the kept inputs of checkpointed blocks: it needs --checkpoint-activations "
                                 "full or every:N");
   pl.nvme_paths = o.nvme_paths;
+  // One rank only: the caller clears it for more (their gradients are summed across ranks).
+  pl.update_in_backward = o.update_in_backward && o.grad_clip <= 0 && r.dtype != DType::f16;
   if (pl.uses_nvme() && pl.nvme_paths.empty())
     throw std::invalid_argument("an --offload-* flag is nvme but no --nvme-path DIR was given (a directory on the SSD "
                                 "for swap files)");
@@ -588,6 +590,7 @@ struct SizedRun {
         model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world),
         step_buffers(step_buffer_bytes(o, model.units().size())) {
     r.placement.sharding = Sharding{o.zero_stage, world, 0};
+    r.placement.update_in_backward = r.placement.update_in_backward && world == 1;
   }
 };
 }  // namespace
@@ -601,6 +604,7 @@ RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
   p.n_params = run.model.n_params();
   p.tokens_per_step = o.batch * o.seq * o.grad_accum * world;
   p.world = world;
+  p.update_in_backward = run.r.placement.update_in_backward;
   p.comm_bytes = comm_bytes_per_step(run.model, run.r.placement.sharding, o.grad_accum);
   return p;
 }
@@ -626,6 +630,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.comm = make_communicator(m.backend);
   m.sh = Sharding{o.zero_stage, m.comm->world(), m.comm->rank()};
   m.placement.sharding = m.sh;
+  m.placement.update_in_backward = m.placement.update_in_backward && m.sh.world == 1;
   const bool rank0 = m.sh.rank == 0;
   const Placement& pl = m.placement;
   nlohmann::json manifest;
@@ -778,6 +783,7 @@ StepStats Trainer::step() {
       int32_t* base = m.host_tokens.data() + k * 2 * n;
       m.loader->next(base, base + n);
     }
+  if (m.placement.update_in_backward) m.flush();  // (none is ever left pending in that mode)
   m.mem->begin_step();
   s.memcpy_async(m.dev_tokens, m.host_tokens.data(), m.host_tokens.size() * sizeof(int32_t));
   s.memset_async(m.dev_norm2, 0, m.host_norm2.size() * sizeof(double));
@@ -786,13 +792,18 @@ StepStats Trainer::step() {
   // With N ranks the global batch is N times this rank's: each rank scales by 1/N too, and
   // the fixed-order sum across ranks makes the grads the global mean.
   const float grad_scale = m.scaler.scale() / static_cast<float>(n * o.grad_accum * m.sh.world);
-  // The previous step's update runs inside this forward (none yet: the same blocks, no change).
+  // The previous step's update runs inside this forward (none yet: the same blocks, no change),
+  // or, where nothing waits for the norm, this step's inside its backward: the AdamWStep the
+  // end of the step would have made (clip coefficient 1, no loss scale), bit for bit.
   const PendingUpdate none;
-  const PendingUpdate* update = m.pending ? &*m.pending : &none;
+  const bool in_backward = m.placement.update_in_backward;
+  const PendingUpdate* update = in_backward ? nullptr : m.pending ? &*m.pending : &none;
+  const AdamWStep this_step{m.adamw, m.steps_done + 1 - m.skipped_steps, static_cast<float>(st.lr),
+                            clip_coefficient(0, o.grad_clip) / static_cast<float>(st.loss_scale)};
   for (int64_t k = 0; k < o.grad_accum; ++k) {
     const int32_t* ids = m.dev_tokens + k * 2 * n;
     m.driver->forward_backward(ids, ids + n, grad_scale, k == 0, k + 1 == o.grad_accum, m.dev_norm2,
-                               k == 0 ? update : nullptr);
+                               k == 0 ? update : nullptr, in_backward && k + 1 == o.grad_accum ? &this_step : nullptr);
     s.memcpy_async(m.host_losses.data() + k * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
   }
   s.memcpy_async(m.host_norm2.data(), m.dev_norm2, m.host_norm2.size() * sizeof(double));
@@ -825,7 +836,7 @@ StepStats Trainer::step() {
   st.grad_norm = norm;
   // Divergence: a non-finite loss, or a non-finite norm that is not an fp16 overflow (which the
   // loss scaler handles by skipping the step). Nothing is applied: the weights stay those of
-  // the last good step, and run() stops.
+  // the last good step (with the update in the backward, it already ran), and run() stops.
   st.diverged = !std::isfinite(st.loss) || (!m.scaler.enabled() && !std::isfinite(norm));
   const bool apply = !st.diverged && m.scaler.update(std::isfinite(norm));
   st.skipped = !apply && !st.diverged;
@@ -833,9 +844,10 @@ StepStats Trainer::step() {
   // This step's update, applied inside the next step's forward: AdamW sees grads · clip /
   // loss_scale (clipped, unscaled); its step count advances only over applied steps.
   const float clip = apply ? clip_coefficient(norm, o.grad_clip) : 1.f;
-  m.pending = PendingUpdate{AdamWStep{m.adamw, m.steps_done + 1 - m.skipped_steps, static_cast<float>(st.lr),
-                                      clip / static_cast<float>(st.loss_scale)},
-                            apply};
+  if (!in_backward)
+    m.pending = PendingUpdate{AdamWStep{m.adamw, m.steps_done + 1 - m.skipped_steps, static_cast<float>(st.lr),
+                                        clip / static_cast<float>(st.loss_scale)},
+                              apply};
   s.synchronize();
   m.opt_stream().synchronize();
   if (st.skipped) ++m.skipped_steps;
@@ -898,7 +910,10 @@ void Trainer::print_header(std::FILE* out) const {
   fmt::print(out, "  optimizer  AdamW lr {:g} ({}, warmup {}, min {:g}), betas ({:g}, {:g}), eps {:g}, "
                   "weight decay {:g} (2-D only), clip {}\n",
              o.lr, o.lr_schedule, o.warmup, o.min_lr, o.beta1, o.beta2, o.eps, o.weight_decay,
-             o.grad_clip > 0 ? fmt::format("{:g}", o.grad_clip) : std::string("off"));
+             o.grad_clip > 0 ? fmt::format("{:g}", o.grad_clip)
+             : m.placement.update_in_backward
+                 ? std::string("off (so each unit updates in the backward, as soon as its gradient is final)")
+                 : std::string("off"));
   fmt::print(out, "  precision  {} weights and activations, fp32 grads, fp32 master{}\n", kernels::dtype_name(m.dtype),
              m.dtype == DType::f16 ? ", dynamic loss scaling" : "");
   fmt::print(out, "  backend    {} ({} threads); activation checkpointing {}\n", kernels::backend_name(m.backend),
@@ -1021,9 +1036,11 @@ int Trainer::run(std::FILE* rank0_out) {
     }
     if (st.diverged)
       throw std::runtime_error(fmt::format(
-          "step {}: loss {} and grad norm {}: the run diverged (not finite); the step was not applied and nothing "
-          "was saved to --out; lower --lr, add --warmup or set --grad-clip",
-          st.step, st.loss, st.grad_norm));
+          "step {}: loss {} and grad norm {}: the run diverged (not finite); {}nothing was saved to --out; lower "
+          "--lr, add --warmup or set --grad-clip",
+          st.step, st.loss, st.grad_norm,
+          // In the backward, each unit's update ran as its gradient became final.
+          m.placement.update_in_backward ? "" : "the step was not applied and "));
   }
   m.flush();  // the last step's update
   if (!o.checkpoint_dir.empty() && m.last_checkpoint_step != m.steps_done) {

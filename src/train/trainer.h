@@ -35,6 +35,10 @@ struct TrainOptions {
   double weight_decay = 0.1;   // AdamW, 2-D tensors only
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 1.0;      // global L2 norm; 0 = off
+  // Where nothing waits for the global norm (grad_clip 0, no fp16 loss scaler, one rank), run
+  // each unit's AdamW in the backward as its gradient becomes final (Placement::
+  // update_in_backward). The same math either way; false keeps the update in the next forward.
+  bool update_in_backward = true;
   double loss_scale = 65536;   // fp16: the dynamic loss scaler's starting scale
   uint64_t seed = 1337;        // random init (models without weights) and synthetic data
   std::string metrics;         // JSONL file, one object per optimizer step ("" = none)
@@ -101,6 +105,7 @@ struct RunPlan {
   int64_t n_params = 0;
   int64_t tokens_per_step = 0;  // the global batch: all ranks
   int world = 1;
+  bool update_in_backward = false;  // Placement::update_in_backward: no norm barrier
   MemoryPlan memory;            // per rank
   uint64_t comm_bytes = 0;      // sent per step by each rank (as many received)
 };

@@ -127,6 +127,11 @@ TEST_F(ResumeCli, BitExactFp16LossScaler) {
   EXPECT_LT(skipped_before_ckpt, 5) << "every step overflowed: nothing was trained";
 }
 TEST_F(ResumeCli, BitExactBf16WithAccumulation) { expect_resume_exact("optimizer-nvme", "resident", "--dtype bf16 --grad-accum 2 "); }
+// Without clipping each unit updates in the backward (nothing is left pending at a step's end):
+// a checkpoint and its resume, offloaded or not, continue bit for bit.
+TEST_F(ResumeCli, BitExactWithTheUpdateInTheBackward) {
+  expect_resume_exact("all-nvme", "resident", "--dtype bf16 --grad-clip 0 ");
+}
 
 TEST_F(ResumeCli, RotationKeepsTheNewestAndLatestPointsAtIt) {
   const fs::path ck = dir_ / "ck";

@@ -75,6 +75,28 @@ Outcome train(const TrainOptions& o, const fs::path& out) {
   return r;
 }
 
+// Bitwise the reference run: every step's loss and grad norm, and the saved weights; no swap
+// file left behind.
+void expect_same_run(const Outcome& got, const Outcome& ref, const fs::path& swap) {
+  ASSERT_EQ(got.loss.size(), ref.loss.size());
+  for (size_t s = 0; s < ref.loss.size(); ++s) {
+    EXPECT_EQ(got.loss[s], ref.loss[s]) << "step " << s + 1;
+    EXPECT_EQ(got.norm[s], ref.norm[s]) << "step " << s + 1;
+  }
+  EXPECT_TRUE(got.weights == ref.weights) << "saved weights differ";
+  EXPECT_TRUE(fs::is_empty(swap)) << "swap files left behind";
+}
+
+// Three steps of the model in `dir` (swap files under dir/swap), all in memory.
+TrainOptions three_steps(const fs::path& dir, const char* dtype, int64_t accum) {
+  TrainOptions o;
+  o.model = dir.string();
+  o.dtype = dtype;
+  o.batch = 2, o.seq = 16, o.grad_accum = accum, o.steps = 3, o.warmup = 1, o.lr = 3e-3;
+  o.nvme_paths = {(dir / "swap").string()};
+  return o;
+}
+
 struct Combo {
   std::string params, grads, optimizer, ckpt, acts;
   int budget;  // 0: minimum, 1: between, 2: ample (automatic)
@@ -99,11 +121,7 @@ TEST(Placement, EveryCombinationIsBitwiseTheAllInMemoryRun) {
   int n_run = 0;
   for (const char* dtype : {"fp32", "bf16"}) {
     for (int64_t accum : {1, 2}) {
-      TrainOptions base;
-      base.model = dir.path().string();
-      base.dtype = dtype;
-      base.batch = 2, base.seq = 16, base.grad_accum = accum, base.steps = 3, base.warmup = 1, base.lr = 3e-3;
-      base.nvme_paths = {(dir.path() / "swap").string()};
+      const TrainOptions base = three_steps(dir.path(), dtype, accum);
       const Outcome ref = train(base, dir.path() / "ref");
       ASSERT_EQ(ref.loss.size(), 3u);
       for (size_t ci = 0; ci < combos.size(); ++ci) {
@@ -124,17 +142,67 @@ TEST(Placement, EveryCombinationIsBitwiseTheAllInMemoryRun) {
           const uint64_t host = c.budget == 0 ? lo : (lo + hi) / 2;
           o.host_mem = std::to_string(std::max<uint64_t>(host, offload::kAlign));
         }
-        const Outcome got = train(o, dir.path() / ("out" + std::to_string(n_run++)));
-        for (size_t s = 0; s < ref.loss.size(); ++s) {
-          EXPECT_EQ(got.loss[s], ref.loss[s]) << "step " << s + 1;
-          EXPECT_EQ(got.norm[s], ref.norm[s]) << "step " << s + 1;
-        }
-        EXPECT_TRUE(got.weights == ref.weights) << "saved weights differ";
-        EXPECT_TRUE(fs::is_empty(dir.path() / "swap")) << "swap files left behind";
+        expect_same_run(train(o, dir.path() / ("out" + std::to_string(n_run++))), ref, dir.path() / "swap");
       }
     }
   }
   EXPECT_GE(n_run, 16);
+}
+
+// With no clipping (one rank, no fp16 loss scaler) each unit's AdamW runs in the backward as
+// soon as its gradient is final. The math must not move by a bit: losses, norms and saved
+// weights equal the run that updates inside the next forward, in memory and offloaded, fp32 and
+// bf16, with and without accumulation, tied and untied heads.
+TEST(Placement, UpdateInTheBackwardIsBitwiseTheUpdateInTheNextForward) {
+  int n_run = 0;
+  for (bool tied : {false, true}) {
+    TempDir dir;
+    ModelConfig cfg = tiny_llama();
+    cfg.tie_word_embeddings = tied;
+    write_hf_config(cfg, dir.path() / "config.json");
+    fs::create_directories(dir.path() / "swap");
+    for (const char* dtype : {"fp32", "bf16"}) {
+      for (int64_t accum : {1, 2}) {
+        TrainOptions base = three_steps(dir.path(), dtype, accum);
+        base.grad_clip = 0;
+        TrainOptions next_forward = base;
+        next_forward.update_in_backward = false;
+        ASSERT_FALSE(plan_run(next_forward).update_in_backward);
+        const Outcome ref = train(next_forward, dir.path() / "ref");
+        for (int placement = 0; placement < 3; ++placement) {
+          TrainOptions o = base;
+          if (placement == 1) {  // everything on NVMe, at the host minimum
+            o.offload_params = o.offload_grads = o.offload_optimizer = "nvme";
+            o.checkpoint_activations = "full", o.offload_activations = "cpu";
+            o.host_mem = std::to_string(plan_run(o, /*minimums=*/true).memory.minimum[1]);
+          } else if (placement == 2) {
+            o.offload_params = "cpu", o.offload_optimizer = "nvme", o.checkpoint_activations = "every:2";
+          }
+          SCOPED_TRACE(std::string(dtype) + " accum " + std::to_string(accum) + (tied ? " tied" : " untied") +
+                       " placement " + std::to_string(placement));
+          ASSERT_TRUE(plan_run(o).update_in_backward);
+          expect_same_run(train(o, dir.path() / ("out" + std::to_string(n_run++))), ref, dir.path() / "swap");
+        }
+      }
+    }
+  }
+  EXPECT_EQ(n_run, 24);
+}
+
+// Only where nothing waits for the global norm: clipping on, or fp16 (its loss scaler skips
+// steps that overflow), keeps the update in the next forward.
+TEST(Placement, UpdateStaysInTheNextForwardWhenTheNormDecides) {
+  TempDir dir;
+  write_hf_config(tiny_llama(), dir.path() / "config.json");
+  TrainOptions o;
+  o.model = dir.path().string();
+  o.batch = 2, o.seq = 16, o.grad_clip = 0;
+  EXPECT_TRUE(plan_run(o).update_in_backward);
+  EXPECT_FALSE(plan_run(o, false, /*world=*/2).update_in_backward);
+  o.dtype = "fp16";
+  EXPECT_FALSE(plan_run(o).update_in_backward);
+  o.dtype = "bf16", o.grad_clip = 1;
+  EXPECT_FALSE(plan_run(o).update_in_backward);
 }
 
 // One step of tiny_llama, its config in `dir` and any swap files under dir/swap.
