@@ -975,7 +975,9 @@ int Trainer::run(std::FILE* rank0_out) {
       return 128 + sig;
     }
     const StepStats st = step();
-    if (o.checkpoint_every > 0 && st.step % o.checkpoint_every == 0 && st.step < o.steps) {
+    // A diverged step is never checkpointed (below, the run stops): with the update in the
+    // backward its units have already updated.
+    if (o.checkpoint_every > 0 && st.step % o.checkpoint_every == 0 && st.step < o.steps && !st.diverged) {
       const std::string path = save_checkpoint();
       fmt::print(out, "checkpoint {}\n", path);
     }

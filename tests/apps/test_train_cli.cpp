@@ -234,6 +234,27 @@ TEST_F(TrainCli, DivergenceStopsTheRunAndKeepsOut) {
   EXPECT_LT(v.size(), 20u);
 }
 
+// With the update in the backward (--grad-clip 0) the diverged step has already updated its
+// units: the run stops the same way, and no checkpoint of that step is written (the earlier
+// ones stay).
+TEST_F(TrainCli, DivergenceInTheBackwardUpdateWritesNoCheckpointOfIt) {
+  const fs::path ck = dir_ / "ck", m = dir_ / "m.jsonl";
+  const Result r = run("train " + tiny() + "--lr 1e3 --warmup 0 --steps 20 --batch 1 --seq 8 --grad-clip 0 " +
+                       "--checkpoint-dir " + ck.string() + " --checkpoint-every 1 --keep 100 --metrics " + m.string());
+  EXPECT_GT(r.status, 0);
+  EXPECT_LT(r.status, 128);
+  EXPECT_NE(r.err.find("diverged"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("was not applied"), std::string::npos) << r.err;
+  const auto v = read_metrics(m);
+  ASSERT_GE(v.size(), 2u) << "diverged at step 1: nothing to keep";
+  const int64_t last = v.back().at("step").get<int64_t>();
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(last));
+  EXPECT_FALSE(fs::exists(ck / name)) << "the diverged step was checkpointed";
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(last - 1));
+  EXPECT_TRUE(fs::exists(ck / name)) << "the step before it was not";
+}
+
 // Every numeric flag is validated before the header: no NaN/Inf/negative/absurd value trains,
 // and none crashes (SIGFPE from an overflowing B·T was the bug).
 TEST_F(TrainCli, BadHyperparametersAreRefusedBeforeTraining) {
