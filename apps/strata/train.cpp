@@ -34,8 +34,8 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--beta2", o.beta2, "AdamW beta2");
   cmd->add_option("--eps", o.eps, "AdamW epsilon");
   cmd->add_option("--grad-clip", o.grad_clip,
-                 "clip the global gradient L2 norm to this (0 = off: then, bf16 or fp32 on one rank, each unit updates "
-                 "in the backward as soon as its gradient is final)");
+                 "clip the global gradient L2 norm to this (0 = off: then, bf16 or fp32 at ZeRO stage 0-1, each unit "
+                 "updates in the backward as soon as its gradient is final)");
   cmd->add_option("--loss-scale", o.loss_scale, "fp16: the dynamic loss scaler's starting scale (a power of 2)");
   cmd->add_option("--seed", o.seed, "seed of the random init");
   cmd->add_option("--metrics", o.metrics, "write one JSON object per optimizer step to this file");

@@ -154,8 +154,9 @@ void StepDriver::forward(const int32_t* ids, const int32_t* targets) {
 void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, float grad_scale, bool first, bool last,
                                   double* norm2, const PendingUpdate* update, const AdamWStep* update_now) {
   Transformer& m = model_;
-  if (update_now && (!last || sh_.world > 1 || update))
-    throw std::logic_error("StepDriver: an update in the backward needs the last micro-batch, one rank and no pending update");
+  if (update_now && (!last || sh_.sharded_grads() || update))
+    throw std::logic_error(
+        "StepDriver: an update in the backward needs the last micro-batch, whole grads (stage 0-1) and no pending update");
   // Unit u's gradient is final: its optimizer step now (update_now), after its compute.
   const auto update_final = [&](int u) {
     if (update_now) update_unit(u, *update_now, true);

@@ -54,8 +54,9 @@ class StepDriver {
   // With `update`, each unit's pending optimizer step runs just before its forward (units the
   // forward does not use before the head — the final norm, the head — just before the head);
   // with world > 1 one unit earlier, so its all-gather overlaps the previous unit's compute.
-  // With `update_now` (the last micro-batch, one rank, nothing waiting for the global norm),
-  // each unit's optimizer step runs in this backward instead, as soon as its gradient is final:
+  // With `update_now` (the last micro-batch, nothing waiting for the global norm, whole grads:
+  // stages 0-1), each unit's optimizer step runs in this backward instead, as soon as its
+  // gradient is final (with world > 1 once summed across ranks, on the comm stream's order):
   // the gradient is spent at once, and the optimizer's I/O overlaps the rest of the backward.
   void forward_backward(const int32_t* ids, const int32_t* targets, float grad_scale, bool first, bool last,
                         double* norm2, const PendingUpdate* update = nullptr, const AdamWStep* update_now = nullptr);

@@ -34,7 +34,8 @@ struct Placement {
   Sharding sharding;                                 // ZeRO: this rank's part of each unit
   // Each unit's AdamW runs in the backward, right after its last gradient of the step, instead
   // of inside the next step's forward (StepDriver::forward_backward). Only where nothing waits
-  // for the global norm: no clipping, no fp16 loss scaler, one rank.
+  // for the global norm (no clipping, no fp16 loss scaler) and a unit's gradient is whole when
+  // final (ZeRO stages 0-1: stages 2-3 reduce-scatter into shards).
   bool update_in_backward = false;
   bool uses_nvme() const;
 };

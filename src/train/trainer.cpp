@@ -494,7 +494,7 @@ ResolvedRun resolve_run(const TrainOptions& o) {
                                 " moves the kept inputs of checkpointed blocks: it needs --checkpoint-activations "
                                 "full or every:N");
   pl.nvme_paths = o.nvme_paths;
-  // One rank only: the caller clears it for more (their gradients are summed across ranks).
+  // Stages 0-1 only: the caller clears it where ranks reduce-scatter their gradients.
   pl.update_in_backward = o.update_in_backward && o.grad_clip <= 0 && r.dtype != DType::f16;
   if (pl.uses_nvme() && pl.nvme_paths.empty())
     throw std::invalid_argument("an --offload-* flag is nvme but no --nvme-path DIR was given (a directory on the SSD "
@@ -590,7 +590,7 @@ struct SizedRun {
         model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world),
         step_buffers(step_buffer_bytes(o, model.units().size())) {
     r.placement.sharding = Sharding{o.zero_stage, world, 0};
-    r.placement.update_in_backward = r.placement.update_in_backward && world == 1;
+    r.placement.update_in_backward = r.placement.update_in_backward && !r.placement.sharding.sharded_grads();
   }
 };
 }  // namespace
@@ -630,7 +630,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.comm = make_communicator(m.backend);
   m.sh = Sharding{o.zero_stage, m.comm->world(), m.comm->rank()};
   m.placement.sharding = m.sh;
-  m.placement.update_in_backward = m.placement.update_in_backward && m.sh.world == 1;
+  m.placement.update_in_backward = m.placement.update_in_backward && !m.sh.sharded_grads();
   const bool rank0 = m.sh.rank == 0;
   const Placement& pl = m.placement;
   nlohmann::json manifest;

@@ -35,7 +35,7 @@ struct TrainOptions {
   double weight_decay = 0.1;   // AdamW, 2-D tensors only
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 1.0;      // global L2 norm; 0 = off
-  // Where nothing waits for the global norm (grad_clip 0, no fp16 loss scaler, one rank), run
+  // Where nothing waits for the global norm (grad_clip 0, no fp16 loss scaler; stages 0-1), run
   // each unit's AdamW in the backward as its gradient becomes final (Placement::
   // update_in_backward). The same math either way; false keeps the update in the next forward.
   bool update_in_backward = true;

@@ -74,6 +74,16 @@ class ZeroCli : public ::testing::Test {
     for (std::string line; std::getline(f, line);) v.push_back(nlohmann::json::parse(line));
     return v;
   }
+  // Run `tag`'s every step's loss and grad norm, exactly, and its saved weights, byte for byte.
+  struct Outcome {
+    std::string metrics, weights;
+  };
+  Outcome outcome(const std::string& tag) const {
+    Outcome o;
+    for (auto j : metrics(dir_ / (tag + ".jsonl"))) o.metrics += j["loss"].dump() + " " + j["grad_norm"].dump() + "\n";
+    o.weights = slurp(dir_ / tag / "model.safetensors");
+    return o;
+  }
   // Every saved tensor, by name, as fp32.
   static std::map<std::string, std::vector<float>> weights(const fs::path& dir) {
     auto ck = strata::HfCheckpoint::open(dir);
@@ -193,7 +203,7 @@ TEST_F(ZeroCli, StagesAreBitwiseIdentical) {
 // (with accumulation, offload for stage 3) must give bitwise the run without delays.
 TEST_F(ZeroCli, CollectivesOverlapComputeUnderRandomStreamSchedules) {
   for (const std::string variant : {"1", "2", "3", "3nvme"}) {
-    std::string ref_metrics, ref_weights;
+    Outcome ref;
     for (const bool jitter : {false, true}) {
       const std::string stage = variant.substr(0, 1);
       const std::string tag = "j" + variant + (jitter ? "y" : "n");
@@ -206,40 +216,64 @@ TEST_F(ZeroCli, CollectivesOverlapComputeUnderRandomStreamSchedules) {
       }
       CliResult r = run(2, args, jitter ? "STRATA_TEST_STREAM_JITTER_US=300" : "", tag);
       ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
-      std::string m;
-      for (auto j : metrics(dir_ / (tag + ".jsonl"))) m += j["loss"].dump() + " " + j["grad_norm"].dump() + "\n";
-      const std::string w = slurp(dir_ / tag / "model.safetensors");
+      const Outcome got = outcome(tag);
       if (!jitter) {
-        ref_metrics = m;
-        ref_weights = w;
+        ref = got;
         continue;
       }
-      EXPECT_EQ(m, ref_metrics) << tag;
-      EXPECT_TRUE(w == ref_weights) << tag << ": the saved weights differ from the run without delays";
+      EXPECT_EQ(got.metrics, ref.metrics) << tag;
+      EXPECT_TRUE(got.weights == ref.weights) << tag << ": the saved weights differ from the run without delays";
     }
+  }
+}
+
+// Without clipping, stages 0-1 update each unit in the backward once its gradient is summed
+// across ranks (stage 1 all-gathers the new shards there too); stages 2-3 keep the update in the
+// next forward. Every variant, with random stream delays and with state on NVMe, must give
+// bitwise stage 2's run.
+TEST_F(ZeroCli, UpdateInTheBackwardIsBitwiseAcrossStages) {
+  Outcome ref;
+  for (const std::string variant : {"2", "0", "1", "0j", "1j", "1nvme"}) {
+    const std::string stage = variant.substr(0, 1);
+    const std::string tag = "ub" + variant;
+    std::string args = tiny(2) + "--grad-clip 0 --zero-stage " + stage + " --metrics " +
+                       (dir_ / (tag + ".jsonl")).string() + " --out " + (dir_ / tag).string();
+    if (variant == "1nvme") {
+      fs::create_directories(dir_ / (tag + "_swap"));
+      args += " --offload-optimizer nvme --offload-grads nvme --offload-params nvme --nvme-path " +
+              (dir_ / (tag + "_swap")).string();
+    }
+    const bool jitter = variant.size() > 1;
+    CliResult r = run(2, args, jitter ? "STRATA_TEST_STREAM_JITTER_US=300" : "", tag);
+    ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
+    EXPECT_EQ(r.out.find("updates in the backward") != std::string::npos, stage != "2") << tag << ": " << r.out;
+    const Outcome got = outcome(tag);
+    if (ref.metrics.empty()) {
+      ref = got;
+      continue;
+    }
+    EXPECT_EQ(got.metrics, ref.metrics) << tag;
+    EXPECT_TRUE(got.weights == ref.weights) << tag << ": the saved weights differ from stage 2's";
   }
 }
 
 // The same with bf16 working weights (2-byte shards and gathers, padding in bf16): stage 3's
 // gathered weights are stage 0's, bit for bit.
 TEST_F(ZeroCli, StageThreeIsBitwiseStageZeroInBf16) {
-  std::string ref_metrics, ref_weights;
+  Outcome ref;
   for (const std::string stage : {"0", "3"}) {
     const std::string tag = "bf" + stage;
     CliResult r = run(2, tiny(2) + "--dtype bf16 --zero-stage " + stage + " --metrics " +
                              (dir_ / (tag + ".jsonl")).string() + " --out " + (dir_ / tag).string(),
                       "", tag);
     ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
-    std::string m;
-    for (auto j : metrics(dir_ / (tag + ".jsonl"))) m += j["loss"].dump() + " " + j["grad_norm"].dump() + "\n";
-    const std::string w = slurp(dir_ / tag / "model.safetensors");
-    if (ref_metrics.empty()) {
-      ref_metrics = m;
-      ref_weights = w;
+    const Outcome got = outcome(tag);
+    if (ref.metrics.empty()) {
+      ref = got;
       continue;
     }
-    EXPECT_EQ(m, ref_metrics);
-    EXPECT_TRUE(w == ref_weights) << "stage 3's bf16 weights differ from stage 0's";
+    EXPECT_EQ(got.metrics, ref.metrics);
+    EXPECT_TRUE(got.weights == ref.weights) << "stage 3's bf16 weights differ from stage 0's";
   }
 }
 

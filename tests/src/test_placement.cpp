@@ -189,8 +189,8 @@ TEST(Placement, UpdateInTheBackwardIsBitwiseTheUpdateInTheNextForward) {
   EXPECT_EQ(n_run, 24);
 }
 
-// Only where nothing waits for the global norm: clipping on, or fp16 (its loss scaler skips
-// steps that overflow), keeps the update in the next forward.
+// Only where nothing waits for the global norm and grads are whole: clipping on, fp16 (its loss
+// scaler skips steps that overflow) or ZeRO stages 2-3 keep the update in the next forward.
 TEST(Placement, UpdateStaysInTheNextForwardWhenTheNormDecides) {
   TempDir dir;
   write_hf_config(tiny_llama(), dir.path() / "config.json");
@@ -198,7 +198,12 @@ TEST(Placement, UpdateStaysInTheNextForwardWhenTheNormDecides) {
   o.model = dir.path().string();
   o.batch = 2, o.seq = 16, o.grad_clip = 0;
   EXPECT_TRUE(plan_run(o).update_in_backward);
-  EXPECT_FALSE(plan_run(o, false, /*world=*/2).update_in_backward);
+  EXPECT_TRUE(plan_run(o, false, /*world=*/2).update_in_backward);  // stage 0: whole grads, summed
+  o.zero_stage = 1;
+  EXPECT_TRUE(plan_run(o, false, 2).update_in_backward);
+  o.zero_stage = 2;  // reduce-scattered into shards
+  EXPECT_FALSE(plan_run(o, false, 2).update_in_backward);
+  o.zero_stage = 0;
   o.dtype = "fp16";
   EXPECT_FALSE(plan_run(o).update_in_backward);
   o.dtype = "bf16", o.grad_clip = 1;
