@@ -86,9 +86,11 @@ int run_plan(const PlanOptions& po) {
   // with a cache-resident AdamW probe had said 339 and 415 ms for 589 and 681).
   const bool split = backend != kernels::Backend::cpu && adam_on_cpu;
   const double first_forward_ms = phases.block_forward_ms * static_cast<double>(model.dims().L);
-  const double compute_and_update =
-      split ? std::max(f.adamw_ms, first_forward_ms) + f.compute_ms - first_forward_ms : f.compute_ms + f.adamw_ms;
+  // The first forward with the updates inside it; the rest of the compute follows.
+  const double window_ms = split ? std::max(f.adamw_ms, first_forward_ms) : first_forward_ms + f.adamw_ms;
+  const double compute_and_update = window_ms + f.compute_ms - first_forward_ms;
   f.predicted_ms = std::max(compute_and_update, f.nvme_ms);
+  const offload::LinkRates nvme_rates{.nvme_read = bw.read_gbps * 1e6, .nvme_write = bw.write_gbps * 1e6};
   // CPU backend: the plan replayed against a clock (TieredMemory::estimate). The largest floor
   // assumes compute and I/O overlap throughout; where the budget leaves nothing to move during
   // part of the step, that part adds its compute (1.5B all on NVMe with 8 GiB of host RAM on a
@@ -99,17 +101,15 @@ int run_plan(const PlanOptions& po) {
     StepCosts c;
     c.phases = phases;
     c.adamw_params_per_ms = adam_rate / 1e3;
-    c.links.nvme_read = bw.read_gbps * 1e6;
-    c.links.nvme_write = bw.write_gbps * 1e6;
+    c.links = nvme_rates;
     tl = estimate_run(o, p, c);
     f.predicted_ms = std::max(f.predicted_ms, tl.step_ms);
   }
-  // The norm barrier's bound (tiered_memory.h): what no schedule beats with these budgets.
-  const double window_ms = split ? std::max(f.adamw_ms, first_forward_ms) : first_forward_ms + f.adamw_ms;
-  const BarrierBound barrier = barrier_bound(mp, backend, window_ms, compute_and_update - window_ms,
-                                             {.nvme_read = bw.read_gbps * 1e6, .nvme_write = bw.write_gbps * 1e6});
-  // With the update in the backward (no clipping) there is no barrier.
-  const bool barred = !p.update_in_backward && nvme_moved > 0 && barrier.window_io_ms > barrier.window_compute_ms;
+  // The norm barrier's bound (tiered_memory.h): what no schedule beats with these budgets. With
+  // the update in the backward (no clipping) there is no barrier.
+  const BarrierBound barrier = barrier_bound(mp, backend, window_ms, compute_and_update - window_ms, nvme_rates);
+  const bool has_barrier = !p.update_in_backward && nvme_moved > 0;
+  const bool barred = has_barrier && barrier.window_io_ms > barrier.window_compute_ms;
   if (barred) f.predicted_ms = std::max(f.predicted_ms, barrier.step_ms);
 
   if (po.json) {
@@ -140,13 +140,14 @@ int run_plan(const PlanOptions& po) {
       j["replayed_stall_ms"] = tl.stall_ms;
       j["replayed_nvme_busy_ms"] = tl.nvme_busy_ms;
     }
-    j["barrier_step_ms"] = barrier.step_ms;
-    j["barrier_window_compute_ms"] = barrier.window_compute_ms;
-    j["barrier_window_io_ms"] = barrier.window_io_ms;
-    j["barrier_read_bytes"] = barrier.read_bytes;
-    j["barrier_write_bytes"] = barrier.write_bytes;
-    j["barrier_room_bytes"] = barrier.room;
-    j["barrier_ms_per_gib"] = barrier.ms_per_gib;
+    if (has_barrier)
+      j.update({{"barrier_step_ms", barrier.step_ms},
+                {"barrier_window_compute_ms", barrier.window_compute_ms},
+                {"barrier_window_io_ms", barrier.window_io_ms},
+                {"barrier_read_bytes", barrier.read_bytes},
+                {"barrier_write_bytes", barrier.write_bytes},
+                {"barrier_room_bytes", barrier.room},
+                {"barrier_ms_per_gib", barrier.ms_per_gib}});
     j["update_in_backward"] = p.update_in_backward;
     j["world"] = p.world;
     j["zero_stage"] = o.zero_stage;

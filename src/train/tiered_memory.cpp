@@ -265,7 +265,7 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
 
   // The step's program, as the driver will run it: grad_accum micro-batches, the first with the
   // previous step's AdamW inside its forward (src/train/step_driver.h PendingUpdate), or the
-  // last with this step's inside its backward (Placement::update_in_backward).
+  // last with this step's inside its backward (Placement::update_in_backward()).
   const TieredMemory::Layout& cl = *l;
   auto tier = [&cl](int b, Side side) { return cl.tier_of(b, side); };
   {
@@ -273,7 +273,7 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
     StepDriver driver(const_cast<Transformer&>(model), rec, sh);
     const PendingUpdate update;
     const AdamWStep now;
-    const bool in_backward = pl.update_in_backward;
+    const bool in_backward = pl.update_in_backward();
     for (int64_t k = 0; k < grad_accum; ++k)
       driver.forward_backward(nullptr, nullptr, 1.f, k == 0, k + 1 == grad_accum, nullptr,
                               k == 0 && !in_backward ? &update : nullptr,

@@ -32,12 +32,13 @@ struct Placement {
   uint64_t device_mem = 0;                           // 0: what the plan needs
   uint64_t host_mem = 0;                             // 0: what the plan needs, within physical RAM
   Sharding sharding;                                 // ZeRO: this rank's part of each unit
-  // Each unit's AdamW runs in the backward, right after its last gradient of the step, instead
-  // of inside the next step's forward (StepDriver::forward_backward). Only where nothing waits
-  // for the global norm (no clipping, no fp16 loss scaler) and a unit's gradient is whole when
-  // final (ZeRO stages 0-1: stages 2-3 reduce-scatter into shards).
-  bool update_in_backward = false;
+  bool norm_free = false;  // nothing waits for the global norm: no clipping, no fp16 loss scaler
   bool uses_nvme() const;
+  // Each unit's AdamW runs in the backward, right after its last gradient of the step, instead
+  // of inside the next step's forward (StepDriver::forward_backward): where nothing waits for
+  // the global norm and a unit's gradient is whole when final (ZeRO stages 2-3 reduce-scatter
+  // it into shards).
+  bool update_in_backward() const { return norm_free && !sharding.sharded_grads(); }
 };
 // "none" (the compute device) | "cpu" (pinned host RAM) | "nvme"; `flag` names the option in errors.
 offload::Tier parse_offload(const std::string& text, const std::string& flag);

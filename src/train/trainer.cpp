@@ -494,8 +494,7 @@ ResolvedRun resolve_run(const TrainOptions& o) {
                                 " moves the kept inputs of checkpointed blocks: it needs --checkpoint-activations "
                                 "full or every:N");
   pl.nvme_paths = o.nvme_paths;
-  // Stages 0-1 only: the caller clears it where ranks reduce-scatter their gradients.
-  pl.update_in_backward = o.update_in_backward && o.grad_clip <= 0 && r.dtype != DType::f16;
+  pl.norm_free = o.update_in_backward && o.grad_clip <= 0 && r.dtype != DType::f16;
   if (pl.uses_nvme() && pl.nvme_paths.empty())
     throw std::invalid_argument("an --offload-* flag is nvme but no --nvme-path DIR was given (a directory on the SSD "
                                 "for swap files)");
@@ -590,7 +589,6 @@ struct SizedRun {
         model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world),
         step_buffers(step_buffer_bytes(o, model.units().size())) {
     r.placement.sharding = Sharding{o.zero_stage, world, 0};
-    r.placement.update_in_backward = r.placement.update_in_backward && !r.placement.sharding.sharded_grads();
   }
 };
 }  // namespace
@@ -604,7 +602,7 @@ RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
   p.n_params = run.model.n_params();
   p.tokens_per_step = o.batch * o.seq * o.grad_accum * world;
   p.world = world;
-  p.update_in_backward = run.r.placement.update_in_backward;
+  p.update_in_backward = run.r.placement.update_in_backward();
   p.comm_bytes = comm_bytes_per_step(run.model, run.r.placement.sharding, o.grad_accum);
   return p;
 }
@@ -630,7 +628,6 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.comm = make_communicator(m.backend);
   m.sh = Sharding{o.zero_stage, m.comm->world(), m.comm->rank()};
   m.placement.sharding = m.sh;
-  m.placement.update_in_backward = m.placement.update_in_backward && !m.sh.sharded_grads();
   const bool rank0 = m.sh.rank == 0;
   const Placement& pl = m.placement;
   nlohmann::json manifest;
@@ -783,7 +780,6 @@ StepStats Trainer::step() {
       int32_t* base = m.host_tokens.data() + k * 2 * n;
       m.loader->next(base, base + n);
     }
-  if (m.placement.update_in_backward) m.flush();  // (none is ever left pending in that mode)
   m.mem->begin_step();
   s.memcpy_async(m.dev_tokens, m.host_tokens.data(), m.host_tokens.size() * sizeof(int32_t));
   s.memset_async(m.dev_norm2, 0, m.host_norm2.size() * sizeof(double));
@@ -795,11 +791,16 @@ StepStats Trainer::step() {
   // The previous step's update runs inside this forward (none yet: the same blocks, no change),
   // or, where nothing waits for the norm, this step's inside its backward: the AdamWStep the
   // end of the step would have made (clip coefficient 1, no loss scale), bit for bit.
+  // AdamW sees grads · clip / loss_scale (clipped, unscaled); its step count advances only over
+  // applied steps.
+  const auto adamw_step = [&](float clip) {
+    return AdamWStep{m.adamw, m.steps_done + 1 - m.skipped_steps, static_cast<float>(st.lr),
+                     clip / static_cast<float>(st.loss_scale)};
+  };
   const PendingUpdate none;
-  const bool in_backward = m.placement.update_in_backward;
+  const bool in_backward = m.placement.update_in_backward();
   const PendingUpdate* update = in_backward ? nullptr : m.pending ? &*m.pending : &none;
-  const AdamWStep this_step{m.adamw, m.steps_done + 1 - m.skipped_steps, static_cast<float>(st.lr),
-                            clip_coefficient(0, o.grad_clip) / static_cast<float>(st.loss_scale)};
+  const AdamWStep this_step = adamw_step(clip_coefficient(0, o.grad_clip));
   for (int64_t k = 0; k < o.grad_accum; ++k) {
     const int32_t* ids = m.dev_tokens + k * 2 * n;
     m.driver->forward_backward(ids, ids + n, grad_scale, k == 0, k + 1 == o.grad_accum, m.dev_norm2,
@@ -841,13 +842,8 @@ StepStats Trainer::step() {
   const bool apply = !st.diverged && m.scaler.update(std::isfinite(norm));
   st.skipped = !apply && !st.diverged;
   m.mem->end_step();
-  // This step's update, applied inside the next step's forward: AdamW sees grads · clip /
-  // loss_scale (clipped, unscaled); its step count advances only over applied steps.
-  const float clip = apply ? clip_coefficient(norm, o.grad_clip) : 1.f;
-  if (!in_backward)
-    m.pending = PendingUpdate{AdamWStep{m.adamw, m.steps_done + 1 - m.skipped_steps, static_cast<float>(st.lr),
-                                        clip / static_cast<float>(st.loss_scale)},
-                              apply};
+  // This step's update, applied inside the next step's forward.
+  if (!in_backward) m.pending = PendingUpdate{adamw_step(apply ? clip_coefficient(norm, o.grad_clip) : 1.f), apply};
   s.synchronize();
   m.opt_stream().synchronize();
   if (st.skipped) ++m.skipped_steps;
@@ -911,7 +907,7 @@ void Trainer::print_header(std::FILE* out) const {
                   "weight decay {:g} (2-D only), clip {}\n",
              o.lr, o.lr_schedule, o.warmup, o.min_lr, o.beta1, o.beta2, o.eps, o.weight_decay,
              o.grad_clip > 0 ? fmt::format("{:g}", o.grad_clip)
-             : m.placement.update_in_backward
+             : m.placement.update_in_backward()
                  ? std::string("off (so each unit updates in the backward, as soon as its gradient is final)")
                  : std::string("off"));
   fmt::print(out, "  precision  {} weights and activations, fp32 grads, fp32 master{}\n", kernels::dtype_name(m.dtype),
@@ -1042,7 +1038,7 @@ int Trainer::run(std::FILE* rank0_out) {
           "--lr, add --warmup or set --grad-clip",
           st.step, st.loss, st.grad_norm,
           // In the backward, each unit's update ran as its gradient became final.
-          m.placement.update_in_backward ? "" : "the step was not applied and "));
+          m.placement.update_in_backward() ? "" : "the step was not applied and "));
   }
   m.flush();  // the last step's update
   if (!o.checkpoint_dir.empty() && m.last_checkpoint_step != m.steps_done) {

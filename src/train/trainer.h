@@ -37,7 +37,7 @@ struct TrainOptions {
   double grad_clip = 1.0;      // global L2 norm; 0 = off
   // Where nothing waits for the global norm (grad_clip 0, no fp16 loss scaler; stages 0-1), run
   // each unit's AdamW in the backward as its gradient becomes final (Placement::
-  // update_in_backward). The same math either way; false keeps the update in the next forward.
+  // update_in_backward()). The same math either way; false keeps the update in the next forward.
   bool update_in_backward = true;
   double loss_scale = 65536;   // fp16: the dynamic loss scaler's starting scale
   uint64_t seed = 1337;        // random init (models without weights) and synthetic data
@@ -105,7 +105,7 @@ struct RunPlan {
   int64_t n_params = 0;
   int64_t tokens_per_step = 0;  // the global batch: all ranks
   int world = 1;
-  bool update_in_backward = false;  // Placement::update_in_backward: no norm barrier
+  bool update_in_backward = false;  // Placement::update_in_backward(): no norm barrier
   MemoryPlan memory;            // per rank
   uint64_t comm_bytes = 0;      // sent per step by each rank (as many received)
 };

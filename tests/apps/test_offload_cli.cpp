@@ -200,6 +200,29 @@ TEST_F(OffloadCli, BenchOffloadRefusesBadInputsQuickly) {
   EXPECT_TRUE(fs::is_empty(swap()));
 }
 
+// `strata plan` names the norm barrier where clipping makes the update wait for every gradient
+// (a 1 MB/s disk: the window's I/O dwarfs its compute), and not with --grad-clip 0, where each
+// unit updates in the backward; --json carries the bound only where it applies.
+TEST_F(OffloadCli, PlanNamesTheNormBarrierOnlyWhereClippingWaits) {
+  const std::string plan = "plan " + nvme_args() + "--probe-seconds 0.01 --nvme-bw 0.001 ";
+  Result r = run(plan);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("norm barrier: no schedule runs this step in under"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("AdamW in the next step's forward"), std::string::npos) << r.out;
+  r = run(plan + "--grad-clip 0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.find("norm barrier"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("AdamW in the backward"), std::string::npos) << r.out;
+  r = run(plan + "--json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("\"barrier_step_ms\":"), std::string::npos) << r.out;
+  r = run(plan + "--json --grad-clip 0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.find("barrier_"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"update_in_backward\":true"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::is_empty(swap()));
+}
+
 // `strata bench io --mode rw`: half the blocks written and half read, in flight together (the
 // traffic of an offloaded step); every byte of --size is moved once, and the swap file is freed.
 TEST_F(OffloadCli, BenchIoMixedModeMovesEveryByteOnce) {

@@ -78,6 +78,15 @@ class ZeroCli : public ::testing::Test {
   struct Outcome {
     std::string metrics, weights;
   };
+  // Where run `tag` writes what outcome() reads: --metrics and --out.
+  std::string outputs(const std::string& tag) const {
+    return " --metrics " + (dir_ / (tag + ".jsonl")).string() + " --out " + (dir_ / tag).string();
+  }
+  // A fresh swap directory of run `tag`, as the flag.
+  std::string swap_for(const std::string& tag) const {
+    fs::create_directories(dir_ / (tag + "_swap"));
+    return " --nvme-path " + (dir_ / (tag + "_swap")).string();
+  }
   Outcome outcome(const std::string& tag) const {
     Outcome o;
     for (auto j : metrics(dir_ / (tag + ".jsonl"))) o.metrics += j["loss"].dump() + " " + j["grad_norm"].dump() + "\n";
@@ -160,14 +169,10 @@ TEST_F(ZeroCli, StagesAreBitwiseIdentical) {
         tag += offload;
         tag += "a";
         tag += std::to_string(accum);
-        std::string args = tiny(2) + "--grad-accum " + std::to_string(accum) + " --zero-stage " +
-                           std::to_string(stage) + " --metrics " + (dir_ / (tag + ".jsonl")).string() + " --out " +
-                           (dir_ / tag).string();
-        if (!offload.empty()) {
-          fs::create_directories(dir_ / (tag + "_swap"));
-          args += " --offload-optimizer nvme --offload-grads nvme --offload-params nvme --nvme-path " +
-                  (dir_ / (tag + "_swap")).string();
-        }
+        std::string args =
+            tiny(2) + "--grad-accum " + std::to_string(accum) + " --zero-stage " + std::to_string(stage) + outputs(tag);
+        if (!offload.empty())
+          args += " --offload-optimizer nvme --offload-grads nvme --offload-params nvme" + swap_for(tag);
         CliResult r = run(2, args, "", tag);
         ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
         std::string m;
@@ -207,13 +212,8 @@ TEST_F(ZeroCli, CollectivesOverlapComputeUnderRandomStreamSchedules) {
     for (const bool jitter : {false, true}) {
       const std::string stage = variant.substr(0, 1);
       const std::string tag = "j" + variant + (jitter ? "y" : "n");
-      std::string args = tiny(2) + "--grad-accum 2 --zero-stage " + stage + " --metrics " +
-                         (dir_ / (tag + ".jsonl")).string() + " --out " + (dir_ / tag).string();
-      if (variant == "3nvme") {
-        fs::create_directories(dir_ / (tag + "_swap"));
-        args += " --offload-optimizer nvme --offload-grads cpu --offload-params nvme --nvme-path " +
-                (dir_ / (tag + "_swap")).string();
-      }
+      std::string args = tiny(2) + "--grad-accum 2 --zero-stage " + stage + outputs(tag);
+      if (variant == "3nvme") args += " --offload-optimizer nvme --offload-grads cpu --offload-params nvme" + swap_for(tag);
       CliResult r = run(2, args, jitter ? "STRATA_TEST_STREAM_JITTER_US=300" : "", tag);
       ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
       const Outcome got = outcome(tag);
@@ -236,13 +236,8 @@ TEST_F(ZeroCli, UpdateInTheBackwardIsBitwiseAcrossStages) {
   for (const std::string variant : {"2", "0", "1", "0j", "1j", "1nvme"}) {
     const std::string stage = variant.substr(0, 1);
     const std::string tag = "ub" + variant;
-    std::string args = tiny(2) + "--grad-clip 0 --zero-stage " + stage + " --metrics " +
-                       (dir_ / (tag + ".jsonl")).string() + " --out " + (dir_ / tag).string();
-    if (variant == "1nvme") {
-      fs::create_directories(dir_ / (tag + "_swap"));
-      args += " --offload-optimizer nvme --offload-grads nvme --offload-params nvme --nvme-path " +
-              (dir_ / (tag + "_swap")).string();
-    }
+    std::string args = tiny(2) + "--grad-clip 0 --zero-stage " + stage + outputs(tag);
+    if (variant == "1nvme") args += " --offload-optimizer nvme --offload-grads nvme --offload-params nvme" + swap_for(tag);
     const bool jitter = variant.size() > 1;
     CliResult r = run(2, args, jitter ? "STRATA_TEST_STREAM_JITTER_US=300" : "", tag);
     ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
@@ -263,9 +258,7 @@ TEST_F(ZeroCli, StageThreeIsBitwiseStageZeroInBf16) {
   Outcome ref;
   for (const std::string stage : {"0", "3"}) {
     const std::string tag = "bf" + stage;
-    CliResult r = run(2, tiny(2) + "--dtype bf16 --zero-stage " + stage + " --metrics " +
-                             (dir_ / (tag + ".jsonl")).string() + " --out " + (dir_ / tag).string(),
-                      "", tag);
+    CliResult r = run(2, tiny(2) + "--dtype bf16 --zero-stage " + stage + outputs(tag), "", tag);
     ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
     const Outcome got = outcome(tag);
     if (ref.metrics.empty()) {
