@@ -1,8 +1,12 @@
 // `strata train`: every TrainOptions field as a flag (CLI11 shows each default in --help), then
 // the Trainer runs and prints a header, a progress line per step and a summary.
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
+
+#include <fmt/format.h>
 
 #include "apps/strata/commands.h"
 #include "src/comm/communicator.h"
@@ -37,9 +41,21 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                  "clip the global gradient L2 norm to this (0 = off: then, bf16 or fp32 at ZeRO stage 0-1, each unit "
                  "updates in the backward as soon as its gradient is final)");
   cmd->add_option("--loss-scale", o.loss_scale, "fp16: the dynamic loss scaler's starting scale (a power of 2)");
-  cmd->add_option("--seed", o.seed, "seed of the random init");
+  cmd->add_option("--seed", o.seed, "seed of the random init (0 to 2^64-1)")
+      ->check([](const std::string& v) -> std::string {
+        // CLI11 would wrap -1 and saturate 2^64 to 2^64-1: two different seeds would train the same.
+        errno = 0;
+        char* end = nullptr;
+        const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+        (void)x;
+        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || errno == ERANGE || *end)
+          return v + " is not a whole number from 0 to 18446744073709551615 (2^64-1)";
+        return "";
+      });
   cmd->add_option("--metrics", o.metrics, "write one JSON object per optimizer step to this file");
   cmd->add_option("--out", o.out, "save the final model here (HF layout: config.json + safetensors)");
+  cmd->add_flag("--overwrite-model", o.overwrite_model,
+                "let --out be the input --model directory, replacing the model the run started from");
   cmd->add_option("--log-every", o.log_every, "print a progress line every n steps");
   cmd->add_option("--threads", o.threads, "CPU compute threads (0 = all available cores)");
   cmd->add_option("--offload-params", o.offload_params,
@@ -78,7 +94,22 @@ void register_train(CLI::App& app, Run& run) {
     // A --warmup longer than the run is allowed (the schedule is well defined) but is almost
     // always a mistake: warned when given explicitly (the default of 5 is not worth a warning).
     const bool warn_warmup = cmd->count("--warmup") > 0 && opts->warmup > opts->steps;
-    run = [opts, warn_warmup]() -> int {
+    // A cosine floor above the peak climbs the rate: an error when given, a warning for the default.
+    const bool min_lr_given = cmd->count("--min-lr") > 0;
+    const bool min_lr_above = opts->lr_schedule == "cosine" && opts->min_lr > opts->lr;
+    if (min_lr_above && min_lr_given)
+      throw CLI::ValidationError(fmt::format("--min-lr {:g} is above --lr {:g}: the cosine schedule would "
+                                                         "raise the rate over the run; give --min-lr at most --lr",
+                                                         opts->min_lr, opts->lr));
+    if (cmd->count("--keep") > 0 && opts->checkpoint_dir.empty())
+      throw CLI::ValidationError("--keep counts checkpoints under --checkpoint-dir; give --checkpoint-dir DIR "
+                                           "too");
+    run = [opts, warn_warmup, min_lr_above]() -> int {
+      if (min_lr_above)
+        std::fprintf(stderr,
+                     "strata: warning: the default --min-lr %g is above --lr %g: the cosine schedule climbs from %g "
+                     "to %g; pass --min-lr (e.g. %g)\n",
+                     opts->min_lr, opts->lr, opts->lr, opts->min_lr, opts->lr / 10);
       if (warn_warmup)
         std::fprintf(stderr,
                      "strata: warning: --warmup %lld is longer than --steps %lld: the learning rate never reaches "

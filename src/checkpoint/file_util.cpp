@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/cleanup.h"
+
 namespace strata {
 
 namespace fs = std::filesystem;
@@ -44,13 +46,33 @@ void UniqueFd::close_checked(const std::filesystem::path& path) {
   if (fd >= 0 && ::close(fd) != 0) throw std::runtime_error(path.string() + ": close failed: " + errno_text());
 }
 
-MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+UniqueFd open_regular_file(const std::filesystem::path& path, uint64_t* size) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) throw std::runtime_error(path.string() + ": cannot open: " + errno_text());
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw std::runtime_error(path.string() + ": fstat failed: " + errno_text());
-  if (!S_ISREG(st.st_mode)) throw std::runtime_error(path.string() + ": not a regular file");
-  size_ = static_cast<uint64_t>(st.st_size);
+  if (!S_ISREG(st.st_mode))
+    throw std::runtime_error(path.string() + ": not a regular file (" + file_type_name(st.st_mode) + ")");
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0)
+    throw std::runtime_error(path.string() + ": fcntl failed: " + errno_text());
+  if (size) *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+std::string file_type_name(unsigned mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
+  UniqueFd fd = open_regular_file(path, &size_);
   if (size_ == 0) return;
   void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
   if (p == MAP_FAILED) throw std::runtime_error(path.string() + ": mmap of " + std::to_string(size_) +
@@ -107,6 +129,22 @@ void write_file_synced(const std::filesystem::path& path, std::string_view conte
 std::string read_text_file(const std::filesystem::path& path) {
   MappedFile m(path);
   return std::string(reinterpret_cast<const char*>(m.data()), m.size());
+}
+
+TempDir::TempDir(std::filesystem::path p) : path_(std::move(p)) {
+  if (!path_.empty()) cleanup_slot_ = io::register_cleanup_tree(path_.string());
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  io::unregister_cleanup(cleanup_slot_);  // after: a signal meanwhile removes what is left
+}
+
+void TempDir::release() {
+  io::unregister_cleanup(cleanup_slot_);
+  cleanup_slot_ = -1;
+  path_.clear();
 }
 
 std::filesystem::path make_temp_dir(const std::filesystem::path& base, const char* suffix) {

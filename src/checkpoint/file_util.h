@@ -38,6 +38,12 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+// Opens a regular file for reading (its size in *size); a FIFO, device or directory is an
+// error naming the path and what it is, without ever blocking on it.
+UniqueFd open_regular_file(const std::filesystem::path& path, uint64_t* size = nullptr);
+// "a directory", "a FIFO", ... for a st_mode that is not a regular file.
+std::string file_type_name(unsigned mode);
+
 // A whole file mapped read-only. An empty file maps to data() == nullptr, size() == 0.
 class MappedFile {
  public:
@@ -77,22 +83,22 @@ std::filesystem::path make_owned_temp_dir(const std::filesystem::path& base, con
 // effort, each removal reported on stderr when `report`. Returns how many were removed.
 int remove_dead_pid_dirs(const std::filesystem::path& dir, const std::string& prefix, bool report = true);
 
-// Owns a directory tree: removed (best effort) on destruction unless released.
+// Owns a directory being written (flat: files only): removed (best effort) on destruction
+// unless released, and registered for io::emergency_cleanup meanwhile, so a second Ctrl-C in
+// the middle of a checkpoint or a save leaves no full-size temporary directory behind.
 class TempDir {
  public:
   TempDir() = default;
-  explicit TempDir(std::filesystem::path p) : path_(std::move(p)) {}
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
+  explicit TempDir(std::filesystem::path p);
+  ~TempDir();
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
-  void release() { path_.clear(); }
+  void release();
   const std::filesystem::path& path() const { return path_; }
 
  private:
   std::filesystem::path path_;
+  int cleanup_slot_ = -1;
 };
 // Puts the complete directory `tmp` at `out`, replacing the directory there, if any: an atomic
 // RENAME_EXCHANGE where the filesystem has it (use_exchange), else old aside -> new in -> old

@@ -28,26 +28,29 @@ constexpr const char* kManifest = "trainer.json";
 constexpr const char* kLatest = "latest";
 
 
+// N for a "step-N" name, else -1.
+int64_t step_of_name(const std::string& name) {
+  if (name.rfind("step-", 0) != 0 || name.size() <= 5 || name.size() > 5 + 18) return -1;
+  if (name.find_first_not_of("0123456789", 5) != std::string::npos) return -1;
+  return std::stoll(name.substr(5));
+}
+
 // step-N directories under dir, by step (complete checkpoints only: a temporary one is
 // .tmp-*, never step-*).
 std::map<int64_t, fs::path> complete_checkpoints(const fs::path& dir) {
   std::map<int64_t, fs::path> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || name.size() <= 5) continue;
-    const std::string digits = name.substr(5);
-    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) continue;
-    if (!fs::is_directory(e.path(), ec)) continue;
-    out[std::stoll(digits)] = e.path();
+    const int64_t step = step_of_name(e.path().filename().string());
+    if (step < 0 || !fs::is_directory(e.path(), ec)) continue;
+    out[step] = e.path();
   }
   return out;
 }
 
 // crc32c and size of a whole file, read in 8 MiB pieces.
 std::pair<uint64_t, uint32_t> file_crc(const fs::path& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) throw std::runtime_error(path.string() + ": cannot open: " + errno_text());
+  UniqueFd fd = open_regular_file(path);
   std::vector<char> buf(8 << 20);
   uint64_t total = 0;
   uint32_t crc = 0;
@@ -65,6 +68,26 @@ std::pair<uint64_t, uint32_t> file_crc(const fs::path& path) {
 }
 
 std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
+
+// The run id a checkpoint's manifest records ("" when it has none or cannot be read: written
+// before run ids, or damaged).
+std::string run_id_of(const fs::path& ckpt) {
+  try {
+    const json m = json::parse(read_text_file(ckpt / kManifest), nullptr, /*allow_exceptions=*/false);
+    if (m.is_object() && m.contains("run_id") && m["run_id"].is_string()) return m["run_id"].get<std::string>();
+  } catch (const std::exception&) {
+  }
+  return "";
+}
+
+// The newest complete checkpoint in `dir` older than `before` (all of them when before < 0).
+fs::path newest_complete(const fs::path& dir, int64_t before) {
+  const auto all = complete_checkpoints(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if ((before < 0 || it->first < before) && is_train_checkpoint(it->second)) return it->second;
+  return {};
+}
+
 
 }  // namespace
 
@@ -132,10 +155,19 @@ fs::path write_train_checkpoint(const fs::path& dir, int64_t step, const TrainCh
   // An old checkpoint is first renamed out of the step-N namespace (atomic), then removed: a
   // kill in the middle of the removal leaves a .tmp-<pid>-* directory (removed by the next
   // run), never a step-N directory with files missing.
+  // Only this run's checkpoints (its run id): another run's, or one written before run ids,
+  // is never removed.
+  const std::string run_id = c.state.contains("run_id") && c.state["run_id"].is_string()
+                                 ? c.state["run_id"].get<std::string>()
+                                 : std::string();
   auto all = complete_checkpoints(dir);
+  for (auto it = all.begin(); it != all.end();)
+    it = !run_id.empty() && run_id_of(it->second) == run_id ? std::next(it) : all.erase(it);
   while (static_cast<int>(all.size()) > keep && all.begin()->first != step) {
     const fs::path doomed = dir / fmt::format(".tmp-{}-drop-{}", ::getpid(), all.begin()->second.filename().string());
-    if (::rename(all.begin()->second.c_str(), doomed.c_str()) == 0) fs::remove_all(doomed, ec);
+    if (::rename(all.begin()->second.c_str(), doomed.c_str()) == 0) {
+      TempDir gone(doomed);  // removed now; on a second Ctrl-C meanwhile, by the signal handler
+    }
     all.erase(all.begin());
   }
   return final_path;
@@ -195,32 +227,84 @@ json verify_train_checkpoint(const fs::path& ckpt) {
   return m;
 }
 
+std::string older_checkpoint_hint(const fs::path& ckpt) {
+  const int64_t step = step_of_name(ckpt.filename().string());
+  const fs::path older = newest_complete(ckpt.parent_path().empty() ? fs::path(".") : ckpt.parent_path(), step);
+  if (older.empty() || step < 0) return "no older complete checkpoint is there to resume instead";
+  return "the newest older checkpoint is " + older.string() + ": resume from it with --resume " + older.string() +
+         " (it is verified before training), or move the damaged one away";
+}
+
 fs::path find_resume_checkpoint(const std::string& resume, const std::string& checkpoint_dir) {
   const bool is_auto = resume == "auto";
   if (is_auto && checkpoint_dir.empty())
     throw std::invalid_argument("--resume auto looks under --checkpoint-dir; give --checkpoint-dir DIR");
   const fs::path base = is_auto ? fs::path(checkpoint_dir) : fs::path(resume);
+  const std::string flag = is_auto ? "--resume auto (--checkpoint-dir " + checkpoint_dir + ")" : "--resume " + resume;
   std::error_code ec;
-  if (!is_auto && !fs::exists(base, ec)) throw std::runtime_error("--resume " + resume + ": does not exist");
+  const fs::file_status st = fs::status(base, ec);
+  if (!fs::exists(st)) {
+    if (is_auto) return {};  // the first run of this directory
+    throw std::runtime_error("--resume " + resume + ": does not exist");
+  }
   if (is_train_checkpoint(base)) return base;
-  if (!fs::is_directory(base, ec)) {
-    if (is_auto) return {};
+  if (!fs::is_directory(st)) {
+    if (is_auto) throw std::runtime_error("--checkpoint-dir " + checkpoint_dir + ": not a directory");
     throw std::runtime_error("--resume " + resume + ": not a checkpoint or a checkpoint directory");
   }
-  const fs::path latest = base / kLatest;
-  if (fs::exists(latest, ec)) {
-    std::string name = read_text_file(latest);
-    while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
-    if (name.rfind("step-", 0) == 0 && name.find('/') == std::string::npos && is_train_checkpoint(base / name))
-      return base / name;
-    std::fprintf(stderr, "strata: %s names '%s', which is not a checkpoint there; using the newest step-N\n",
-                 latest.c_str(), name.c_str());
-  }
   const auto all = complete_checkpoints(base);
-  for (auto it = all.rbegin(); it != all.rend(); ++it)
-    if (is_train_checkpoint(it->second)) return it->second;
-  if (is_auto) return {};
-  throw std::runtime_error("--resume " + resume + ": no checkpoint in it (no 'latest', no step-N directory)");
+  const fs::path latest = base / kLatest;
+  const bool has_latest = fs::exists(fs::symlink_status(latest, ec));
+  if (!has_latest && all.empty()) {
+    if (is_auto) return {};  // no checkpoint at all: a fresh start
+    throw std::runtime_error("--resume " + resume + ": no checkpoint in it (no 'latest', no step-N directory)");
+  }
+  // The checkpoint to continue: what `latest` names, else the newest step-N. Anything wrong with
+  // it is an error (never a silent fresh start, never a silent older checkpoint): the user
+  // decides, and the message names the newest complete checkpoint as the way out.
+  std::string why;
+  fs::path damaged;
+  if (has_latest) {
+    std::string name;
+    try {
+      name = read_text_file(latest);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+    const bool well_formed = name.rfind("step-", 0) == 0 && name.size() < 64 && name.find('/') == std::string::npos &&
+                             name.find('\0') == std::string::npos;
+    if (why.empty() && well_formed && is_train_checkpoint(base / name)) return base / name;
+    if (why.empty())
+      why = latest.string() + " names " +
+            (well_formed ? "'" + name + "', which is not a complete checkpoint there (no " + kManifest + ")"
+                         : std::string("no checkpoint (it is damaged)"));
+    if (well_formed) damaged = base / name;
+  } else {
+    const fs::path newest = all.rbegin()->second;
+    if (is_train_checkpoint(newest)) return newest;
+    why = newest.string() + " is not a complete checkpoint (no " + kManifest + ")";
+    damaged = newest;
+  }
+  const fs::path way_out = newest_complete(base, damaged.empty() ? -1 : step_of_name(damaged.filename().string()));
+  throw std::runtime_error(flag + ": " + why + "; " +
+                           (way_out.empty() ? std::string("no complete checkpoint is there: move the directory away "
+                                                          "to start fresh")
+                                            : "the newest complete checkpoint there is " + way_out.string() +
+                                                  ": resume from it with --resume " + way_out.string()));
+}
+
+std::vector<std::string> checkpoints_of_other_runs(const fs::path& dir, const std::string& run_id, bool fresh) {
+  std::vector<std::string> out;
+  for (const auto& [step, path] : complete_checkpoints(dir)) {
+    if (fresh) {
+      out.push_back(path.filename().string());
+      continue;
+    }
+    const std::string id = run_id_of(path);
+    if (!id.empty() && id != run_id) out.push_back(path.filename().string());
+  }
+  return out;
 }
 
 }  // namespace strata

@@ -38,7 +38,7 @@ struct TrainCheckpointContent {
 };
 
 // Writes DIR/step-<step> as described above, points `latest` at it and removes the oldest
-// complete checkpoints beyond `keep` (keep >= 1). Returns the checkpoint's path. Throws naming
+// complete checkpoints of the same run (content.state["run_id"]) beyond `keep` (keep >= 1). Returns the checkpoint's path. Throws naming
 // the path on failure; a failed write leaves DIR as it was (its temporary directory removed).
 std::filesystem::path write_train_checkpoint(const std::filesystem::path& dir, int64_t step,
                                              const TrainCheckpointContent& content, int keep);
@@ -55,9 +55,21 @@ nlohmann::json verify_train_checkpoint(const std::filesystem::path& ckpt);
 bool is_train_checkpoint(const std::filesystem::path& path);
 
 // The checkpoint to resume from: `resume` is a checkpoint, a checkpoint directory (its
-// `latest`, else its newest complete step-N), or "auto" (the same under checkpoint_dir; empty
-// when there is none yet: a fresh start). Throws naming what was looked for.
+// `latest`, else its newest step-N), or "auto" (the same under checkpoint_dir; empty only when
+// the directory holds no checkpoint at all: a fresh start). A damaged one (`latest` unreadable
+// or naming no complete checkpoint, a step-N without trainer.json) throws, naming it and the
+// newest complete checkpoint as the way out.
 std::filesystem::path find_resume_checkpoint(const std::string& resume, const std::string& checkpoint_dir);
+
+// For an error about checkpoint `ckpt` (corrupt, unreadable): the sentence naming the newest
+// complete checkpoint older than it in the same directory as the way out.
+std::string older_checkpoint_hint(const std::filesystem::path& ckpt);
+
+// The step-N checkpoints in `dir` that belong to another run than `run_id` (by the run id in
+// their trainer.json; for a fresh run, every one). Checkpoints without a readable run id
+// (written before run ids, or damaged) count as another run's only for a fresh run.
+std::vector<std::string> checkpoints_of_other_runs(const std::filesystem::path& dir, const std::string& run_id,
+                                                   bool fresh);
 
 // "step-00000010": the directory name of step 10's checkpoint.
 std::string checkpoint_name(int64_t step);

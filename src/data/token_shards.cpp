@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cerrno>
 #include <cstring>
 #include <stdexcept>
 
 #include <glob.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "src/checked.h"
 #include "src/checkpoint/file_util.h"
@@ -23,15 +26,18 @@ constexpr int32_t kMagicU32 = 20240801, kVersionU32 = 7;  // LLaMA-3 vocab, uint
 constexpr int kHeaderInts = 256;
 constexpr uint64_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
 
-class MappedShard final : public TokenShard {
+// A shard read with pread, never mapped: a shard truncated or rewritten under a running job is
+// then a short read, an error naming the file, where a mapped page past the new end would kill
+// the process with SIGBUS (no message, no checkpoint, swap files left behind).
+class ShardFile final : public TokenShard {
  public:
-  explicit MappedShard(const fs::path& path) : map_(path) {
+  explicit ShardFile(const fs::path& path) : path_(path), fd_(open_regular_file(path, &size_)) {
     const std::string file = path.string();
-    if (map_.size() < kHeaderBytes)
-      throw std::runtime_error(file + ": " + std::to_string(map_.size()) + " bytes, too small for the " +
+    if (size_ < kHeaderBytes)
+      throw std::runtime_error(file + ": " + std::to_string(size_) + " bytes, too small for the " +
                                std::to_string(kHeaderBytes) + "-byte token shard header");
     int32_t header[3];
-    std::memcpy(header, map_.data(), sizeof(header));
+    read_at(0, header, sizeof(header));
     if (header[0] == kMagicU16) {
       expect_version(file, header, kVersionU16);
       token_bytes_ = 2;
@@ -47,40 +53,66 @@ class MappedShard final : public TokenShard {
       throw std::runtime_error(file + ": negative token count " + std::to_string(header[2]) + " in header");
     n_tokens_ = header[2];
     const uint64_t expected = kHeaderBytes + static_cast<uint64_t>(n_tokens_) * token_bytes_;
-    if (map_.size() != expected)
+    if (size_ != expected)
       throw std::runtime_error(file + ": header says " + std::to_string(n_tokens_) + " tokens of " +
                                std::to_string(token_bytes_) + " bytes, so the file should be " +
-                               std::to_string(expected) + " bytes, but it is " + std::to_string(map_.size()));
-    tokens_ = map_.data() + kHeaderBytes;
+                               std::to_string(expected) + " bytes, but it is " + std::to_string(size_));
   }
 
   int64_t n_tokens() const override { return n_tokens_; }
   uint32_t token(int64_t i) const override {
     assert(i >= 0 && i < n_tokens_);
-    if (token_bytes_ == 2) {
-      uint16_t t;
-      std::memcpy(&t, tokens_ + 2 * i, 2);
-      return t;
-    }
     uint32_t t;
-    std::memcpy(&t, tokens_ + 4 * i, 4);
+    read_tokens(i, 1, &t);
     return t;
   }
-  const fs::path& path() const override { return map_.path(); }
+  void read_tokens(int64_t first, int64_t count, uint32_t* out) const override {
+    assert(first >= 0 && count >= 0 && first + count <= n_tokens_);
+    const uint64_t off = kHeaderBytes + static_cast<uint64_t>(first) * token_bytes_;
+    if (token_bytes_ == 4) {
+      read_at(off, out, static_cast<size_t>(count) * 4);
+      return;
+    }
+    narrow_.resize(static_cast<size_t>(count));  // keeps its capacity: no allocation per batch
+    read_at(off, narrow_.data(), static_cast<size_t>(count) * 2);
+    for (int64_t k = 0; k < count; ++k) out[k] = narrow_[static_cast<size_t>(k)];
+  }
+  const fs::path& path() const override { return path_; }
   uint64_t token_bytes() const override { return token_bytes_; }
   int64_t find_token_at_least(uint64_t limit) const override {
-    return token_bytes_ == 2 ? find<uint16_t>(limit) : find<uint32_t>(limit);
+    constexpr int64_t kChunk = 1 << 20;  // tokens per read
+    std::vector<uint32_t> buf(static_cast<size_t>(std::min<int64_t>(kChunk, std::max<int64_t>(n_tokens_, 1))));
+    for (int64_t first = 0; first < n_tokens_; first += kChunk) {
+      const int64_t count = std::min(kChunk, n_tokens_ - first);
+      read_tokens(first, count, buf.data());
+      for (int64_t k = 0; k < count; ++k)
+        if (buf[static_cast<size_t>(k)] >= limit) return first + k;
+    }
+    return -1;
   }
 
  private:
-  template <class T>
-  int64_t find(uint64_t limit) const {
-    for (int64_t i = 0; i < n_tokens_; ++i) {
-      T t;
-      std::memcpy(&t, tokens_ + sizeof(T) * static_cast<size_t>(i), sizeof(T));
-      if (static_cast<uint64_t>(t) >= limit) return i;
+  // Exactly n bytes at `offset`; a short read means the file shrank under the run.
+  void read_at(uint64_t offset, void* dst, size_t n) const {
+    char* p = static_cast<char*>(dst);
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t r = ::pread(fd_.get(), p + done, n - done, static_cast<off_t>(offset + done));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        throw std::runtime_error(path_.string() + ": read of " + std::to_string(n - done) + " bytes at offset " +
+                                 std::to_string(offset + done) + " failed: " + errno_text());
+      }
+      if (r == 0) {
+        struct stat st {};
+        const std::string now = ::fstat(fd_.get(), &st) == 0 ? std::to_string(st.st_size) + " bytes" : "unknown";
+        throw std::runtime_error(path_.string() + ": the token shard shrank while the run was reading it (it was " +
+                                 std::to_string(size_) + " bytes, now " + now + ", no data at offset " +
+                                 std::to_string(offset + done) +
+                                 "); a shard must not be rewritten during a run: restore it and resume");
+      }
+      done += static_cast<size_t>(r);
     }
-    return -1;
   }
 
   static void expect_version(const std::string& file, const int32_t* header, int32_t version) {
@@ -89,16 +121,18 @@ class MappedShard final : public TokenShard {
                                std::to_string(version) + ", found version " + std::to_string(header[1]));
   }
 
-  MappedFile map_;
-  const std::byte* tokens_ = nullptr;
+  fs::path path_;
+  uint64_t size_ = 0;
+  UniqueFd fd_;
   int64_t n_tokens_ = 0;
   uint32_t token_bytes_ = 0;
+  mutable std::vector<uint16_t> narrow_;  // version 1: the uint16 tokens before widening
 };
 
 }  // namespace
 
 std::unique_ptr<TokenShard> TokenShard::open(const std::filesystem::path& path) {
-  return std::make_unique<MappedShard>(path);
+  return std::make_unique<ShardFile>(path);
 }
 
 void write_token_shard(const std::filesystem::path& path, const std::vector<uint32_t>& tokens, int version) {
@@ -185,11 +219,14 @@ void DataLoader::next(int32_t* inputs, int32_t* targets) {
   const TokenShard& shard = *shards_[shard_];
   const int64_t n = batch_ * seq_;
   const int64_t start = pos_ + rank_ * n;
+  row_.resize(static_cast<size_t>(n + 1));
+  shard.read_tokens(start, n + 1, row_.data());
   for (int64_t i = 0; i <= n; ++i) {
-    const uint32_t tok = shard.token(start + i);
+    const uint32_t tok = row_[static_cast<size_t>(i)];
     if (tok >= static_cast<uint64_t>(vocab_))
       throw std::runtime_error(shard.path().string() + ": token " + std::to_string(tok) + " at position " +
-                               std::to_string(start + i) + " is >= vocab_size " + std::to_string(vocab_));
+                               std::to_string(start + i) + " is >= vocab_size " + std::to_string(vocab_) +
+                               " (the shard changed since the run started?)");
     if (i < n) inputs[i] = static_cast<int32_t>(tok);
     if (i > 0) targets[i - 1] = static_cast<int32_t>(tok);
   }

@@ -10,14 +10,17 @@
 
 namespace strata {
 
-// One shard, memory-mapped and validated (magic, version, size); throws naming the file.
+// One shard, validated (magic, version, size) and read with pread; throws naming the file, also
+// when the file shrinks under the run.
 class TokenShard {
  public:
   static std::unique_ptr<TokenShard> open(const std::filesystem::path& path);
   virtual ~TokenShard() = default;
   virtual int64_t n_tokens() const = 0;
   virtual uint32_t token(int64_t i) const = 0;
-  // The position of the first token >= limit, or -1 (one pass over the mapped tokens).
+  // Tokens [first, first + count) widened to uint32.
+  virtual void read_tokens(int64_t first, int64_t count, uint32_t* out) const = 0;
+  // The position of the first token >= limit, or -1 (one pass over the file).
   virtual int64_t find_token_at_least(uint64_t limit) const = 0;
   virtual uint64_t token_bytes() const = 0;  // 2 (version 1) or 4 (version 7)
   virtual const std::filesystem::path& path() const = 0;
@@ -56,6 +59,7 @@ class DataLoader {
   int64_t vocab_;
   int64_t shard_ = 0;
   int64_t pos_ = 0;  // start of the current window in shard_
+  std::vector<uint32_t> row_;  // one rank's B·T+1 tokens, read at once
 };
 
 }  // namespace strata

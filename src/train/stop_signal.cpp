@@ -14,6 +14,7 @@ namespace strata {
 namespace {
 
 std::atomic<int> g_signal{0};
+std::atomic<bool> g_checkpoint{false};
 
 void say(const char* text) {
   const ssize_t n = ::write(STDERR_FILENO, text, std::strlen(text));
@@ -23,28 +24,48 @@ void say(const char* text) {
 void on_signal(int sig) {
   int expected = 0;
   if (g_signal.compare_exchange_strong(expected, sig)) {
-    say(sig == SIGINT ? "\nstrata: SIGINT: stopping after the current step (again to stop now)\n"
-                      : "\nstrata: SIGTERM: stopping after the current step (again to stop now)\n");
+    say(sig == SIGINT    ? "\nstrata: SIGINT: stopping after the current step (again to stop now)\n"
+        : sig == SIGHUP  ? "\nstrata: SIGHUP: stopping after the current step (again to stop now)\n"
+        : sig == SIGUSR2 ? "\nstrata: SIGUSR2 (a stop relayed by the launcher): stopping after the current step\n"
+                         : "\nstrata: SIGTERM: stopping after the current step (again to stop now)\n");
     return;
   }
   io::emergency_cleanup();
-  say("strata: stopped at once; swap files removed\n");
+  say("strata: stopped at once; swap files and partial checkpoints removed\n");
   ::_exit(128 + sig);
+}
+
+void on_usr1(int) {
+  g_checkpoint.store(true);
+  say("\nstrata: SIGUSR1: a checkpoint after the current step\n");
+}
+
+void install(int sig, void (*handler)(int)) {
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(sig, &sa, nullptr);
 }
 
 }  // namespace
 
 void install_stop_handlers() {
-  struct sigaction sa;
-  std::memset(&sa, 0, sizeof(sa));
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR2}) install(sig, on_signal);
+  install(SIGUSR1, on_usr1);
+  install(SIGPIPE, SIG_IGN);
 }
 
 int stop_requested() { return g_signal.load(); }
-void clear_stop_request() { g_signal.store(0); }
+void request_stop(int sig) {
+  int expected = 0;
+  g_signal.compare_exchange_strong(expected, sig);
+}
+bool take_checkpoint_request() { return g_checkpoint.exchange(false); }
+void clear_stop_request() {
+  g_signal.store(0);
+  g_checkpoint.store(false);
+}
 
 }  // namespace strata

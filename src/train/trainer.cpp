@@ -17,6 +17,7 @@
 #include <functional>
 #include <optional>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -39,6 +40,7 @@
 #include "src/optim/schedule.h"
 #include "src/train/corpus.h"
 #include "src/train/step_driver.h"
+#include "src/train/run_guard.h"
 #include "src/train/stop_signal.h"
 #include "src/train/tiered_memory.h"
 
@@ -85,10 +87,28 @@ bool has_weights(const fs::path& dir) {
   return false;
 }
 
+// A weight file of a format strata does not read (PyTorch pickles, GGUF, TF, Flax, ONNX), or
+// "" when there is none: a directory holding one must not silently train from random init.
+std::string unreadable_weight_file(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string ext = it->path().extension().string();
+    if (ext == ".pt" || ext == ".pth" || ext == ".ckpt" || ext == ".gguf" || ext == ".h5" || ext == ".msgpack" ||
+        ext == ".onnx" || (ext == ".bin" && name.rfind("pytorch_model", 0) == 0) ||
+        name == "pytorch_model.bin.index.json")
+      return name;
+  }
+  return "";
+}
+
 uint64_t parse_size_flag(const std::string& text, const std::string& flag) {
   try {
     const uint64_t v = offload::parse_size(text);
     if (v == 0) throw std::invalid_argument("must be positive");
+    // A bare number is bytes: below 1 KiB it is a forgotten unit (no budget is that small).
+    if (v < 1024 && text.find_first_not_of("0123456789. ") == std::string::npos)
+      throw std::invalid_argument(fmt::format("{} bytes: did you mean {}G?", v, text));
     return v;
   } catch (const std::exception& e) {
     throw std::invalid_argument(flag + " '" + text + "': " + e.what() + " (a size such as 512M, 8G, 1.5T)");
@@ -177,6 +197,8 @@ struct Trainer::Impl {
   // The last step's optimizer step, carried out inside the next step's forward (or by flush()).
   std::optional<PendingUpdate> pending;
   fs::path resumed_from;              // the checkpoint this run continued (empty: a fresh start)
+  std::string run_id;                 // this run's identity (trainer.json): rotation removes only its own
+  PathLock checkpoint_lock, out_lock; // rank 0: held for the life of the run (run_guard.h)
   std::vector<std::string> resume_changes;  // flags that differ from the checkpoint's run
   int64_t last_checkpoint_step = -1;
 
@@ -362,6 +384,7 @@ nlohmann::json Trainer::Impl::state_json() const {
     j["data"] = nullptr;
   j["n_params"] = model->n_params();
   j["flags"] = options_json(o);
+  j["run_id"] = run_id;
   return j;
 }
 
@@ -375,10 +398,32 @@ void Trainer::Impl::restore_state(const nlohmann::json& man) {
     if (steps_done < 0 || skipped_steps < 0 || skipped_steps > steps_done || tokens_done < 0)
       throw std::runtime_error("inconsistent step counts");
     const auto& ls = man.at("loss_scaler");
-    if (ls.at("enabled").get<bool>() == scaler.enabled()) scaler.restore(ls.at("scale").get<float>(), ls.at("good_steps").get<int>());
+    // The scaler's own invariants: a power of two in [1, 2^99], a non-negative count.
+    const double scale = ls.at("scale").get<double>();
+    const int64_t good = ls.at("good_steps").get<int64_t>();
+    if (!(scale >= 1 && scale <= 0x1p99 && std::exp2(std::round(std::log2(scale))) == scale))
+      throw std::runtime_error(fmt::format("loss_scaler.scale {}: must be a power of 2 in [1, 2^99]", scale));
+    if (good < 0 || good > INT32_MAX) throw std::runtime_error(fmt::format("loss_scaler.good_steps {}: out of range", good));
+    if (ls.at("enabled").get<bool>() == scaler.enabled()) scaler.restore(static_cast<float>(scale), static_cast<int>(good));
     if (man.at("n_params").get<int64_t>() != model->n_params()) throw std::runtime_error("parameter count differs");
+    if (man.contains("run_id") && man["run_id"].is_string() && !man["run_id"].get<std::string>().empty())
+      run_id = man["run_id"].get<std::string>();
     const auto& d = man.at("data");
-    if (loader && !d.is_null()) loader->seek(d.at("shard").get<int64_t>(), d.at("position").get<int64_t>());
+    if (loader && !d.is_null()) {
+      const int64_t shard = d.at("shard").get<int64_t>(), position = d.at("position").get<int64_t>();
+      try {
+        loader->seek(shard, position);
+      } catch (const std::invalid_argument&) {
+        const auto& f = man.contains("flags") ? man["flags"] : nlohmann::json::object();
+        const std::string was = f.is_object() && f.contains("data") && f["data"].is_string()
+                                    ? "'" + f["data"].get<std::string>() + "'"
+                                    : std::string("its data");
+        throw std::runtime_error(fmt::format(
+            "the checkpoint stopped at token {} of shard {} of {}, which this run's --data '{}' does not have (a "
+            "different dataset?); resume with the --data the checkpoint was trained on",
+            position, shard + 1, was, o.data.empty() ? "(embedded corpus)" : o.data));
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(where + ": malformed trainer state: " + e.what());
   } catch (const std::exception& e) {
@@ -459,7 +504,7 @@ void validate_options(const TrainOptions& o) {
     throw std::invalid_argument("--beta2 " + flag_value(o.beta2) + ": must be in [0, 1)");
   // eps is used as a float: it must stay a positive normal float.
   in_range(o.eps, 1e-30, 1, "--eps", "a finite number in [1e-30, 1] (e.g. 1e-8)");
-  in_range(o.grad_clip, 0, 1e30, "--grad-clip", "a finite number >= 0 (0 = off)");
+  in_range(o.grad_clip, 0, 1e30, "--grad-clip", "a number in [0, 1e30] (0 = off)");
   // A power of two keeps scaling and unscaling exact; the scaler never goes below 1.
   if (!(o.loss_scale >= 1 && o.loss_scale <= 1e30 && std::exp2(std::round(std::log2(o.loss_scale))) == o.loss_scale))
     throw std::invalid_argument("--loss-scale " + flag_value(o.loss_scale) + ": must be a power of 2 in [1, 2^99] (e.g. 65536)");
@@ -504,10 +549,22 @@ ResolvedRun resolve_run(const TrainOptions& o) {
   // Model config: --model DIR, --preset NAME or the embedded default.
   if (!o.model.empty()) {
     const fs::path dir(o.model);
-    if (!fs::is_directory(dir)) throw std::runtime_error("--model " + o.model + ": not a directory");
+    std::error_code ec;
+    const fs::file_status st = fs::status(dir, ec);
+    if (ec == std::errc::too_many_symbolic_link_levels)
+      throw std::runtime_error("--model " + o.model + ": a loop of symbolic links; point it at the model directory");
+    if (!fs::exists(st)) throw std::runtime_error("--model " + o.model + ": does not exist");
+    if (!fs::is_directory(st))
+      throw std::runtime_error("--model " + o.model + ": not a directory (a Hugging Face model directory: config.json "
+                               "and *.safetensors)");
     if (!fs::exists(dir / "config.json")) throw std::runtime_error("--model " + o.model + ": no config.json in it");
     r.cfg = read_hf_config(dir / "config.json");
     r.load_weights = has_weights(dir);
+    if (const std::string other = unreadable_weight_file(dir); !r.load_weights && !other.empty())
+      throw std::runtime_error("--model " + o.model + ": its weights are in " + other +
+                               ", a format strata does not read (it reads safetensors: model.safetensors, or "
+                               "model-0000k-of-0000n.safetensors with model.safetensors.index.json); convert them, "
+                               "e.g. with transformers' save_pretrained(dir, safe_serialization=True)");
     r.model_source = o.model + (r.load_weights ? " (safetensors)" : " (config only: random init)");
   } else if (!o.preset.empty()) {
     r.cfg = preset_model_config(o.preset);
@@ -628,21 +685,62 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.comm = make_communicator(m.backend);
   m.sh = Sharding{o.zero_stage, m.comm->world(), m.comm->rank()};
   m.placement.sharding = m.sh;
+  // Every rank started with the same flags, model and checkpoint: a difference would hang the
+  // job or train something else than asked.
+  check_ranks_agree(*m.comm, o, m.cfg, r.resume);
   const bool rank0 = m.sh.rank == 0;
   const Placement& pl = m.placement;
   nlohmann::json manifest;
   if (!r.resume.empty()) {  // verified (sizes, checksums) before anything is allocated
-    manifest = verify_train_checkpoint(r.resume);
+    try {
+      manifest = verify_train_checkpoint(r.resume);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string(e.what()) + "; " + older_checkpoint_hint(r.resume));
+    }
     m.resumed_from = r.resume;
+    if (manifest.contains("run_id") && manifest["run_id"].is_string()) m.run_id = manifest["run_id"].get<std::string>();
   }
-  // Rank 0 alone writes --out and checkpoints.
-  if (rank0 && !o.checkpoint_dir.empty()) prepare_checkpoint_dir(o.checkpoint_dir);
+  if (m.run_id.empty()) m.run_id = new_run_id();
+  // Rank 0 alone writes --out, checkpoints and metrics. Before anything is written: what this run
+  // reads is kept apart from what it writes, then --checkpoint-dir and --out are locked for the
+  // life of the run, then the checkpoint directory must hold this run's checkpoints only.
+  std::vector<fs::path> data_files;
+  if (!o.data.empty() && !o.synthetic_data) data_files = expand_glob(o.data);
+  if (rank0) {
+    RunPaths reads;
+    reads.resume = r.resume;
+    if (!o.model.empty()) {
+      reads.model_dir = o.model;
+      std::error_code ec;
+      for (fs::directory_iterator it(o.model, ec), end; !ec && it != end; it.increment(ec))
+        reads.model_files.push_back(it->path());
+    }
+    reads.data_files = data_files;
+    check_run_paths(o, reads);
+  }
+  if (rank0 && !o.checkpoint_dir.empty()) {
+    prepare_checkpoint_dir(o.checkpoint_dir);
+    m.checkpoint_lock = PathLock::acquire(checkpoint_dir_lock_file(o.checkpoint_dir), "--checkpoint-dir " + o.checkpoint_dir,
+                                          /*remove_on_release=*/true);
+    const std::vector<std::string> others = checkpoints_of_other_runs(o.checkpoint_dir, m.run_id, r.resume.empty());
+    if (!others.empty()) {
+      std::string list;
+      for (size_t i = 0; i < others.size() && i < 3; ++i) list += (i ? ", " : "") + others[i];
+      if (others.size() > 3) list += fmt::format(" and {} more", others.size() - 3);
+      throw std::runtime_error(
+          "--checkpoint-dir " + o.checkpoint_dir + " holds checkpoints of another run (" + list + "); " +
+          (r.resume.empty() ? "continue that run with --resume auto, or give this run another --checkpoint-dir"
+                            : "give this run a --checkpoint-dir of its own") +
+          " (strata never writes over or rotates away another run's checkpoints)");
+    }
+  }
   if (rank0 && !o.out.empty()) {  // the save's own rules, so a finished run is never lost at the end
     try {
       check_hf_save_target(o.out);
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("--out ") + e.what());  // the messages start with the path
     }
+    m.out_lock = PathLock::acquire(out_lock_file(o.out), "--out " + o.out, /*remove_on_release=*/true);
   }
   // Data.
   if (o.synthetic_data) {
@@ -656,7 +754,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
                                             m.cfg.vocab_size);
     m.data_source = fmt::format("embedded corpus ({} byte-level tokens)", m.corpus->n_tokens());
   } else {
-    const auto shards = expand_glob(o.data);
+    const auto& shards = data_files;
     m.loader = std::make_unique<DataLoader>(shards, o.batch, o.seq, m.sh.rank, m.sh.world, m.cfg.vocab_size);
     m.data_source = fmt::format("{} ({} shard{})", o.data, shards.size(), shards.size() == 1 ? "" : "s");
   }
@@ -717,35 +815,42 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.opt_stream().synchronize();
   m.last_stats = m.mem->stats();
   // Last, after every check: a run that fails to start leaves an earlier metrics file intact.
-  // A resumed run appends to it, after dropping the lines of steps past the checkpoint (a run
-  // killed after its last checkpoint wrote them; they are about to be trained again).
-  if (rank0 && !o.metrics.empty() && !m.resumed_from.empty()) {
-    std::error_code ec;
-    if (fs::is_regular_file(o.metrics, ec)) {
-      std::ifstream in(o.metrics);
-      std::string kept, line;
-      bool dropped = false;
-      while (std::getline(in, line)) {
-        const size_t at = line.find("\"step\":");
-        const int64_t step = at == std::string::npos ? 0 : std::atoll(line.c_str() + at + 7);
-        if (step > m.steps_done) dropped = true;
-        else kept += line + "\n";
-      }
-      if (dropped) {
-        const std::string tmp = o.metrics + ".tmp-resume";
-        write_file_synced(tmp, kept);
-        if (::rename(tmp.c_str(), o.metrics.c_str()) != 0)
-          throw std::runtime_error("--metrics " + o.metrics + ": cannot replace it: " + errno_text());
-      }
-    }
-  }
   if (rank0 && !o.metrics.empty()) {
-    m.metrics = UniqueFd(::open(o.metrics.c_str(),
-                                O_WRONLY | O_CREAT | O_CLOEXEC | (m.resumed_from.empty() ? O_TRUNC : O_APPEND), 0644));
+    // Appended to, never truncated: an earlier run's lines stay (check_run_paths made sure the
+    // file is a metrics file). One writer at a time.
+    m.metrics = UniqueFd(::open(o.metrics.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_APPEND | O_NOFOLLOW, 0644));
     if (m.metrics.get() < 0)
       throw std::runtime_error("--metrics " + o.metrics + ": cannot open for writing: " + errno_text());
-    const off_t end = ::lseek(m.metrics.get(), 0, SEEK_END);  // a resumed run appends
+    if (::flock(m.metrics.get(), LOCK_EX | LOCK_NB) != 0)
+      throw std::runtime_error("--metrics " + o.metrics + ": " +
+                               (errno == EWOULDBLOCK ? std::string("another strata run is writing it; give this run "
+                                                                   "a metrics file of its own")
+                                                     : "cannot lock it: " + errno_text()));
+    const off_t end = ::lseek(m.metrics.get(), 0, SEEK_END);
     m.metrics_bytes = end > 0 ? static_cast<uint64_t>(end) : 0;
+    // A resumed run drops the lines its own earlier part wrote past the checkpoint (killed after
+    // its last checkpoint; those steps are about to be trained again): the tail after the last
+    // line of a step at or before the checkpoint's, when every line of that tail is past it.
+    if (!m.resumed_from.empty() && m.metrics_bytes > 0) {
+      std::string text(m.metrics_bytes, '\0');
+      if (::pread(m.metrics.get(), text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+        throw std::runtime_error("--metrics " + o.metrics + ": cannot read it: " + errno_text());
+      uint64_t keep = 0;
+      for (size_t at = 0; at < text.size();) {
+        size_t eol = text.find('\n', at);
+        eol = eol == std::string::npos ? text.size() : eol + 1;
+        const size_t key = text.find("\"step\":", at);
+        const int64_t step = key < eol ? std::atoll(text.c_str() + key + 7) : 0;
+        if (step <= m.steps_done) keep = eol;
+        at = eol;
+      }
+      if (keep < m.metrics_bytes) {
+        if (::ftruncate(m.metrics.get(), static_cast<off_t>(keep)) != 0)
+          throw std::runtime_error("--metrics " + o.metrics + ": cannot drop the lines past the checkpoint: " +
+                                   errno_text());
+        m.metrics_bytes = keep;
+      }
+    }
   }
   m.startup_s = ms_since(t_start) / 1e3;
 }
@@ -915,22 +1020,34 @@ void Trainer::print_header(std::FILE* out) const {
   fmt::print(out, "  backend    {} ({} threads); activation checkpointing {}\n", kernels::backend_name(m.backend),
              m.rt->info().n_threads, checkpointing_name(m.model->checkpointing()));
   print_placement(out, m.mem->memory_plan(), m.backend, m.startup_s, m.weights_s);
-  std::string nvme;
-  for (const auto& p : o.nvme_paths) nvme += " --nvme-path '" + p + "'";
-  fmt::print(out,
-             "  flags      --model '{}' --data '{}' --backend {} --dtype {} --batch {} --seq {} --grad-accum {} "
-             "--steps {} --lr {:g} --lr-schedule {} --warmup {} --min-lr {:g} --weight-decay {:g} --beta1 {:g} "
-             "--beta2 {:g} --eps {:g} --grad-clip {:g} --loss-scale {:g} --seed {} --metrics '{}' --out '{}' --log-every {} "
-             "--threads {} --offload-params {} --offload-grads {} --offload-optimizer {} --offload-activations {} "
-             "--checkpoint-activations {}{} --device-mem '{}' --host-mem '{}' --checkpoint-dir '{}' "
-             "--checkpoint-every {} --keep {} --resume '{}' --zero-stage {}\n",
-             o.model, o.data, o.backend, o.dtype, o.batch, o.seq, o.grad_accum, o.steps, o.lr, o.lr_schedule, o.warmup,
-             o.min_lr, o.weight_decay, o.beta1, o.beta2, o.eps, o.grad_clip, o.loss_scale, o.seed, o.metrics, o.out, o.log_every,
-             o.threads, o.offload_params, o.offload_grads, o.offload_optimizer, o.offload_activations,
-             o.checkpoint_activations, nvme, o.device_mem, o.host_mem, o.checkpoint_dir, o.checkpoint_every, o.keep,
-             o.resume, o.zero_stage);
+  // Copy-pasteable: every flag that is set, each value a shell word.
+  std::string flags;
+  for (const auto& [flag, value] : option_values(o)) {
+    if (flag == "--overwrite-model") {
+      if (o.overwrite_model) flags += " " + flag;
+      continue;
+    }
+    if ((flag == "--keep" || flag == "--checkpoint-every") && o.checkpoint_dir.empty()) continue;
+    if (!value.empty()) flags += " " + flag + " " + shell_quote(value);
+  }
+  flags += " --threads " + std::to_string(o.threads);
+  for (const auto& p : o.nvme_paths) flags += " --nvme-path " + shell_quote(p);
+  fmt::print(out, "  flags     {}\n", flags);
   std::fflush(out);
 }
+
+namespace {
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGPIPE: return "a write error on stdout";
+    case SIGUSR2: return "SIGUSR2 (a stop relayed by the launcher)";
+    default: return "a signal";
+  }
+}
+}  // namespace
 
 int Trainer::run(std::FILE* rank0_out) {
   Impl& m = *impl_;
@@ -942,32 +1059,76 @@ int Trainer::run(std::FILE* rank0_out) {
     if (!null_out) throw std::runtime_error("cannot open /dev/null: " + errno_text());
   }
   std::FILE* out = m.sh.rank == 0 ? rank0_out : null_out.get();
-  print_header(out);
+  // Output that cannot be written (a closed pipe: `strata train | head`, a full disk) stops the
+  // run as SIGTERM would, checkpoint included, instead of killing it or going on blind.
+  bool out_ok = true;
+  const auto print = [&](const std::string& text) {
+    if (!out_ok) return;
+    if (std::fputs(text.c_str(), out) < 0 || std::fflush(out) != 0) {
+      const int err = errno;
+      out_ok = false;
+      request_stop(SIGPIPE);
+      fmt::print(stderr, "strata: cannot write to stdout ({}): stopping after this step\n", errno_text(err));
+    }
+  };
+  // Every rank leaves together: mpirun takes the job down when the first rank exits non-zero,
+  // which must not happen while rank 0 still writes the checkpoint.
+  const auto all_ranks_done = [&] {
+    if (m.sh.world <= 1) return;
+    int mine = 1;
+    std::vector<int> all(static_cast<size_t>(m.sh.world));
+    m.comm->host_all_gather(&mine, all.data(), sizeof(int));
+  };
+  try {
+    print_header(out);
+  } catch (const std::system_error& e) {  // fmt reports a failed write as system_error
+    print("");
+    out_ok = false;
+    request_stop(SIGPIPE);
+  }
   const auto t_start = Clock::now();
   double first_loss = 0, last_loss = 0, min_loss = INFINITY, ms_after_first = 0;
   int64_t skipped = 0;
   uint64_t moved_total = 0;
   const int64_t first_step = m.steps_done;
   for (int64_t i = first_step; i < o.steps; ++i) {
-    int stop = stop_requested();
-    if (m.sh.world > 1) {  // every rank stops after the same step (a signal may reach one rank first)
-      std::vector<int> all(static_cast<size_t>(m.sh.world));
-      m.comm->host_all_gather(&stop, all.data(), sizeof(int));
-      for (int v : all) stop = stop ? stop : v;
+    // A stop (SIGINT, SIGTERM, SIGHUP, stdout gone) and a checkpoint request (SIGUSR1), agreed by
+    // every rank: a signal may reach one rank first, and each must stop after the same step.
+    int req[2] = {stop_requested(), take_checkpoint_request() ? 1 : 0};
+    if (m.sh.world > 1) {
+      std::vector<int> all(2 * static_cast<size_t>(m.sh.world));
+      m.comm->host_all_gather(req, all.data(), sizeof(req));
+      for (size_t r = 0; r < all.size(); r += 2) {
+        req[0] = req[0] ? req[0] : all[r];
+        req[1] = req[1] | all[r + 1];
+      }
     }
-    if (const int sig = stop) {  // SIGINT/SIGTERM: stop between steps
-      const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+    if (req[1] && !req[0] && m.steps_done > 0) {
+      if (o.checkpoint_dir.empty()) {
+        if (m.sh.rank == 0) fmt::print(stderr, "strata: SIGUSR1 asked for a checkpoint, but there is no --checkpoint-dir; going on\n");
+      } else if (m.last_checkpoint_step != m.steps_done) {
+        const std::string path = save_checkpoint();
+        print(fmt::format("checkpoint {} (asked by SIGUSR1)\n", path));
+      }
+    }
+    if (const int sig = req[0]) {  // stop between steps
+      const char* name = signal_name(sig);
       if (!o.checkpoint_dir.empty() && m.steps_done > 0) {
         const std::string path = m.last_checkpoint_step == m.steps_done
                                      ? (fs::path(o.checkpoint_dir) / checkpoint_name(m.steps_done)).string()
                                      : save_checkpoint();
-        fmt::print(out, "stopped by {} after step {} of {}; checkpoint {} (continue with --resume auto)\n", name,
-                   m.steps_done, o.steps, path);
+        const std::string line = fmt::format("stopped by {} after step {} of {}; checkpoint {} (continue with --resume auto)\n",
+                                             name, m.steps_done, o.steps, path);
+        print(line);
+        if (!out_ok && m.sh.rank == 0) fmt::print(stderr, "strata: {}", line);
       } else {
-        fmt::print(out, "stopped by {} after step {} of {}; nothing saved to --out (the run did not finish){}\n", name,
-                   m.steps_done, o.steps, o.checkpoint_dir.empty() ? "; --checkpoint-dir DIR makes runs resumable" : "");
+        const std::string line = fmt::format("stopped by {} after step {} of {}; nothing saved to --out (the run did not finish){}\n",
+                                             name, m.steps_done, o.steps,
+                                             o.checkpoint_dir.empty() ? "; --checkpoint-dir DIR makes runs resumable" : "");
+        print(line);
+        if (!out_ok && m.sh.rank == 0) fmt::print(stderr, "strata: {}", line);
       }
-      std::fflush(out);
+      all_ranks_done();
       return 128 + sig;
     }
     const StepStats st = step();
@@ -975,7 +1136,7 @@ int Trainer::run(std::FILE* rank0_out) {
     // backward its units have already updated.
     if (o.checkpoint_every > 0 && st.step % o.checkpoint_every == 0 && st.step < o.steps && !st.diverged) {
       const std::string path = save_checkpoint();
-      fmt::print(out, "checkpoint {}\n", path);
+      print(fmt::format("checkpoint {}\n", path));
     }
     if (i == first_step) first_loss = st.loss;
     else ms_after_first += st.step_ms;
@@ -1026,11 +1187,11 @@ int Trainer::run(std::FILE* rank0_out) {
       if (m.placement.uses_nvme() || st.bytes_moved() > 0)
         io = fmt::format(" | compute {:.0f} ms | moved {} | stall {:.0f} ms", st.compute_ms,
                          human_bytes(static_cast<double>(st.bytes_moved())), st.stall_ms);
-      fmt::print(out, "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | {:.1f} ms{}{}\n",
-                 st.step, std::to_string(o.steps).size(), o.steps, st.loss, st.lr, st.grad_norm, st.tokens_per_s,
-                 st.step_ms, io,
-                 st.skipped ? fmt::format(" | fp16 overflow: step skipped, loss scale {:g}", m.scaler.scale()) : "");
-      std::fflush(out);
+      print(fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | {:.1f} ms{}{}\n",
+                        st.step, std::to_string(o.steps).size(), o.steps, st.loss, st.lr, st.grad_norm,
+                        st.tokens_per_s, st.step_ms, io,
+                        st.skipped ? fmt::format(" | fp16 overflow: step skipped, loss scale {:g}", m.scaler.scale())
+                                   : ""));
     }
     if (st.diverged)
       throw std::runtime_error(fmt::format(
@@ -1043,24 +1204,26 @@ int Trainer::run(std::FILE* rank0_out) {
   m.flush();  // the last step's update
   if (!o.checkpoint_dir.empty() && m.last_checkpoint_step != m.steps_done) {
     const std::string path = save_checkpoint();
-    fmt::print(out, "checkpoint {}\n", path);
+    print(fmt::format("checkpoint {}\n", path));
   }
   const double total_s = ms_since(t_start) / 1e3;
-  fmt::print(out, "done: {} steps, {} tokens in {:.1f} s", o.steps, m.tokens_done, total_s);
+  std::string done = fmt::format("done: {} steps, {} tokens in {:.1f} s", o.steps, m.tokens_done, total_s);
   const int64_t ran = o.steps - first_step;
   if (ran > 1)
-    fmt::print(out, " ({:.0f} tok/s, {:.1f} ms/step after the first)",
-               static_cast<double>(tokens_per_step() * (ran - 1)) / (ms_after_first / 1e3),
-               ms_after_first / static_cast<double>(ran - 1));
-  fmt::print(out, "; loss {:.4f} -> {:.4f} (min {:.4f})", first_loss, last_loss, min_loss);
-  if (moved_total) fmt::print(out, "; {} moved between tiers", human_bytes(static_cast<double>(moved_total)));
-  if (skipped) fmt::print(out, "; {} fp16 steps skipped", skipped);
-  fmt::print(out, "\n");
+    done += fmt::format(" ({:.0f} tok/s, {:.1f} ms/step after the first)",
+                        static_cast<double>(tokens_per_step() * (ran - 1)) / (ms_after_first / 1e3),
+                        ms_after_first / static_cast<double>(ran - 1));
+  done += fmt::format("; loss {:.4f} -> {:.4f} (min {:.4f})", first_loss, last_loss, min_loss);
+  if (moved_total) done += fmt::format("; {} moved between tiers", human_bytes(static_cast<double>(moved_total)));
+  if (skipped) done += fmt::format("; {} fp16 steps skipped", skipped);
+  print(done + "\n");
   if (!o.out.empty()) {
     save(o.out);
-    fmt::print(out, "saved the model to {} (HF layout)\n", o.out);
+    print(fmt::format("saved the model to {} (HF layout)\n", o.out));
   }
-  std::fflush(out);
+  // A signal during the last step: the run is complete and saved (status 0), say so.
+  if (const int sig = stop_requested(); sig && sig != SIGPIPE)
+    print(fmt::format("{} came during the last step: the run finished and was saved\n", signal_name(sig)));
   return 0;
 }
 

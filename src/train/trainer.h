@@ -43,6 +43,7 @@ struct TrainOptions {
   uint64_t seed = 1337;        // random init (models without weights) and synthetic data
   std::string metrics;         // JSONL file, one object per optimizer step ("" = none)
   std::string out;             // save the final model here, HF layout ("" = don't)
+  bool overwrite_model = false;  // --out may be the input --model (replaced by the trained one)
   int64_t log_every = 1;       // progress line every n steps (and the first and last)
   int threads = 0;             // CPU compute threads (0 = all available cores)
   // Placement (DESIGN.md "One training step"): none = the compute device, cpu = pinned host

@@ -1,0 +1,320 @@
+// Locks, the read/write path rules and the ranks' agreement on flags; see run_guard.h.
+#include "src/train/run_guard.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "src/comm/communicator.h"
+#include "src/model/config.h"
+#include "src/train/trainer.h"
+
+namespace strata {
+namespace fs = std::filesystem;
+
+// ---- PathLock -------------------------------------------------------------------------------
+
+PathLock PathLock::acquire(const fs::path& lock_file, const std::string& what, bool remove_on_release) {
+  // A lock file removed by its last holder between our open and our flock would leave us
+  // holding a lock nobody else can see: lock, then check the path still names the file we hold.
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    UniqueFd fd(::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+    if (fd.get() < 0)
+      throw std::runtime_error(what + ": cannot create the lock file " + lock_file.string() + ": " + errno_text());
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK)
+        throw std::runtime_error(what + ": cannot lock " + lock_file.string() + ": " + errno_text());
+      std::string holder;
+      char buf[32] = {};
+      const ssize_t n = ::pread(fd.get(), buf, sizeof(buf) - 1, 0);
+      if (n > 0) holder = std::string(buf, static_cast<size_t>(n));
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      throw std::runtime_error(what + " is in use by another strata run" +
+                               (holder.empty() ? std::string() : " (pid " + holder + ")") +
+                               "; two runs would overwrite each other's files: wait for it, stop it, or give this "
+                               "run another directory");
+    }
+    struct stat held {}, named {};
+    if (::fstat(fd.get(), &held) != 0)
+      throw std::runtime_error(lock_file.string() + ": fstat failed: " + errno_text());
+    if (::stat(lock_file.c_str(), &named) != 0 || named.st_ino != held.st_ino || named.st_dev != held.st_dev)
+      continue;  // removed or replaced meanwhile: lock the file that is there now
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+      throw std::runtime_error(what + ": cannot write the lock file " + lock_file.string() + ": " + errno_text());
+    PathLock l;
+    l.path_ = lock_file;
+    l.fd_ = std::move(fd);
+    l.remove_ = remove_on_release;
+    return l;
+  }
+  throw std::runtime_error(what + ": the lock file " + lock_file.string() + " keeps being replaced; is another "
+                           "program removing it?");
+}
+
+PathLock& PathLock::operator=(PathLock&& o) noexcept {
+  if (this != &o) {
+    release();
+    path_ = std::move(o.path_);
+    fd_ = std::move(o.fd_);
+    remove_ = o.remove_;
+  }
+  return *this;
+}
+
+PathLock::~PathLock() { release(); }
+
+void PathLock::release() {
+  if (fd_.get() < 0) return;
+  // Removed while still locked: a run that opens it meanwhile finds the inode gone (acquire's
+  // check) and starts over on a new file.
+  if (remove_) ::unlink(path_.c_str());
+  fd_ = UniqueFd();
+}
+
+fs::path checkpoint_dir_lock_file(const fs::path& dir) { return dir / ".strata-lock"; }
+
+fs::path out_lock_file(const fs::path& out) {
+  const fs::path o = out.has_filename() ? out : out.parent_path();
+  const fs::path parent = o.has_parent_path() ? o.parent_path() : fs::path(".");
+  std::string name = ".";
+  name += o.filename().string();
+  name += ".strata-lock";
+  return parent / name;
+}
+
+// ---- paths ----------------------------------------------------------------------------------
+
+namespace {
+
+// The path with every existing part's symlinks resolved (what the kernel would open).
+fs::path real(const fs::path& p) {
+  std::error_code ec;
+  fs::path r = fs::weakly_canonical(fs::absolute(p, ec), ec);
+  if (ec) r = fs::absolute(p, ec).lexically_normal();
+  if (!r.has_filename() && r.has_parent_path() && r != r.root_path()) r = r.parent_path();  // "dir/" -> "dir"
+  return r;
+}
+
+// a is b or lies under it.
+bool within(const fs::path& a, const fs::path& b) {
+  auto ai = a.begin(), bi = b.begin();
+  for (; bi != b.end(); ++ai, ++bi)
+    if (ai == a.end() || *ai != *bi) return false;
+  return true;
+}
+
+bool same_file(const fs::path& a, const fs::path& b) {
+  struct stat sa {}, sb {};
+  if (::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return real(a) == real(b);
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+}  // namespace
+
+void check_run_paths(const TrainOptions& o, const RunPaths& reads) {
+  const bool has_out = !o.out.empty(), has_ckpt = !o.checkpoint_dir.empty(), has_metrics = !o.metrics.empty();
+  const fs::path out = has_out ? real(o.out) : fs::path(), ckpt = has_ckpt ? real(o.checkpoint_dir) : fs::path();
+  if (has_out && has_ckpt) {
+    if (out == ckpt)
+      throw std::invalid_argument("--out " + o.out + " is also the --checkpoint-dir: the final save would replace the "
+                                  "run's checkpoints; give --out a directory of its own, beside the checkpoint directory");
+    if (within(ckpt, out))
+      throw std::invalid_argument("--checkpoint-dir " + o.checkpoint_dir + " is inside --out " + o.out +
+                                  ": the final save replaces --out whole; put them side by side");
+    if (within(out, ckpt))
+      throw std::invalid_argument("--out " + o.out + " is inside --checkpoint-dir " + o.checkpoint_dir +
+                                  ": keep the final model out of the checkpoint directory; put them side by side");
+  }
+  if (has_out && !reads.model_dir.empty() && out == real(reads.model_dir) && !o.overwrite_model)
+    throw std::invalid_argument("--out " + o.out + " is the input --model: saving would replace the model the run "
+                                "started from; give --out another directory, or add --overwrite-model to replace it");
+  if (has_out && !reads.resume.empty() && within(real(reads.resume), out))
+    throw std::invalid_argument("--out " + o.out + " would replace the checkpoint this run resumes (" +
+                                reads.resume.string() + "); give --out another directory");
+  if (!has_metrics) return;
+  const fs::path metrics = real(o.metrics);
+  auto refuse = [&](const std::string& why) {
+    throw std::invalid_argument("--metrics " + o.metrics + ": " + why + "; give --metrics a file of its own (e.g. " +
+                                "run.jsonl)");
+  };
+  for (const auto* files : {&reads.model_files, &reads.data_files})
+    for (const fs::path& f : *files)
+      if (same_file(f, o.metrics)) refuse("is " + f.string() + ", which this run reads");
+  if (!reads.resume.empty() && within(metrics, real(reads.resume)))
+    refuse("is inside the checkpoint this run resumes (" + reads.resume.string() + ")");
+  if (!reads.model_dir.empty() && within(metrics, real(reads.model_dir)))
+    refuse("is inside the --model directory " + reads.model_dir.string());
+  if (has_ckpt && within(metrics, ckpt)) refuse("is inside --checkpoint-dir " + o.checkpoint_dir);
+  if (has_out && within(metrics, out)) refuse("is inside --out " + o.out + ", which the final save replaces");
+  check_metrics_file(o.metrics);
+}
+
+void check_metrics_file(const fs::path& metrics) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(metrics, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw std::invalid_argument("--metrics " + metrics.string() + ": " + ec.message());
+  if (!fs::exists(st)) return;
+  if (fs::is_character_file(st)) return;  // /dev/null, /dev/stdout on a terminal: nothing to lose
+  if (!fs::is_regular_file(st)) {
+    struct stat s {};
+    const std::string what = ::stat(metrics.c_str(), &s) == 0 ? file_type_name(s.st_mode) : "not a regular file";
+    throw std::invalid_argument("--metrics " + metrics.string() + ": is " + what +
+                                "; --metrics writes a JSON-lines file: name a new file");
+  }
+  uint64_t size = 0;
+  UniqueFd fd = open_regular_file(metrics, &size);
+  if (size == 0) return;
+  // Every line an object with an integer "step" (a run killed mid-line can leave a last partial
+  // line: strata cuts such a line off itself, so one is refused here too).
+  std::ifstream in(metrics);
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
+      throw std::invalid_argument(fmt::format(
+          "--metrics {}: exists and is not a strata metrics file (line {} is not a JSON object with a \"step\"); "
+          "strata appends only to its own metrics files: name a new file",
+          metrics.string(), n));
+  }
+}
+
+// ---- flags ----------------------------------------------------------------------------------
+
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+=.,/:@%") ==
+                        std::string::npos)
+    return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::vector<std::pair<std::string, std::string>> option_values(const TrainOptions& o) {
+  // Doubles as the shortest text that reads back as the same double: two ranks given 1e-3 and
+  // 0.001 agree, 1e-3 and 1.0000001e-3 do not.
+  const auto exact = [](double v) { return fmt::format("{}", v); };
+  return {
+      {"--model", o.model},
+      {"--preset", o.preset},
+      {"--data", o.data},
+      {"--backend", o.backend},
+      {"--dtype", o.dtype},
+      {"--batch", std::to_string(o.batch)},
+      {"--seq", std::to_string(o.seq)},
+      {"--grad-accum", std::to_string(o.grad_accum)},
+      {"--steps", std::to_string(o.steps)},
+      {"--lr", exact(o.lr)},
+      {"--lr-schedule", o.lr_schedule},
+      {"--warmup", std::to_string(o.warmup)},
+      {"--min-lr", exact(o.min_lr)},
+      {"--weight-decay", exact(o.weight_decay)},
+      {"--beta1", exact(o.beta1)},
+      {"--beta2", exact(o.beta2)},
+      {"--eps", exact(o.eps)},
+      {"--grad-clip", exact(o.grad_clip)},
+      {"--loss-scale", exact(o.loss_scale)},
+      {"--seed", std::to_string(o.seed)},
+      {"--metrics", o.metrics},
+      {"--out", o.out},
+      {"--overwrite-model", o.overwrite_model ? "true" : "false"},
+      {"--log-every", std::to_string(o.log_every)},
+      {"--offload-params", o.offload_params},
+      {"--offload-grads", o.offload_grads},
+      {"--offload-optimizer", o.offload_optimizer},
+      {"--offload-activations", o.offload_activations},
+      {"--checkpoint-activations", o.checkpoint_activations},
+      {"--device-mem", o.device_mem},
+      {"--host-mem", o.host_mem},
+      {"--checkpoint-dir", o.checkpoint_dir},
+      {"--checkpoint-every", std::to_string(o.checkpoint_every)},
+      {"--keep", std::to_string(o.keep)},
+      {"--resume", o.resume},
+      {"--zero-stage", std::to_string(o.zero_stage)},
+  };
+}
+
+namespace {
+
+uint64_t fnv1a(const std::string& s, uint64_t h = 0xcbf29ce484222325ull) {
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+std::string config_text(const ModelConfig& c) {
+  return fmt::format("{} {} {} {} {} {} {} {} {} {:.17g} {:.17g} {} {} {} {} {} {} {}", c.model_type, c.vocab_size,
+                     c.hidden_size, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size,
+                     c.max_position_embeddings, c.norm_eps, c.rope_theta, c.rope_scaling.type,
+                     c.tie_word_embeddings, c.attention_bias, c.o_bias, c.mlp_bias, c.activation, c.torch_dtype);
+}
+
+}  // namespace
+
+void check_ranks_agree(Communicator& comm, const TrainOptions& o, const ModelConfig& cfg, const fs::path& resume) {
+  const int world = comm.world();
+  if (world <= 1) return;
+  std::vector<std::pair<std::string, std::string>> values = option_values(o);
+  values.push_back({"the model's config.json (--model/--preset)", config_text(cfg)});
+  values.push_back({"the checkpoint resumed (--resume)", resume.empty() ? "none (a fresh start)" : real(resume).string()});
+  // The count first: ranks of different strata builds do not even list the same flags.
+  std::vector<uint64_t> mine{static_cast<uint64_t>(values.size())};
+  for (const auto& [flag, value] : values) mine.push_back(fnv1a(value));
+  std::vector<uint64_t> all(mine.size() * static_cast<size_t>(world));
+  comm.host_all_gather(mine.data(), all.data(), mine.size() * sizeof(uint64_t));
+  size_t first_difference = 0;
+  for (size_t i = 0; i < mine.size() && !first_difference; ++i)
+    for (int r = 1; r < world; ++r)
+      if (all[static_cast<size_t>(r) * mine.size() + i] != all[i]) first_difference = i + 1;
+  if (!first_difference) return;
+  const size_t i = first_difference - 1;
+  if (i == 0)
+    throw std::invalid_argument("the ranks of this job run different strata builds (they list different flags); "
+                                "start every rank with the same binary");
+  // Every rank decided the same: exchange that flag's values so rank 0 names them all.
+  const std::string& value = values[i - 1].second;
+  uint64_t len = value.size(), max_len = 0;
+  std::vector<uint64_t> lens(static_cast<size_t>(world));
+  comm.host_all_gather(&len, lens.data(), sizeof(len));
+  for (uint64_t l : lens) max_len = std::max(max_len, l);
+  std::string padded = value;
+  padded.resize(static_cast<size_t>(max_len) + 1, '\0');
+  std::string every(padded.size() * static_cast<size_t>(world), '\0');
+  comm.host_all_gather(padded.data(), every.data(), padded.size());
+  std::string by_rank;
+  for (int r = 0; r < world; ++r) {
+    const std::string v = every.substr(static_cast<size_t>(r) * padded.size(), static_cast<size_t>(lens[static_cast<size_t>(r)]));
+    by_rank += fmt::format("{}rank {} has {}", r ? ", " : "", r, v.empty() ? "it unset" : shell_quote(v));
+  }
+  const std::string message = fmt::format(
+      "{} differs between the ranks of this job ({}); start every rank with the same flags (only --threads and "
+      "--nvme-path may differ)",
+      values[i - 1].first, by_rank);
+  // Rank 0 reports for the job (one line, and its abort ends the others); a rank that is not
+  // ended within a while reports too.
+  if (comm.rank() != 0)
+    for (int waited = 0; waited < 300; ++waited) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  throw std::invalid_argument(message);
+}
+
+std::string new_run_id() {
+  std::random_device rd;
+  const uint64_t t = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32 ^ rd()) ^ t * 0x9e3779b97f4a7c15ull ^
+                     static_cast<uint64_t>(::getpid()) << 17;
+  return fmt::format("{:016x}", v);
+}
+
+}  // namespace strata
