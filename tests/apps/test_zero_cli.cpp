@@ -3,6 +3,8 @@
 // reduction-order tolerance, every ZeRO stage gives bitwise the same run, a sharded run
 // checkpoints and resumes bit for bit, and a failing rank takes the job down with its rank named.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -12,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -391,6 +394,91 @@ TEST_F(ZeroCli, AKilledRankStopsTheJob) {
   EXPECT_EQ(r.out.find("step 3/50"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("done:"), std::string::npos) << r.out;
   EXPECT_NE((r.out + r.err).find("rank 1"), std::string::npos) << r.out << r.err;
+}
+
+// Ranks started with different flags (an MPMD job, or a per-node script gone wrong) are refused
+// at start-up with the flag and every rank's value, instead of hanging or training something
+// else than asked.
+TEST_F(ZeroCli, RanksStartedWithDifferentFlagsAreRefused) {
+  // (tiny() without the flags the cases set)
+  const std::string base = "train --model " + (dir_ / "tiny").string() + " --seq 32 --warmup 1 --lr 1e-2 ";
+  fs::create_directories(dir_ / "ck");
+  ASSERT_EQ(run(0, tiny(2, 3) + "--checkpoint-dir " + (dir_ / "ck").string(), "", "ck").status, 0);
+  struct Case {
+    std::string rank0, rank1, says;
+  };
+  const std::vector<Case> cases = {
+      {"--steps 3", "--steps 4", "--steps differs between the ranks of this job (rank 0 has 3, rank 1 has 4)"},
+      {"--batch 2", "--batch 4", "--batch differs"},
+      {"--seed 1", "--seed 2", "--seed differs"},
+      {"", "--out " + (dir_ / "o").string(), "--out differs between the ranks of this job (rank 0 has it unset"},
+      {"--zero-stage 0", "--zero-stage 2", "--zero-stage differs"},
+      {"--steps 5", "--resume " + (dir_ / "ck").string() + " --steps 5", "--resume differs"},
+  };
+  for (const Case& c : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const CliResult r =
+        run(1, base + c.rank0 + " : -np 1 " + STRATA_BIN + " " + base + c.rank1, "", "differ");
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(r.status, 0) << c.rank1;
+    EXPECT_LT(sec, 30) << c.rank1 << ": " << sec << " s";
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << c.rank1 << ": " << r.err;
+    EXPECT_EQ(r.out.find("step 1/"), std::string::npos) << r.out;
+  }
+  // --threads and --nvme-path are a rank's own.
+  const CliResult ok = run(1, base + "--steps 2 --threads 1 : -np 1 " + STRATA_BIN + " " + base + "--steps 2 --threads 2",
+                           "", "ok");
+  EXPECT_EQ(ok.status, 0) << ok.err;
+}
+
+// Ctrl-C on a job started by scripts/strata-mpirun (SIGINT to its process group, as a terminal
+// sends it): every rank stops after the same step, rank 0 writes the checkpoint, the status is
+// 130, and the checkpoint resumes bit for bit.
+TEST_F(ZeroCli, CtrlCOnTheLauncherKeepsACheckpointThatResumesBitExact) {
+  const fs::path ck = dir_ / "ck", out = dir_ / "ctrlc.stdout", err = dir_ / "ctrlc.stderr";
+  const std::string launcher = std::string(STRATA_SOURCE_DIR) + "/scripts/strata-mpirun";
+  const std::string args = tiny(2, 100000, "1e-3") + "--lr-schedule constant --zero-stage 1 --checkpoint-dir " + ck.string() + " --metrics " +
+                           (dir_ / "a.jsonl").string();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    ::setenv("MPIRUN", STRATA_MPIEXEC, 1);
+    const std::string cmd = "exec bash " + launcher + " -np 2 " + STRATA_BIN + " " + args + " >" + out.string() +
+                            " 2>" + err.string();
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (slurp(out).find(" 3/100000") == std::string::npos && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_NE(slurp(out).find(" 3/100000"), std::string::npos) << slurp(err);
+  ::kill(-pid, SIGINT);
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 130) << slurp(out) << slurp(err);
+  std::string latest = slurp(ck / "latest");
+  ASSERT_FALSE(latest.empty()) << slurp(out) << slurp(err);
+  latest.pop_back();
+  const int64_t k = std::stoll(latest.substr(5));
+  EXPECT_NE(slurp(out).find("stopped by SIGUSR2"), std::string::npos) << slurp(out);
+  // The checkpoint continues exactly as an uninterrupted run of k + 3 steps.
+  const std::string more = tiny(2, k + 3, "1e-3") + "--lr-schedule constant --zero-stage 1 ";
+  ASSERT_EQ(run(2, more + "--metrics " + (dir_ / "ref.jsonl").string(), "", "ref").status, 0);
+  ASSERT_EQ(run(2, more + "--checkpoint-dir " + ck.string() + " --resume auto --metrics " + (dir_ / "b.jsonl").string(),
+                "", "resume")
+                .status,
+            0);
+  const auto ref = metrics(dir_ / "ref.jsonl"), resumed = metrics(dir_ / "b.jsonl");
+  ASSERT_EQ(resumed.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(resumed[i]["loss"].dump(), ref[static_cast<size_t>(k) + i]["loss"].dump()) << i;
+    EXPECT_EQ(resumed[i]["grad_norm"].dump(), ref[static_cast<size_t>(k) + i]["grad_norm"].dump()) << i;
+  }
 }
 
 }  // namespace
