@@ -124,9 +124,16 @@ void remove_dead_leftovers(const std::string& root) {
 
 void SwapSpace::Impl::open_dir(Dir& d) {
   struct stat st{};
-  if (::stat(d.root.c_str(), &st) != 0) throw path_error(d.root, errno, "the --nvme-path directory does not exist");
-  if (!S_ISDIR(st.st_mode)) throw path_error(d.root, ENOTDIR, "--nvme-path must be a directory");
-  if (::access(d.root.c_str(), W_OK | X_OK) != 0) throw path_error(d.root, errno, "the --nvme-path directory is not writable");
+  // errno taken before the hint is built (its allocation may set it).
+  if (::stat(d.root.c_str(), &st) != 0) {
+    const int err = errno;
+    throw path_error(d.root, err, "the " + opts.path_flag + " directory does not exist");
+  }
+  if (!S_ISDIR(st.st_mode)) throw path_error(d.root, ENOTDIR, opts.path_flag + " must be a directory");
+  if (::access(d.root.c_str(), W_OK | X_OK) != 0) {
+    const int err = errno;
+    throw path_error(d.root, err, "the " + opts.path_flag + " directory is not writable");
+  }
   remove_dead_leftovers(d.root);
   // The pid in the name lets a later run remove what a killed one left (remove_dead_leftovers).
   std::string tmpl = d.root + "/strata-swap-" + std::to_string(::getpid()) + "-XXXXXX";
@@ -199,7 +206,7 @@ uint64_t SwapSpace::Impl::alloc_region(Dir& d, uint64_t bytes) {
   if (::fallocate(d.fd, 0, static_cast<off_t>(d.end), static_cast<off_t>(grow)) != 0) {
     int err = errno;
     if (::ftruncate(d.fd, static_cast<off_t>(d.end)) != 0) { /* size unchanged on failure; best effort */ }
-    std::string hint = err == ENOSPC ? "no space left to preallocate swap; free space or add another --nvme-path"
+    std::string hint = err == ENOSPC ? "no space left to preallocate swap; free space or add another " + opts.path_flag
                        : err == EFBIG ? "file size limit (ulimit -f) reached while preallocating swap"
                        : err == EOPNOTSUPP ? "this filesystem cannot preallocate (fallocate); use ext4/xfs"
                                            : "cannot preallocate swap";
@@ -239,7 +246,7 @@ void SwapSpace::Impl::close_all() {
 }
 
 SwapSpace::SwapSpace(const SwapOptions& opts, IoEngine& engine) : impl_(std::make_unique<Impl>()), engine_(engine) {
-  if (opts.paths.empty()) throw std::invalid_argument("SwapSpace: at least one --nvme-path is required");
+  if (opts.paths.empty()) throw std::invalid_argument("SwapSpace: at least one " + opts.path_flag + " is required");
   if (opts.stripe_bytes == 0 || opts.stripe_bytes % kDirectAlign)
     throw std::invalid_argument("SwapSpace: stripe must be a positive multiple of 4096 bytes, got " +
                                 std::to_string(opts.stripe_bytes));

@@ -20,6 +20,7 @@ struct SwapOptions {
   // sub-range) by the first thread to wait for it. Costs 5 bytes of RAM per 4 KiB of extent.
   bool checksums = true;
   bool allow_buffered = false;         // a path whose filesystem rejects O_DIRECT: use buffered I/O (warns)
+  std::string path_flag = "--nvme-path";  // the flag that gave `paths`, as errors name it
   bool test_reject_direct = false;     // tests: act as if every path's filesystem rejected O_DIRECT
   bool test_no_zero_range = false;     // tests: act as if no filesystem could fallocate ZERO_RANGE
 };

@@ -87,11 +87,38 @@ PassResult run_pass(const Submit& submit, io::IoOp op, const std::vector<uint64_
   return r;
 }
 
+// A size flag parsed, its own name in the error.
+uint64_t parse_size_flag(const std::string& flag, const std::string& text) {
+  try {
+    return offload::parse_size(text);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument("bench io " + flag + ": " + e.what());
+  }
+}
+
 int bench_io(const BenchIoArgs& a) {
-  const uint64_t size = offload::parse_size(a.size), block = offload::parse_size(a.block);
-  if (block == 0 || block % io::kDirectAlign || size < block)
-    throw std::invalid_argument("--block must be a multiple of 4 KiB and no larger than --size");
-  if (a.qd == 0) throw std::invalid_argument("--qd must be positive");
+  // Each flag checked on its own first, so the error names the one to change.
+  constexpr uint64_t kMaxBlock = 1ull << 30;   // the engine's largest request
+  constexpr unsigned kMaxQd = 4096;            // io_uring's queue entries (the ring holds --qd + 1)
+  const uint64_t size = parse_size_flag("--size", a.size), block = parse_size_flag("--block", a.block);
+  if (size < io::kDirectAlign)
+    throw std::invalid_argument("bench io --size " + a.size + ": give at least 4K bytes to move, e.g. --size 4G");
+  if (block == 0 || block % io::kDirectAlign || block > kMaxBlock)
+    throw std::invalid_argument("bench io --block " + a.block +
+                                ": give a request size that is a multiple of 4 KiB, from 4K to 1G, e.g. --block 1M");
+  if (size < block)
+    throw std::invalid_argument("bench io --size " + a.size + " is smaller than --block " + a.block +
+                                ": give a --size of at least one block");
+  if (a.qd == 0 || a.qd > kMaxQd)
+    throw std::invalid_argument("bench io --qd " + std::to_string(a.qd) + ": give 1 to " + std::to_string(kMaxQd) +
+                                " requests in flight (io_uring's limit is " + std::to_string(kMaxQd) + " entries)");
+  // The staging buffers, one block per request in flight, are pinned in RAM.
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const uint64_t ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+  if (ram && uint64_t{a.qd} * block > ram / 2)
+    throw std::invalid_argument("bench io --qd " + std::to_string(a.qd) + " x --block " + a.block + " needs " +
+                                offload::format_size(uint64_t{a.qd} * block) + " of staging buffers, more than half of "
+                                "this machine's RAM (" + offload::format_size(ram) + "); lower --qd or --block");
   const bool random = a.mode == "randread" || a.mode == "randwrite";
   const bool mixed = a.mode == "rw";
   const io::IoOp op = (a.mode == "read" || a.mode == "randread" || mixed) ? io::IoOp::read : io::IoOp::write;
@@ -139,6 +166,7 @@ int bench_io(const BenchIoArgs& a) {
     so.paths = a.paths;
     so.stripe_bytes = block;
     so.allow_buffered = a.allow_buffered;
+    so.path_flag = "--path";
     io::SwapSpace swap(so, *engine);
     io::Extent ext = swap.allocate(n_blocks * block);
     Submit through_swap = [&](io::IoOp o, uint64_t off, char* buf) {

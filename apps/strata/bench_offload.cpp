@@ -4,6 +4,7 @@
 // moved by the planner against plain LRU on the same schedule and budget.
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -237,11 +238,27 @@ nlohmann::json run_workload(const Workload& w, const BenchOptions& o, io::SwapSp
   return j;
 }
 
+// The most bytes a workload's schedule holds in host memory at once, in units (rounded up): the
+// smallest --host-units at which it can run.
+int peak_units_held(const Workload& w, uint64_t unit) {
+  uint64_t held = 0, peak = 0;
+  const auto& ev = w.schedule.events();
+  for (const auto& e : ev) {
+    const uint64_t bytes = off::align_up(w.blocks[e.block].bytes);
+    if (e.release) {
+      held -= bytes;
+    } else {
+      held += bytes;
+      peak = std::max(peak, held);
+    }
+  }
+  return static_cast<int>((peak + unit - 1) / unit);
+}
+
 int run_bench(const BenchOptions& o) {
   if (o.nvme_paths.empty()) throw std::invalid_argument("bench offload: --nvme-path DIR is required");
-  if (o.host_units < 1) throw std::invalid_argument("bench offload: --host-units must be at least 1");
-  if (o.units < o.host_units + 1) throw std::invalid_argument("bench offload: --units must exceed --host-units");
-  if (o.units > (1 << 20)) throw std::invalid_argument("bench offload: --units must be at most 1048576");
+  if (o.units < 1 || o.units > (1 << 20))
+    throw std::invalid_argument("bench offload: --units " + std::to_string(o.units) + ": give 1 to 1048576 units");
   if (o.steps < 1 || o.steps > 1000000)
     throw std::invalid_argument("bench offload: --steps " + std::to_string(o.steps) + ": must be in [1, 1000000]");
   if (!(std::isfinite(o.compute_ms) && o.compute_ms >= 0 && o.compute_ms <= 60000))
@@ -256,6 +273,19 @@ int run_bench(const BenchOptions& o) {
   if (unit == 0 || unit > (uint64_t{1} << 50))
     throw std::invalid_argument("bench offload: --unit-size " + o.unit_size + ": must be between 1 byte and 1P");
   unit = off::align_up(unit);
+  // Every workload must run at the --host-units given: its schedule's peak, checked here (the
+  // manager would only fail in the middle of the run, naming a budget flag this bench lacks).
+  int min_host_units = 1;
+  for (const Workload& w : {forward_backward(unit, o.units, 1), zero3_mixed(unit, o.units, 1)})
+    min_host_units = std::max(min_host_units, peak_units_held(w, unit));
+  if (o.host_units < min_host_units || o.host_units > (1 << 20))
+    throw std::invalid_argument("bench offload: --host-units " + std::to_string(o.host_units) + ": give at least " +
+                                std::to_string(min_host_units) +
+                                " (the zero3_mixed_nvme schedule holds a unit's optimizer state, 2 units, and its "
+                                "parameters at once)");
+  if (o.units < o.host_units + 1)
+    throw std::invalid_argument("bench offload: --units " + std::to_string(o.units) + " must exceed --host-units " +
+                                std::to_string(o.host_units) + " (else nothing is read from NVMe)");
   // The largest schedule (zero3_mixed) homes 4 units' bytes per unit on NVMe: check it fits the
   // free space of the swap directories before allocating anything.
   const uint64_t need = checked_mul(checked_mul(unit, static_cast<uint64_t>(o.units), "bench offload: swap bytes"),

@@ -6,6 +6,7 @@
 // reference's, the median over reps of adjacent pairs), so one run compares like with like.
 #include <nlohmann/json.hpp>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +20,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "apps/strata/commands.h"
@@ -44,6 +46,41 @@ struct Options {
   int64_t adamw_params = 100'000'000;
   double peak_bf16_tflops = 0, peak_gbs = 0;  // CUDA: 0 = from the device name
 };
+
+// A flag's value as the user would write it: integers whole, doubles in %g.
+template <typename T>
+std::string fmt_number(T v) {
+  if constexpr (std::is_integral_v<T>) {
+    return std::to_string(v);
+  } else {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", static_cast<double>(v));
+    return buf;
+  }
+}
+
+// The numeric flags checked before any case runs, each error naming its flag and range (CLI11's
+// PositiveNumber would print the range's bounds as 300-digit doubles).
+void check_options(const Options& o) {
+  const auto range = [](const std::string& flag, auto v, auto lo, auto hi, const std::string& what) {
+    if (!(v >= lo && v <= hi))  // also NaN
+      throw std::invalid_argument("bench ops " + flag + " " + fmt_number(v) + ": give " + what + ", from " +
+                                  fmt_number(lo) + " to " + fmt_number(hi));
+  };
+  range("--reps", o.reps, 1, 1'000'000, "the timed repetitions per case");
+  range("--threads", o.threads, 0, 4096, "the compute threads (0: all available cores)");
+  range("--device", o.device, 0, 1023, "the CUDA device index");
+  range("--adamw-params", o.adamw_params, int64_t{1}, int64_t{10'000'000'000}, "the parameters in the AdamW cases");
+  range("--peak-bf16-tflops", o.peak_bf16_tflops, 0.0, 1e6, "the bf16 peak in TFLOP/s (0: from the device name)");
+  range("--peak-gbs", o.peak_gbs, 0.0, 1e6, "the memory bandwidth peak in GB/s (0: from the device name)");
+  // The CPU AdamW cases hold fp32 params, grads, m, v and bf16 grads: 18 bytes per parameter.
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const double ram = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+  if (o.backend == "cpu" && ram > 0 && 18.0 * static_cast<double>(o.adamw_params) > ram / 2)
+    throw std::invalid_argument("bench ops --adamw-params " + std::to_string(o.adamw_params) + ": the AdamW cases "
+                                "would hold " + fmt_number(18.0 * static_cast<double>(o.adamw_params) / 1e9) +
+                                " GB (18 bytes per parameter), more than half of this machine's RAM; give fewer");
+}
 
 // What one case measures: `work` per call, and how its throughput is reported.
 struct Metric {
@@ -637,16 +674,17 @@ void register_bench_ops(CLI::App& bench, Run& run) {
       "ops", "Time the op set (JSON lines): CPU at GPT-2-124M shapes, CUDA at ~1B llama shapes");
   auto opt = std::make_shared<Options>();
   cmd->add_option("--backend", opt->backend, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--device", opt->device, "CUDA device index")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--device", opt->device, "CUDA device index");
   cmd->add_option("--peak-bf16-tflops", opt->peak_bf16_tflops,
                   "CUDA: dense bf16 peak for pct_peak (default: known for H200/H100/A100)");
   cmd->add_option("--peak-gbs", opt->peak_gbs, "CUDA: memory bandwidth peak for pct_peak (GB/s)");
-  cmd->add_option("--threads", opt->threads, "Compute threads (0 = all available cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", opt->threads, "Compute threads (0 = all available cores)");
   cmd->add_option("--filter", opt->filter, "Only cases whose \"name shape\" contains this text");
-  cmd->add_option("--reps", opt->reps, "Timed repetitions per case (medians are reported)")->check(CLI::PositiveNumber);
-  cmd->add_option("--adamw-params", opt->adamw_params, "Parameters in the AdamW cases")->check(CLI::PositiveNumber);
+  cmd->add_option("--reps", opt->reps, "Timed repetitions per case (medians are reported)");
+  cmd->add_option("--adamw-params", opt->adamw_params, "Parameters in the AdamW cases");
   cmd->callback([&run, opt] {
     run = [opt]() -> int {
+      check_options(*opt);
       if (opt->backend == "cuda") return run_cuda(*opt);
       Bench b(*opt);
       bench_matmul(b);

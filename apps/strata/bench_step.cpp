@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -25,6 +26,8 @@ struct BenchStepOptions {
   int warmup = 2, steps = 5;
 };
 
+constexpr int kMaxSteps = 1'000'000;  // --warmup and --steps each
+
 }  // namespace
 
 void register_bench_step(CLI::App& bench, Run& run) {
@@ -45,7 +48,14 @@ void register_bench_step(CLI::App& bench, Run& run) {
   cmd->callback([&run, opts] {
     run = [opts]() -> int {
       const BenchStepOptions& b = *opts;
-      if (b.steps <= 0) throw std::invalid_argument("--steps must be positive");
+      // Its own flags checked here, each error naming its flag: the trainer sees only their sum
+      // (a negative --warmup would be reported as a bad --steps).
+      if (b.warmup < 0 || b.warmup > kMaxSteps)
+        throw std::invalid_argument("bench step --warmup " + std::to_string(b.warmup) + ": give 0 to " +
+                                    std::to_string(kMaxSteps) + " untimed steps");
+      if (b.steps < 1 || b.steps > kMaxSteps)
+        throw std::invalid_argument("bench step --steps " + std::to_string(b.steps) + ": give 1 to " +
+                                    std::to_string(kMaxSteps) + " timed steps");
       TrainOptions t;
       t.model = b.model;
       t.preset = b.model.empty() ? b.preset : "";

@@ -70,17 +70,37 @@ void print_config(const fs::path& config_json) {
              c.max_position_embeddings, c.n_params(), c.tie_word_embeddings ? ", tied head" : "");
 }
 
+std::string file_type_name(fs::file_type t) {
+  switch (t) {
+    case fs::file_type::fifo: return "FIFO";
+    case fs::file_type::character: return "character device";
+    case fs::file_type::block: return "block device";
+    case fs::file_type::socket: return "socket";
+    default: return "special file";
+  }
+}
+
 int inspect(const std::string& path_text, bool list) {
   const fs::path path(path_text);
+  const std::string expected = "expected a model directory (config.json), a training checkpoint, a checkpoint "
+                               "directory or a .safetensors file";
+  // The file type from stat, before anything opens the path: a FIFO would block the open.
   std::error_code ec;
-  if (!fs::exists(path, ec)) throw std::runtime_error(path_text + ": does not exist");
-  if (fs::is_regular_file(path, ec)) {
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) throw std::runtime_error("inspect " + path_text + ": does not exist; " + expected);
+  if (fs::is_regular_file(st)) {
+    const auto file = HfCheckpoint::open_file(path);  // throws naming what is wrong with it
     fmt::print("{}: safetensors file\n", path_text);
-    return print_tensors(*HfCheckpoint::open_file(path), list) ? 1 : 0;
+    return print_tensors(*file, list) ? 1 : 0;
   }
+  if (!fs::is_directory(st))
+    throw std::runtime_error("inspect " + path_text + ": is a " + file_type_name(st.type()) + "; " + expected);
   fs::path ckpt = path;
   if (!is_train_checkpoint(path) && !fs::exists(path / "config.json", ec)) {
-    ckpt = find_resume_checkpoint(path_text, "");  // a checkpoint directory: its newest
+    ckpt = find_resume_checkpoint("auto", path_text);  // a checkpoint directory: its newest (empty: none)
+    if (ckpt.empty())
+      throw std::runtime_error("inspect " + path_text + ": a directory with no config.json, no training "
+                               "checkpoint and no step-N checkpoint in it; " + expected);
     fmt::print("{}: checkpoint directory; newest complete checkpoint {}\n", path_text, ckpt.string());
   }
   if (is_train_checkpoint(ckpt)) {

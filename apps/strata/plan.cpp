@@ -6,10 +6,15 @@
 // replayed against a clock with those rates (offload/timeline.h). The same
 // budget check as `strata train` runs, so a plan that cannot fit fails the same way.
 #include <fmt/format.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 
 #include "apps/strata/commands.h"
@@ -26,7 +31,7 @@ namespace {
 
 struct PlanOptions {
   TrainOptions train;
-  double nvme_bw = 0;      // GB/s, both directions; 0: probe the first --nvme-path
+  double nvme_bw = 0;      // GB/s, both directions; 0: probe the --nvme-path directories
   double probe_s = 2;      // seconds per probe
   bool json = false;
   int world = 1;           // plan one rank of a job of this many ranks
@@ -34,8 +39,69 @@ struct PlanOptions {
 
 std::string gib(uint64_t b) { return b ? offload::format_size(b) : std::string("-"); }
 
+// Flags of plan's own, checked before anything runs: a bandwidth or probe length outside these
+// prints a table of nonsense (1e-9 GB/s: floors of years) or never ends (1e9 s of probing).
+constexpr double kMinNvmeGbps = 0.001, kMaxNvmeGbps = 10000;  // 1 MB/s .. 10 TB/s
+constexpr double kMinProbeS = 0.01, kMaxProbeS = 60;
+constexpr int kMaxWorld = 65536;
+
+void check_plan_flags(const PlanOptions& po) {
+  if (!std::isfinite(po.nvme_bw) || (po.nvme_bw != 0 && (po.nvme_bw < kMinNvmeGbps || po.nvme_bw > kMaxNvmeGbps)))
+    throw std::invalid_argument(fmt::format("plan --nvme-bw {}: give the NVMe bandwidth in GB/s, between {} and {} "
+                                            "(or 0 to probe the --nvme-path directories)",
+                                            po.nvme_bw, kMinNvmeGbps, kMaxNvmeGbps));
+  if (!std::isfinite(po.probe_s) || po.probe_s < kMinProbeS || po.probe_s > kMaxProbeS)
+    throw std::invalid_argument(fmt::format("plan --probe-seconds {}: give the seconds per rate probe, between {} and {}",
+                                            po.probe_s, kMinProbeS, kMaxProbeS));
+  if (po.world < 1 || po.world > kMaxWorld)
+    throw std::invalid_argument(
+        fmt::format("plan --world {}: give the number of ranks, between 1 and {}", po.world, kMaxWorld));
+}
+
+// The NVMe bandwidth probe: 32 pieces written twice then read, 512 MiB in all, less where the
+// --nvme-path directories have less than twice that free (the probe takes at most half of the
+// free space, split evenly as the swap space stripes it). Below a floor the numbers would say
+// more about the page cache than the disk, so it declines. Any failure names the probe and the
+// flag that skips it: `strata train` with the same flags never runs it.
+io::Bandwidth probe_nvme(const std::vector<std::string>& paths) {
+  constexpr int kPieces = 32;
+  constexpr uint64_t kMaxProbeBytes = 512ull << 20, kMinProbeBytes = 8ull << 20;
+  const std::string skip = "; give --nvme-bw GB/s to skip the probe";
+  if (paths.empty())
+    throw std::invalid_argument("plan: the placement puts state on NVMe but no --nvme-path DIR was given (the "
+                                "bandwidth probe needs one)" + skip);
+  uint64_t min_free = UINT64_MAX;
+  std::string min_path;
+  for (const std::string& p : paths) {
+    struct statvfs sv {};
+    if (::statvfs(p.c_str(), &sv) != 0)
+      throw std::runtime_error("plan: NVMe bandwidth probe: --nvme-path " + p + ": " + std::strerror(errno) + skip);
+    const uint64_t free_bytes = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+    if (free_bytes < min_free) min_free = free_bytes, min_path = p;
+  }
+  const uint64_t room = min_free / 2 * paths.size();
+  const uint64_t piece = std::min(kMaxProbeBytes, room) / kPieces / io::kChecksumBlock * io::kChecksumBlock;
+  const uint64_t total = piece * kPieces;
+  if (total < kMinProbeBytes)
+    throw std::runtime_error("plan: cannot probe the NVMe bandwidth: --nvme-path " + min_path + " has " +
+                             offload::format_size(min_free) + " free, and the probe needs at least " +
+                             offload::format_size(2 * kMinProbeBytes / paths.size()) + " there" + skip);
+  try {
+    auto engine = io::make_engine();
+    io::SwapOptions so;
+    so.paths = paths;
+    so.allow_buffered = true;
+    io::SwapSpace space(so, *engine);
+    return io::measure_bandwidth(space, piece, kPieces);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("plan: the NVMe bandwidth probe (" + offload::format_size(total) + " written twice and read once) failed: " +
+                             e.what() + skip);
+  }
+}
+
 int run_plan(const PlanOptions& po) {
   const TrainOptions& o = po.train;
+  check_plan_flags(po);
   const RunPlan p = plan_run(o, /*minimums=*/true, po.world);
   const MemoryPlan& mp = p.memory;
   const kernels::Backend backend = kernels::parse_backend(o.backend);
@@ -60,14 +126,7 @@ int run_plan(const PlanOptions& po) {
                                                     po.probe_s / 2);
   io::Bandwidth bw{po.nvme_bw, po.nvme_bw};
   const uint64_t nvme_moved = mp.link_bytes[2] + mp.link_bytes[3];
-  if (po.nvme_bw <= 0 && nvme_moved > 0) {
-    auto engine = io::make_engine();
-    io::SwapOptions so;
-    so.paths = o.nvme_paths;
-    so.allow_buffered = true;
-    io::SwapSpace space(so, *engine);
-    bw = io::measure_bandwidth(space, 16ull << 20, 32);  // 512 MiB each way
-  }
+  if (po.nvme_bw <= 0 && nvme_moved > 0) bw = probe_nvme(o.nvme_paths);
 
   StepFloor f;
   f.compute_ms = step_compute_ms(phases, model, o.grad_accum);
@@ -186,7 +245,7 @@ int run_plan(const PlanOptions& po) {
     const uint64_t b = mp.link_bytes[static_cast<size_t>(l)];
     const double rate = l == 2 ? bw.write_gbps : l == 3 ? bw.read_gbps : 0;
     fmt::print("{:<14}{:>14}{:>16}{:>12}\n", offload::link_name(static_cast<offload::Link>(l)), gib(b),
-               rate > 0 ? fmt::format("{:.2f} GB/s", rate) : "-",
+               rate > 0 ? fmt::format("{:.3g} GB/s", rate) : "-",
                f.link_ms[static_cast<size_t>(l)] > 0 ? fmt::format("{:.0f} ms", f.link_ms[static_cast<size_t>(l)]) : "-");
   }
   fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "compute", fmt::format("{:.3g} TFLOP", step_flops(model) * o.grad_accum / 1e12),
@@ -228,7 +287,7 @@ void register_plan(CLI::App& app, Run& run) {
   CLI::App* cmd =
       app.add_subcommand("plan", "What a train command would hold per tier and move per step, and its predicted step time");
   add_train_flags(cmd, opts->train);
-  cmd->add_option("--nvme-bw", opts->nvme_bw, "NVMe bandwidth in GB/s (0: probe the first --nvme-path for a few seconds)");
+  cmd->add_option("--nvme-bw", opts->nvme_bw, "NVMe bandwidth in GB/s (0: probe the --nvme-path directories, up to 512 MiB written twice and read once)");
   cmd->add_option("--probe-seconds", opts->probe_s, "seconds per rate probe (the model's phases, AdamW)");
   cmd->add_flag("--json", opts->json, "one JSON object instead of the tables");
   cmd->add_option("--world", opts->world, "plan one rank of an mpirun job of this many ranks (with --zero-stage)");

@@ -191,8 +191,11 @@ uint64_t homed_sum(const TieredMemory::Layout& l, Tier t) {
   return s;
 }
 
-// The remedies for a tier that is too small, given what already lives elsewhere.
-std::string hints(Tier t, const Placement& pl, bool checkpointing) {
+using Homed = std::array<uint64_t, kNumRoles + 1>;  // bytes by role, then buffers (MemoryPlan::homed)
+
+// The flags that move state off tier t, given what already lives elsewhere (and checkpointing,
+// which shrinks what the device keeps of the activations).
+std::vector<std::string> moves_off(Tier t, const Placement& pl, bool checkpointing) {
   std::vector<std::string> h;
   if (t == Tier::device) {
     if (pl.optimizer == Tier::device) h.push_back("--offload-optimizer cpu|nvme");
@@ -205,9 +208,63 @@ std::string hints(Tier t, const Placement& pl, bool checkpointing) {
     if (pl.params == Tier::host) h.push_back("--offload-params nvme");
     if (pl.activations == Tier::host) h.push_back("--offload-activations nvme");
   }
-  if (h.empty()) return "";
-  std::string out = "; or move state off it with ";
-  for (size_t i = 0; i < h.size(); ++i) out += (i ? ", " : "") + h[i];
+  return h;
+}
+
+// Takes the first of `moves` that starts with `flag` out of it ("" when none does).
+std::string take(std::vector<std::string>& moves, const std::string& flag) {
+  for (auto it = moves.begin(); it != moves.end(); ++it)
+    if (it->rfind(flag, 0) == 0) {
+      std::string m = *it;
+      moves.erase(it);
+      return m;
+    }
+  return "";
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& last_sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i == 0 ? "" : i + 1 == v.size() ? last_sep : ", ") + v[i];
+  return out;
+}
+
+// The fixes for memory that is too small (a tier, or the machine's RAM: `where`), the one for
+// what fills it most first: a run whose activations fill memory is fixed by --batch/--seq or
+// checkpointing, not by moving its optimizer state. `h` is what it holds by kind; the buffers
+// (the workspace, mostly one block's activations, and the step's own) count with the kept block
+// inputs, as both grow with --batch x --seq. `moves` are the flags that move state off it.
+std::string remedies(const Homed& h, const std::string& where, bool checkpointing, std::vector<std::string> moves) {
+  const auto at = [&](Role r) { return h[static_cast<size_t>(r)]; };
+  struct Part {
+    const char* what;
+    uint64_t bytes;
+    const char* flag;  // the --offload-* flag that moves it
+  };
+  const Part parts[] = {
+      {"activations and workspace", at(Role::input) + h[kNumRoles], "--offload-activations"},
+      {"the optimizer state (fp32 master weights and AdamW moments)", at(Role::master) + at(Role::adam),
+       "--offload-optimizer"},
+      {"the gradients", at(Role::grads), "--offload-grads"},
+      {"the parameters", at(Role::weights), "--offload-params"},
+  };
+  const Part* top = &parts[0];
+  for (const Part& p : parts)
+    if (p.bytes > top->bytes) top = &p;
+  std::string out;
+  if (top->bytes > 0) {
+    out = "; the largest part of " + where + " is " + top->what + " (" + offload::format_size(top->bytes) + ")";
+    std::vector<std::string> fix;
+    if (top == &parts[0]) {
+      fix.push_back("a smaller --batch or --seq (--grad-accum keeps the tokens per step)");
+      if (std::string c = take(moves, "--checkpoint-activations"); !c.empty()) fix.push_back(c);
+      else if (checkpointing) fix.push_back("--offload-activations cpu|nvme");
+      take(moves, top->flag);
+      out += ": use " + join(fix, " or ");
+    } else if (std::string m = take(moves, top->flag); !m.empty()) {
+      out += ": move it with " + m;
+    }
+  }
+  if (!moves.empty()) out += "; or move state off it with " + join(moves, ", ");
   return out;
 }
 
@@ -340,6 +397,10 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
   // tiers roomy), also when it cannot even hold its home copies: naming only the home copy that
   // overflows it would name a budget that fails again at the next.
   const bool checkpointing = model.checkpointing().any();
+  const auto hints = [&](Tier t) {
+    return remedies(mp.homed[offload::index(t)], std::string(offload::tier_name(t)) + " memory", checkpointing,
+                    moves_off(t, pl, checkpointing));
+  };
   if (budget[1] < l->aside_host_bytes) {
     const uint64_t need = std::max(
         l->aside_host_bytes, offload::min_budget(roomy.cold(mp.working_set), l->programs, Tier::host));
@@ -348,14 +409,13 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
                                    offload::format_size(l->aside_host_bytes) +
                                    ") to initialise, load or save it; raise --host-mem to at least " +
                                    offload::format_size(need) + " (" + std::to_string(need) + " bytes)" +
-                                   hints(Tier::host, pl, checkpointing),
+                                   hints(Tier::host),
                                Tier::host, budget[1], need);
   }
   try {
     offload::check_budgets(roomy, budget, l->programs);
   } catch (const offload::BudgetError& e) {
-    throw offload::BudgetError(std::string("the placement does not fit: ") + e.what() +
-                                   hints(e.tier(), pl, checkpointing),
+    throw offload::BudgetError(std::string("the placement does not fit: ") + e.what() + hints(e.tier()),
                                e.tier(), e.budget(), e.minimum());
   }
   const offload::Residency cold = roomy.cold(budget);
@@ -472,13 +532,26 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
   // standstill or be killed by the OOM killer with no message.
   const bool cpu = rt.info().backend == kernels::Backend::cpu;
   const uint64_t ram_need = plan_.budget[1] + (cpu ? plan_.budget[0] : 0);
-  if (const uint64_t avail = host_memory_available(); avail && ram_need > avail)
+  if (const uint64_t avail = host_memory_available(); avail && ram_need > avail) {
+    // What the RAM holds, by kind: the remedy depends on which is largest.
+    Homed in_ram = plan_.homed[offload::index(Tier::host)];
+    if (cpu)
+      for (size_t r = 0; r < in_ram.size(); ++r) in_ram[r] += plan_.homed[offload::index(Tier::device)][r];
+    const bool checkpointing = model.checkpointing().any();
+    std::vector<std::string> to_disk;
+    for (auto [flag, tier] : {std::pair{"--offload-optimizer", placement.optimizer},
+                              std::pair{"--offload-grads", placement.grads}, std::pair{"--offload-params", placement.params}})
+      if (tier != Tier::nvme) to_disk.push_back(std::string(flag) + " nvme");
+    if (checkpointing && placement.activations != Tier::nvme) to_disk.push_back("--offload-activations nvme");
+    if (!checkpointing) to_disk.push_back("--checkpoint-activations full");
     throw std::runtime_error(
-        "the model does not fit in host memory: " + std::to_string(model.n_params()) + " parameters need " +
-        gib(ram_need) + " of RAM (" + (cpu ? "device pool " + gib(plan_.budget[0]) + " + " : std::string()) +
-        "host pool " + gib(plan_.budget[1]) + "), but this machine has " + gib(avail) +
-        " available (MemAvailable + free swap); use a smaller model, or move state to disk with --offload-optimizer "
-        "nvme --offload-grads nvme --offload-params nvme --nvme-path DIR");
+        "the run does not fit in host memory: " + std::to_string(model.n_params()) + " parameters and their " +
+        "activations need " + gib(ram_need) + " of RAM (" +
+        (cpu ? "device pool " + gib(plan_.budget[0]) + " + " : std::string()) + "host pool " +
+        gib(plan_.budget[1]) + "), but this machine has " + gib(avail) + " available (MemAvailable + free swap)" +
+        remedies(in_ram, "it", checkpointing, to_disk) + (to_disk.empty() ? "" : " (with --nvme-path DIR)") +
+        "; or use a smaller model");
+  }
   layout_ = build_layout(model, rt.info().backend, placement, grad_accum, extra_device_bytes);
   master_is_weights_ = layout_->master_is_weights;
 
