@@ -2,6 +2,8 @@
 # Debian 12 packages only; idempotent and quick when everything is already there.
 STRATA_PACKAGES=(
   g++ cmake make pkg-config git
+  # scripts/kill_trials_mpi.sh finds a job's ranks with pgrep
+  procps
   liburing-dev libtbb-dev libdnnl-dev libopenmpi-dev openmpi-bin
   # oneDNN's CMake config calls find_package(OpenCL REQUIRED); libdnnl-dev only Recommends these.
   ocl-icd-opencl-dev opencl-c-headers

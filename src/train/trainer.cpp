@@ -675,14 +675,22 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.o = opts;
   const TrainOptions& o = m.o;
+  validate_options(o);
+  // The job's ranks (mpirun), then (rank 0) the checkpoint directory locked before the checkpoint
+  // to resume is looked for in it: another run rotating it meanwhile would remove that one.
+  m.comm = make_communicator(kernels::parse_backend(o.backend));
+  if (m.comm->rank() == 0 && !o.checkpoint_dir.empty()) {
+    prepare_checkpoint_dir(o.checkpoint_dir);
+    m.checkpoint_lock = PathLock::acquire(checkpoint_dir_lock_file(o.checkpoint_dir), "--checkpoint-dir " + o.checkpoint_dir,
+                                          /*remove_on_release=*/true);
+  }
   ResolvedRun r = resolve_run(o);
   m.cfg = r.cfg;
   m.model_source = r.model_source;
   m.dtype = r.dtype;
   m.backend = r.backend;
   m.placement = r.placement;
-  // The job's ranks (mpirun) and this rank's shard of every unit.
-  m.comm = make_communicator(m.backend);
+  // This rank's shard of every unit.
   m.sh = Sharding{o.zero_stage, m.comm->world(), m.comm->rank()};
   m.placement.sharding = m.sh;
   // Every rank started with the same flags, model and checkpoint: a difference would hang the
@@ -719,9 +727,6 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     check_run_paths(o, reads);
   }
   if (rank0 && !o.checkpoint_dir.empty()) {
-    prepare_checkpoint_dir(o.checkpoint_dir);
-    m.checkpoint_lock = PathLock::acquire(checkpoint_dir_lock_file(o.checkpoint_dir), "--checkpoint-dir " + o.checkpoint_dir,
-                                          /*remove_on_release=*/true);
     const std::vector<std::string> others = checkpoints_of_other_runs(o.checkpoint_dir, m.run_id, r.resume.empty());
     if (!others.empty()) {
       std::string list;
@@ -994,10 +999,10 @@ void Trainer::print_header(std::FILE* out) const {
     for (const std::string& c : m.resume_changes) fmt::print(out, "             changed since the checkpoint: {}\n", c);
   }
   if (!o.checkpoint_dir.empty())
-    fmt::print(out, "  checkpoints {} ({}, keep {})\n", o.checkpoint_dir,
+    fmt::print(out, "  checkpoints {} ({}, keep {}; run id {})\n", o.checkpoint_dir,
                o.checkpoint_every > 0 ? fmt::format("every {} steps and at the end", o.checkpoint_every)
                                       : std::string("at the end and on SIGINT/SIGTERM"),
-               o.keep);
+               o.keep, m.run_id);
   if (m.sh.world > 1)
     fmt::print(out, "  ranks      {} ({}), ZeRO stage {}: {}\n", m.sh.world, comm_backend_name(m.comm->backend()),
                m.sh.stage,

@@ -3,6 +3,7 @@
 // exact rows for one rank, N ranks × B == 1 rank × N·B (N = 2, 3, 4) across shard boundaries and
 // wraparound, and a multi-rank resume from one rank's saved position.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -352,3 +353,32 @@ TEST_F(DataDir, ShardSmallerThanAWindowIsAnError) {
   EXPECT_THROW(DataLoader(paths, 1, 1, 2, 2, 10), std::invalid_argument);
   EXPECT_THROW(DataLoader(paths, 0, 1, 0, 1, 10), std::invalid_argument);
 }
+
+namespace strata {
+namespace {
+
+// A shard truncated (or rewritten shorter) under a running loader: the next read is an error
+// naming the shard, never a SIGBUS from a mapped page past the new end.
+TEST_F(DataDir, AShardThatShrinksUnderTheLoaderIsAnErrorNamingIt) {
+  for (int version : {1, 7}) {
+    const fs::path p = dir_ / ("shrinks" + std::to_string(version) + ".bin");
+    std::vector<uint32_t> tokens(4096);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i % 256);
+    write_token_shard(p, tokens, version);
+    DataLoader loader({p}, 2, 16, 0, 1, 256);
+    std::vector<int32_t> in(32), tgt(32);
+    loader.next(in.data(), tgt.data());
+    EXPECT_EQ(in[1], 1);
+    EXPECT_EQ(tgt[0], 1);
+    ASSERT_EQ(::truncate(p.c_str(), 1024 + 40), 0);
+    try {
+      for (int i = 0; i < 4; ++i) loader.next(in.data(), tgt.data());
+      ADD_FAILURE() << "no error after the shard shrank";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(p.string() + ": the token shard shrank"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata
