@@ -26,6 +26,7 @@ STEPS=12
 ARGS=(train --model "$work/tiny" --threads 1 --batch 2 --seq 16 --warmup 2 --steps "$STEPS" --zero-stage 1
       --checkpoint-every 1 --keep 3)
 launch() { bash "$ROOT/scripts/strata-mpirun" -np 2 "$BIN" "$@"; }
+descendants() { local c; for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done; }
 exact() { grep -o '"step":[0-9]*\|"loss":[^,]*\|"grad_norm":[^,]*' "$1" | paste -d' ' - - -; }
 
 t0=$(date +%s%N)
@@ -46,9 +47,11 @@ for ((i = 1; i <= TRIALS; i++)); do
     kill -INT -- "-$pid" 2>/dev/null || true
     ctrl_c=$((ctrl_c + 1))
   else
-    # One of this job's ranks: the children of its mpirun, the launcher's child (never another
-    # test's process).
-    rank=$(for mp in $(pgrep -P "$pid"); do pgrep -P "$mp"; done | shuf -n 1 || true)
+    # One of this job's ranks: a strata process among the job's descendants (never another
+    # test's process, never mpirun itself).
+    rank=$(for p in $(descendants "$pid"); do
+             [[ "$(ps -o args= -p "$p" 2>/dev/null)" == "$BIN train"* ]] && echo "$p"
+           done | shuf -n 1 || true)
     [[ -n "$rank" ]] && kill -9 "$rank" 2>/dev/null || true
     killed=$((killed + 1))
   fi
