@@ -287,6 +287,11 @@ void register_plan(CLI::App& app, Run& run) {
   CLI::App* cmd =
       app.add_subcommand("plan", "What a train command would hold per tier and move per step, and its predicted step time");
   add_train_flags(cmd, opts->train);
+  // A train command line runs as a plan unchanged, but what only a run writes or reads back
+  // (outputs, checkpoints, resume) does not change the plan: accepted, not listed in --help.
+  for (const char* flag : {"--metrics", "--out", "--overwrite-model", "--log-every", "--checkpoint-dir",
+                           "--checkpoint-every", "--keep", "--resume"})
+    cmd->get_option(flag)->group("");
   cmd->add_option("--nvme-bw", opts->nvme_bw, "NVMe bandwidth in GB/s (0: probe the --nvme-path directories, up to 512 MiB written twice and read once)");
   cmd->add_option("--probe-seconds", opts->probe_s, "seconds per rate probe (the model's phases, AdamW)");
   cmd->add_flag("--json", opts->json, "one JSON object instead of the tables");

@@ -91,11 +91,28 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
   const std::string file = path.string();
   const std::string text = read_text_file(path);
   if (json_nesting_depth(text) > 64) throw std::runtime_error(file + ": JSON nests too deeply");
+  // A key given twice in one object: JSON leaves it undefined, and nlohmann keeps the last one
+  // silently; a config.json edited by hand with two "num_hidden_layers" is refused instead.
+  std::vector<std::set<std::string>> keys;  // one set per object being parsed
+  std::string duplicate;
+  const auto check = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start) keys.emplace_back();
+    else if (event == E::object_end && !keys.empty()) keys.pop_back();
+    else if (event == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+             duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json j;
   try {
-    return nlohmann::json::parse(text);
+    j = nlohmann::json::parse(text, check);
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(file + ": not valid JSON: " + e.what());
   }
+  if (!duplicate.empty())
+    throw std::runtime_error(file + ": the key \"" + duplicate + "\" is given twice; keep one");
+  return j;
 }
 
 int json_nesting_depth(std::string_view text) {

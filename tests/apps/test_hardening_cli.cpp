@@ -322,6 +322,14 @@ TEST_F(HardeningCli, UnreadableInputsAreRefusedBeforeTraining) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("pytorch_model.bin, a format strata does not read"), std::string::npos) << r.err;
 
+  fs::create_directories(dir_ / "dup");
+  std::ofstream(dir_ / "dup" / "config.json") << R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "num_hidden_layers": 3,
+    "max_position_embeddings": 64})";
+  r = run("train --model " + (dir_ / "dup").string() + " --steps 1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("the key \"num_hidden_layers\" is given twice"), std::string::npos) << r.err;
+
   r = run(tiny(2) + "--checkpoint-dir " + (dir_ / "ck").string() + " --out " + (dir_ / "ck").string());
   EXPECT_NE(r.status, 0);
   EXPECT_EQ(r.out.find("step 1/"), std::string::npos);
