@@ -28,6 +28,7 @@ listing() {
     echo "$(basename "$d") $(grep -o '"run_id": *"[^"]*"' "$d/trainer.json" 2>/dev/null | grep -o '[0-9a-f]\{16\}')"
   done
 }
+set -m  # runs start as a terminal's jobs do (SIGINT not ignored)
 refused=0 ran=0
 for ((i = 1; i <= TRIALS; i++)); do
   rm -rf "$ck"

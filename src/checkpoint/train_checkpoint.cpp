@@ -100,6 +100,9 @@ void prepare_checkpoint_dir(const fs::path& dir) {
   if (!fs::is_directory(dir)) throw std::runtime_error("--checkpoint-dir " + dir.string() + ": not a directory");
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw std::runtime_error("--checkpoint-dir " + dir.string() + ": not writable: " + errno_text());
+}
+
+void remove_dead_checkpoint_temporaries(const fs::path& dir) {
   // Temporary directories of runs killed while writing (.tmp-<pid>-...): removed once that pid
   // is gone. Never anything else.
   remove_dead_pid_dirs(dir, ".tmp-");
@@ -134,7 +137,13 @@ fs::path write_train_checkpoint(const fs::path& dir, int64_t step, const TrainCh
     throw std::runtime_error(tmp.path().string() + ": chmod failed: " + errno_text());
   fsync_dir(tmp.path());
 
-  // Into place. A checkpoint of the same step (a resumed run saving again) is replaced whole.
+  // Into place. A checkpoint of the same step (a resumed run saving again) is replaced whole,
+  // only when it is this run's own.
+  const std::string own_id =
+      c.state.contains("run_id") && c.state["run_id"].is_string() ? c.state["run_id"].get<std::string>() : "";
+  if (fs::exists(final_path, ec) && is_train_checkpoint(final_path) && run_id_of(final_path) != own_id)
+    throw std::runtime_error(final_path.string() + " is a checkpoint of another run (or of one written before run "
+                             "ids); not replaced: move it away, or resume with a --checkpoint-dir of its own");
   if (fs::exists(final_path, ec)) {
     replace_directory(tmp.path(), final_path);
   } else {

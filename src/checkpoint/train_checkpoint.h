@@ -43,9 +43,11 @@ struct TrainCheckpointContent {
 std::filesystem::path write_train_checkpoint(const std::filesystem::path& dir, int64_t step,
                                              const TrainCheckpointContent& content, int keep);
 
-// Checks before training that DIR can hold checkpoints (created if missing, writable), and
-// removes temporary directories that killed runs left there.
+// Checks before training that DIR can hold checkpoints (created if missing, writable).
 void prepare_checkpoint_dir(const std::filesystem::path& dir);
+// Removes the temporary directories that killed runs left in DIR (their pid gone); called with
+// DIR locked, so a live run's temporary is never taken for a dead one's.
+void remove_dead_checkpoint_temporaries(const std::filesystem::path& dir);
 
 // Reads and verifies a checkpoint (format, version, every file's size and crc32c): the manifest.
 // Throws std::runtime_error naming the checkpoint and the file that fails.

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include <glob.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -191,6 +192,15 @@ DataLoader::DataLoader(const std::vector<std::filesystem::path>& shards, int64_t
   const int64_t window = checked_add(checked_mul(checked_mul(batch, seq, "DataLoader: B x T"), int64_t{world},
                                                  "DataLoader: world x B x T"),
                                      int64_t{1}, "DataLoader: window");
+  // Every shard stays open (read with pread): a thousand shards must not hit the common soft
+  // limit of 1024 descriptors, so it is raised towards the hard limit as needed.
+  struct rlimit nofile {};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY &&
+      nofile.rlim_cur < shards.size() + 256) {
+    nofile.rlim_cur = nofile.rlim_max == RLIM_INFINITY ? shards.size() + 256
+                                                        : std::min<rlim_t>(nofile.rlim_max, shards.size() + 256);
+    (void)::setrlimit(RLIMIT_NOFILE, &nofile);  // best effort: opening then names the shard that failed
+  }
   for (const auto& path : shards) {
     shards_.push_back(TokenShard::open(path));
     // As llm.c: every shard must hold at least one whole window, else it would be skipped forever.

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <random>
 #include <stdexcept>
@@ -34,6 +35,12 @@ PathLock PathLock::acquire(const fs::path& lock_file, const std::string& what, b
     if (fd.get() < 0)
       throw std::runtime_error(what + ": cannot create the lock file " + lock_file.string() + ": " + errno_text());
     if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == ENOSYS || errno == EOPNOTSUPP || errno == ENOLCK) {
+        // A filesystem without locks (Lustre without -o flock, NFS with nolock): warned, not fatal.
+        std::fprintf(stderr, "strata: warning: %s: the filesystem does not support locks (%s); nothing stops "
+                     "another run from using it at the same time\n", what.c_str(), errno_text().c_str());
+        return PathLock();
+      }
       if (errno != EWOULDBLOCK)
         throw std::runtime_error(what + ": cannot lock " + lock_file.string() + ": " + errno_text());
       std::string holder;
@@ -80,7 +87,10 @@ void PathLock::release() {
   if (fd_.get() < 0) return;
   // Removed while still locked: a run that opens it meanwhile finds the inode gone (acquire's
   // check) and starts over on a new file.
-  if (remove_) ::unlink(path_.c_str());
+  struct stat held {}, named {};
+  if (remove_ && ::fstat(fd_.get(), &held) == 0 && ::stat(path_.c_str(), &named) == 0 &&
+      held.st_ino == named.st_ino && held.st_dev == named.st_dev)
+    ::unlink(path_.c_str());  // only the file this run holds, never a newer run's
   fd_ = UniqueFd();
 }
 
@@ -116,6 +126,17 @@ bool within(const fs::path& a, const fs::path& b) {
   return true;
 }
 
+// Under a checkpoint directory, the names it manages itself: step-N (and what is in them),
+// `latest`, temporaries and its lock. Anything else there is the user's (a metrics file, a
+// final model beside the checkpoints).
+bool reserved_in_checkpoint_dir(const fs::path& p, const fs::path& ckpt) {
+  const fs::path rel = p.lexically_relative(ckpt);
+  if (rel.empty() || rel == ".") return true;
+  const std::string first = rel.begin()->string();
+  return first.rfind("step-", 0) == 0 || first == "latest" || first.rfind(".tmp", 0) == 0 ||
+         first.rfind(".latest", 0) == 0 || first == ".strata-lock";
+}
+
 bool same_file(const fs::path& a, const fs::path& b) {
   struct stat sa {}, sb {};
   if (::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return real(a) == real(b);
@@ -134,9 +155,10 @@ void check_run_paths(const TrainOptions& o, const RunPaths& reads) {
     if (within(ckpt, out))
       throw std::invalid_argument("--checkpoint-dir " + o.checkpoint_dir + " is inside --out " + o.out +
                                   ": the final save replaces --out whole; put them side by side");
-    if (within(out, ckpt))
-      throw std::invalid_argument("--out " + o.out + " is inside --checkpoint-dir " + o.checkpoint_dir +
-                                  ": keep the final model out of the checkpoint directory; put them side by side");
+    if (within(out, ckpt) && reserved_in_checkpoint_dir(out, ckpt))
+      throw std::invalid_argument("--out " + o.out + " is a name the checkpoint directory " + o.checkpoint_dir +
+                                  " uses for itself (step-N, latest, .tmp-*); name it otherwise, e.g. " +
+                                  (fs::path(o.checkpoint_dir) / "final").string());
   }
   if (has_out && !reads.model_dir.empty() && out == real(reads.model_dir) && !o.overwrite_model)
     throw std::invalid_argument("--out " + o.out + " is the input --model: saving would replace the model the run "
@@ -157,7 +179,8 @@ void check_run_paths(const TrainOptions& o, const RunPaths& reads) {
     refuse("is inside the checkpoint this run resumes (" + reads.resume.string() + ")");
   if (!reads.model_dir.empty() && within(metrics, real(reads.model_dir)))
     refuse("is inside the --model directory " + reads.model_dir.string());
-  if (has_ckpt && within(metrics, ckpt)) refuse("is inside --checkpoint-dir " + o.checkpoint_dir);
+  if (has_ckpt && within(metrics, ckpt) && reserved_in_checkpoint_dir(metrics, ckpt))
+    refuse("is a name the checkpoint directory " + o.checkpoint_dir + " uses for itself (step-N, latest, .tmp-*)");
   if (has_out && within(metrics, out)) refuse("is inside --out " + o.out + ", which the final save replaces");
   check_metrics_file(o.metrics);
 }
@@ -168,7 +191,8 @@ void check_metrics_file(const fs::path& metrics) {
   if (ec && ec != std::errc::no_such_file_or_directory)
     throw std::invalid_argument("--metrics " + metrics.string() + ": " + ec.message());
   if (!fs::exists(st)) return;
-  if (fs::is_character_file(st)) return;  // /dev/null, /dev/stdout on a terminal: nothing to lose
+  // A device or a FIFO (/dev/null, /dev/stdout, `>(jq ...)`) is a stream: nothing to lose.
+  if (fs::is_character_file(st) || fs::is_fifo(st)) return;
   if (!fs::is_regular_file(st)) {
     struct stat s {};
     const std::string what = ::stat(metrics.c_str(), &s) == 0 ? file_type_name(s.st_mode) : "not a regular file";
@@ -269,8 +293,15 @@ void check_ranks_agree(Communicator& comm, const TrainOptions& o, const ModelCon
   std::vector<std::pair<std::string, std::string>> values = option_values(o);
   values.push_back({"the model's config.json (--model/--preset)", config_text(cfg)});
   values.push_back({"the checkpoint resumed (--resume)", resume.empty() ? "none (a fresh start)" : real(resume).string()});
-  // The count first: ranks of different strata builds do not even list the same flags.
-  std::vector<uint64_t> mine{static_cast<uint64_t>(values.size())};
+  // The count first, alone: ranks of different strata builds do not even list the same flags.
+  const uint64_t count = values.size();
+  std::vector<uint64_t> counts(static_cast<size_t>(world));
+  comm.host_all_gather(&count, counts.data(), sizeof(count));
+  for (uint64_t c : counts)
+    if (c != count)
+      throw std::invalid_argument("the ranks of this job run different strata builds (they list different flags); "
+                                  "start every rank with the same binary");
+  std::vector<uint64_t> mine{count};
   for (const auto& [flag, value] : values) mine.push_back(fnv1a(value));
   std::vector<uint64_t> all(mine.size() * static_cast<size_t>(world));
   comm.host_all_gather(mine.data(), all.data(), mine.size() * sizeof(uint64_t));

@@ -13,7 +13,8 @@
 namespace strata {
 namespace {
 
-std::atomic<int> g_signal{0};
+std::atomic<int> g_signal{0};    // the first stop signal received
+std::atomic<int> g_internal{0};  // a stop asked by the program itself (stdout gone)
 std::atomic<bool> g_checkpoint{false};
 
 void say(const char* text) {
@@ -40,7 +41,12 @@ void on_usr1(int) {
   say("\nstrata: SIGUSR1: a checkpoint after the current step\n");
 }
 
+// A signal the process was started with ignored stays ignored (nohup's SIGHUP, SIGINT of a
+// background job in a script), as Python does for SIGINT.
 void install(int sig, void (*handler)(int)) {
+  struct sigaction old;
+  std::memset(&old, 0, sizeof(old));
+  if (sig != SIGPIPE && ::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) return;
   struct sigaction sa;
   std::memset(&sa, 0, sizeof(sa));
   sa.sa_handler = handler;
@@ -57,14 +63,19 @@ void install_stop_handlers() {
   install(SIGPIPE, SIG_IGN);
 }
 
-int stop_requested() { return g_signal.load(); }
+int stop_requested() {
+  const int sig = g_signal.load();
+  return sig ? sig : g_internal.load();
+}
+// Not counted as the first signal: a Ctrl-C after it still stops after the step, with a checkpoint.
 void request_stop(int sig) {
   int expected = 0;
-  g_signal.compare_exchange_strong(expected, sig);
+  g_internal.compare_exchange_strong(expected, sig);
 }
 bool take_checkpoint_request() { return g_checkpoint.exchange(false); }
 void clear_stop_request() {
   g_signal.store(0);
+  g_internal.store(0);
   g_checkpoint.store(false);
 }
 

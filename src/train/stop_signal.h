@@ -6,7 +6,8 @@
 // (what a batch scheduler sends before it preempts a job). SIGUSR2 stops like SIGTERM: mpirun
 // forwards it to every rank at once, where its own SIGINT/SIGTERM handling kills the ranks a
 // second later (scripts/strata-mpirun turns Ctrl-C into SIGUSR2). SIGPIPE is ignored: a closed stdout
-// (`strata train | head`) is a write error the loop sees, and it stops as on SIGTERM.
+// (`strata train | head`) is a write error the loop sees, and it stops as on SIGTERM. A signal
+// the process was started with ignored (nohup's SIGHUP) stays ignored.
 #pragma once
 
 namespace strata {

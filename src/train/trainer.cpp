@@ -683,6 +683,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     prepare_checkpoint_dir(o.checkpoint_dir);
     m.checkpoint_lock = PathLock::acquire(checkpoint_dir_lock_file(o.checkpoint_dir), "--checkpoint-dir " + o.checkpoint_dir,
                                           /*remove_on_release=*/true);
+    remove_dead_checkpoint_temporaries(o.checkpoint_dir);
   }
   ResolvedRun r = resolve_run(o);
   m.cfg = r.cfg;
@@ -739,13 +740,17 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
           " (strata never writes over or rotates away another run's checkpoints)");
     }
   }
-  if (rank0 && !o.out.empty()) {  // the save's own rules, so a finished run is never lost at the end
+  if (rank0 && !o.out.empty()) {
+    // Locked first (the lock file sits beside --out), then the save's own rules, so a finished
+    // run is never lost at the end; they also clear what dead runs left beside it.
+    std::error_code ec;
+    fs::create_directories(out_lock_file(o.out).parent_path(), ec);
+    m.out_lock = PathLock::acquire(out_lock_file(o.out), "--out " + o.out, /*remove_on_release=*/true);
     try {
       check_hf_save_target(o.out);
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("--out ") + e.what());  // the messages start with the path
     }
-    m.out_lock = PathLock::acquire(out_lock_file(o.out), "--out " + o.out, /*remove_on_release=*/true);
   }
   // Data.
   if (o.synthetic_data) {
@@ -823,20 +828,27 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   if (rank0 && !o.metrics.empty()) {
     // Appended to, never truncated: an earlier run's lines stay (check_run_paths made sure the
     // file is a metrics file). One writer at a time.
-    m.metrics = UniqueFd(::open(o.metrics.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_APPEND | O_NOFOLLOW, 0644));
+    // A FIFO or a device (/dev/stdout, `--metrics >(jq ...)`) is a stream: opened for writing
+    // only, never locked or cut.
+    std::error_code ec;
+    const bool regular = !fs::exists(o.metrics, ec) || fs::is_regular_file(o.metrics, ec);
+    m.metrics = UniqueFd(::open(o.metrics.c_str(), (regular ? O_RDWR | O_CREAT : O_WRONLY) | O_CLOEXEC | O_APPEND, 0644));
     if (m.metrics.get() < 0)
       throw std::runtime_error("--metrics " + o.metrics + ": cannot open for writing: " + errno_text());
-    if (::flock(m.metrics.get(), LOCK_EX | LOCK_NB) != 0)
-      throw std::runtime_error("--metrics " + o.metrics + ": " +
-                               (errno == EWOULDBLOCK ? std::string("another strata run is writing it; give this run "
-                                                                   "a metrics file of its own")
-                                                     : "cannot lock it: " + errno_text()));
+    if (regular && ::flock(m.metrics.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK)
+        throw std::runtime_error("--metrics " + o.metrics + ": another strata run is writing it; give this run a "
+                                 "metrics file of its own");
+      if (errno != ENOSYS && errno != EOPNOTSUPP && errno != ENOLCK)
+        throw std::runtime_error("--metrics " + o.metrics + ": cannot lock it: " + errno_text());
+    }
     const off_t end = ::lseek(m.metrics.get(), 0, SEEK_END);
     m.metrics_bytes = end > 0 ? static_cast<uint64_t>(end) : 0;
     // A resumed run drops the lines its own earlier part wrote past the checkpoint (killed after
-    // its last checkpoint; those steps are about to be trained again): the tail after the last
-    // line of a step at or before the checkpoint's, when every line of that tail is past it.
-    if (!m.resumed_from.empty() && m.metrics_bytes > 0) {
+    // its last checkpoint; those steps are about to be trained again): the file's tail of lines
+    // of this run id (or of none: written before run ids) with a step past the checkpoint's.
+    // Another run's lines are never cut.
+    if (regular && !m.resumed_from.empty() && m.metrics_bytes > 0) {
       std::string text(m.metrics_bytes, '\0');
       if (::pread(m.metrics.get(), text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
         throw std::runtime_error("--metrics " + o.metrics + ": cannot read it: " + errno_text());
@@ -844,9 +856,11 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
       for (size_t at = 0; at < text.size();) {
         size_t eol = text.find('\n', at);
         eol = eol == std::string::npos ? text.size() : eol + 1;
-        const size_t key = text.find("\"step\":", at);
-        const int64_t step = key < eol ? std::atoll(text.c_str() + key + 7) : 0;
-        if (step <= m.steps_done) keep = eol;
+        const nlohmann::json j = nlohmann::json::parse(text.substr(at, eol - at), nullptr, false);
+        const bool ours = j.is_object() && (!j.contains("run_id") || j["run_id"] == m.run_id);
+        const bool stale = ours && j.contains("step") && j["step"].is_number_integer() &&
+                           j["step"].get<int64_t>() > m.steps_done;
+        if (!stale) keep = eol;
         at = eol;
       }
       if (keep < m.metrics_bytes) {
@@ -1185,6 +1199,7 @@ int Trainer::run(std::FILE* rank0_out) {
       j["planned_bytes"] = os.planned_bytes;
       j["schedule_changes"] = os.schedule_changes;
       j["cold_restarts"] = os.cold_restarts;
+      j["run_id"] = m.run_id;  // which run wrote the line (a metrics file can hold several)
       m.write_metrics_line(j.dump() + "\n", st.step);
     }
     if (st.step == 1 || st.step == o.steps || st.step % o.log_every == 0) {

@@ -70,7 +70,7 @@ class HardeningCli : public ::testing::Test {
            std::to_string(steps) + " ";
   }
   // `strata ARGS` in the background, in a process group of its own (as a shell job).
-  Background start(const std::string& args, const std::string& tag) {
+  Background start(const std::string& args, const std::string& tag, bool ignore_hup = false) {
     Background b;
     b.out = dir_ / (tag + ".stdout");
     b.err = dir_ / (tag + ".stderr");
@@ -79,6 +79,7 @@ class HardeningCli : public ::testing::Test {
     b.pid = ::fork();
     if (b.pid == 0) {
       ::setpgid(0, 0);
+      if (ignore_hup) ::signal(SIGHUP, SIG_IGN);  // as nohup starts it
       ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
@@ -169,6 +170,51 @@ TEST_F(HardeningCli, MetricsAndOutNeverWriteOverInputs) {
   r = run(base + "--out " + model.string() + " --overwrite-model");
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(slurp(model / "model.safetensors"), weights);
+}
+
+// What the rules must not refuse: a metrics file and the final model beside the checkpoints,
+// a stream as --metrics, a run started under nohup; and a resumed run cuts only its own stale
+// metrics lines.
+TEST_F(HardeningCli, HarmlessLayoutsStreamsAndNohupAreAccepted) {
+  const fs::path ck = dir_ / "ck";
+  CliResult r = run(tiny(2) + "--checkpoint-dir " + ck.string() + " --metrics " + (ck / "metrics.jsonl").string() +
+                    " --out " + (ck / "final").string());
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(fs::exists(ck / "final" / "model.safetensors"));
+  r = run(tiny(1) + "--metrics /dev/stdout");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("\"step\":1"), std::string::npos) << r.out;
+
+  Background h = start(tiny(100000), "nohup", /*ignore_hup=*/true);
+  ASSERT_TRUE(wait_for(h.out, " 1/100000")) << slurp(h.err);
+  ::kill(h.pid, SIGHUP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(h.pid, SIGTERM);
+  EXPECT_EQ(h.wait(), 128 + SIGTERM) << slurp(h.out);
+  EXPECT_EQ(slurp(h.out).find("SIGHUP"), std::string::npos);
+
+  // Run B is "killed" after step 6 with its last checkpoint at 4; run A appends to the same file.
+  const fs::path m = dir_ / "m.jsonl", b = dir_ / "b";
+  ASSERT_EQ(run(tiny(6) + "--seed 2 --checkpoint-dir " + b.string() + " --checkpoint-every 4 --keep 3 --metrics " +
+                m.string())
+                .status,
+            0);
+  fs::remove_all(b / "step-00000006");
+  std::ofstream(b / "latest") << "step-00000004\n";
+  ASSERT_EQ(run(tiny(3) + "--seed 1 --metrics " + m.string()).status, 0);
+  ASSERT_EQ(run(tiny(7) + "--seed 2 --checkpoint-dir " + b.string() + " --resume auto --metrics " + m.string()).status, 0);
+  std::vector<int64_t> steps;
+  std::ifstream in(m);
+  for (std::string line; std::getline(in, line);) steps.push_back(nlohmann::json::parse(line)["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 1, 2, 3, 5, 6, 7}));
+  // With nothing after them, its stale lines are cut.
+  fs::remove_all(b / "step-00000007");
+  std::ofstream(b / "latest") << "step-00000004\n";
+  ASSERT_EQ(run(tiny(5) + "--seed 2 --checkpoint-dir " + b.string() + " --resume auto --metrics " + m.string()).status, 0);
+  steps.clear();
+  std::ifstream again(m);
+  for (std::string line; std::getline(again, line);) steps.push_back(nlohmann::json::parse(line)["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 1, 2, 3, 5}));
 }
 
 // 2. A second run into a --checkpoint-dir or an --out in use is refused, naming the holder.
@@ -310,6 +356,8 @@ TEST_F(HardeningCli, ADoubleSigtermDuringASaveLeavesNoTemporaryDirectory) {
     EXPECT_EQ(a.wait(), 128 + SIGTERM);
     for (const std::string& name : names_in(ck)) EXPECT_NE(name.rfind(".tmp-", 0), 0u) << name;
     for (const std::string& name : names_in(dir_ / "out")) EXPECT_EQ(name.find(".tmp-"), std::string::npos) << name;
+    fs::remove_all(ck);  // about 600 MB a trial
+    fs::remove_all(out);
   }
 }
 
