@@ -45,7 +45,9 @@ for ((i = 1; i <= TRIALS; i++)); do
     pids[$op]=$!
     sleep "0.$((RANDOM % 4))$((RANDOM % 10))"
     victim=${pids[$((1 + RANDOM % op))]}
-    case $((RANDOM % 5)) in
+    # Only while it is still this script's child (a finished run's pid may have been reused).
+    [[ "$(ps -o ppid= -p "$victim" 2>/dev/null | tr -d ' ')" == "$$" ]] || victim=0
+    ((victim > 0)) && case $((RANDOM % 5)) in
       0) kill -INT "$victim" 2>/dev/null ;;
       1) kill -TERM "$victim" 2>/dev/null ;;
       2) kill -KILL "$victim" 2>/dev/null ;;
