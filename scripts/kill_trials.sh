@@ -4,7 +4,13 @@
 # them, and `--resume auto` continues bit-exact (the remaining steps' losses and grad norms equal
 # an uninterrupted run's). Any other outcome fails the script.
 # Usage: scripts/kill_trials.sh [trials=100] [strata binary=build/bin/strata]
+#        scripts/kill_trials.sh --mpi [trials=50] [binary]: 2-rank mpirun jobs, Ctrl-C on the
+#        launcher or kill -9 of a rank (scripts/kill_trials_mpi.sh)
 set -euo pipefail
+if [[ "${1:-}" == "--mpi" ]]; then
+  shift
+  exec bash "$(dirname "${BASH_SOURCE[0]}")/kill_trials_mpi.sh" "$@"
+fi
 TRIALS="${1:-100}"
 BIN="$(realpath "${2:-build/bin/strata}")"
 work="$(mktemp -d)"
