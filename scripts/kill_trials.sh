@@ -13,18 +13,10 @@ if [[ "${1:-}" == "--mpi" ]]; then
 fi
 TRIALS="${1:-100}"
 BIN="$(realpath "${2:-build/bin/strata}")"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/tiny"
-cat >"$work/tiny/config.json" <<'EOF'
-{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
- "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
- "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false,
- "hidden_act": "silu"}
-EOF
+source "$(dirname "${BASH_SOURCE[0]}")/trials_common.sh"
+trials_setup 3
 STEPS=12
 ARGS=(train --model "$work/tiny" --threads 1 --batch 2 --seq 16 --warmup 2 --steps "$STEPS" --checkpoint-every 1 --keep 3)
-exact() { grep -o '"step":[0-9]*\|"loss":[^,]*\|"grad_norm":[^,]*' "$1" | paste -d' ' - - -; }
 
 t0=$(date +%s%N)
 "$BIN" "${ARGS[@]}" --checkpoint-dir "$work/ref-ck" --metrics "$work/ref.jsonl" >/dev/null

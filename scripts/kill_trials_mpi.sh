@@ -13,21 +13,13 @@ BIN="$(realpath "${2:-build/bin/strata}")"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 command -v mpirun >/dev/null || { echo "kill_trials_mpi: no mpirun: skipped"; exit 0; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/tiny"
-cat >"$work/tiny/config.json" <<'JSON'
-{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
- "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
- "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false,
- "hidden_act": "silu"}
-JSON
+source "$(dirname "${BASH_SOURCE[0]}")/trials_common.sh"
+trials_setup 3
 STEPS=12
 ARGS=(train --model "$work/tiny" --threads 1 --batch 2 --seq 16 --warmup 2 --steps "$STEPS" --zero-stage 1
       --checkpoint-every 1 --keep 3)
 launch() { bash "$ROOT/scripts/strata-mpirun" -np 2 "$BIN" "$@"; }
 descendants() { local c; for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done; }
-exact() { grep -o '"step":[0-9]*\|"loss":[^,]*\|"grad_norm":[^,]*' "$1" | paste -d' ' - - -; }
 
 t0=$(date +%s%N)
 launch "${ARGS[@]}" --checkpoint-dir "$work/ref-ck" --metrics "$work/ref.jsonl" >/dev/null 2>&1

@@ -10,15 +10,8 @@
 set -uo pipefail
 TRIALS="${1:-20}"
 BIN="$(realpath "${2:-build/bin/strata}")"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/tiny"
-cat >"$work/tiny/config.json" <<'JSON'
-{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
- "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
- "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false,
- "hidden_act": "silu"}
-JSON
+source "$(dirname "${BASH_SOURCE[0]}")/trials_common.sh"
+trials_setup 2
 ck="$work/ck"
 fail() { echo "trial $1: $2"; exit 1; }
 # "step-N run_id" for every checkpoint in the directory.

@@ -1,6 +1,8 @@
 // Helpers for tests that run the built `strata` binary (STRATA_BIN): read a file whole, run a
 // command line with its stdout and stderr captured.
 #pragma once
+#include <gtest/gtest.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -10,6 +12,23 @@
 #include <string>
 
 namespace strata::test {
+
+// A fresh directory under the test temp dir ("<name>_XXXXXX"); empty on failure.
+inline std::filesystem::path make_scratch_dir(const std::string& name) {
+  std::string t = (std::filesystem::path(::testing::TempDir()) / (name + "_XXXXXX")).string();
+  return ::mkdtemp(t.data()) ? std::filesystem::path(t) : std::filesystem::path();
+}
+
+// DIR/config.json of a small byte-level llama (random init from --seed): every step is quick.
+inline void write_tiny_llama(const std::filesystem::path& dir, int hidden, int layers, int intermediate) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json")
+      << "{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 256, "
+      << "\"hidden_size\": " << hidden << ", \"num_hidden_layers\": " << layers
+      << ", \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": " << intermediate
+      << ", \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
+      << "\"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}";
+}
 
 inline std::string slurp(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);

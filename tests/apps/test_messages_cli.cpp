@@ -24,17 +24,11 @@ using strata::test::CliResult;
 class MessagesCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string t = (fs::path(::testing::TempDir()) / "strata_msgs_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(t.data()), nullptr);
-    dir_ = t;
+    dir_ = strata::test::make_scratch_dir("strata_msgs");
+    ASSERT_FALSE(dir_.empty());
     fs::create_directories(swap());
     // A small llama (4 blocks of 128): every plan and step is quick.
-    fs::create_directories(dir_ / "tiny");
-    std::ofstream(dir_ / "tiny" / "config.json") << R"({
-      "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256,
-      "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-      "intermediate_size": 256, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
-      "rope_theta": 10000.0, "tie_word_embeddings": false, "hidden_act": "silu"})";
+    strata::test::write_tiny_llama(dir_ / "tiny", 128, 4, 256);
   }
   void TearDown() override { fs::remove_all(dir_); }
   fs::path swap() const { return dir_ / "swap"; }
