@@ -45,10 +45,8 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
       ->check([](const std::string& v) -> std::string {
         // CLI11 would wrap -1 and saturate 2^64 to 2^64-1: two different seeds would train the same.
         errno = 0;
-        char* end = nullptr;
-        const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
-        (void)x;
-        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || errno == ERANGE || *end)
+        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos ||
+            (std::strtoull(v.c_str(), nullptr, 10), errno == ERANGE))
           return v + " is not a whole number from 0 to 18446744073709551615 (2^64-1)";
         return "";
       });

@@ -80,12 +80,15 @@ std::string run_id_of(const fs::path& ckpt) {
   return "";
 }
 
-// The newest complete checkpoint in `dir` older than `before` (all of them when before < 0).
-fs::path newest_complete(const fs::path& dir, int64_t before) {
+// For an error about a damaged checkpoint: the newest complete checkpoint in `dir` older than
+// step `before` (any, when before < 0), named as the way out.
+std::string resume_instead(const fs::path& dir, int64_t before) {
   const auto all = complete_checkpoints(dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it)
-    if ((before < 0 || it->first < before) && is_train_checkpoint(it->second)) return it->second;
-  return {};
+    if ((before < 0 || it->first < before) && is_train_checkpoint(it->second))
+      return "the newest complete checkpoint before it is " + it->second.string() + ": resume from it with --resume " +
+             it->second.string() + ", or move the damaged one away";
+  return "no complete checkpoint is there to resume instead: move the damaged one away to start fresh";
 }
 
 
@@ -114,6 +117,9 @@ fs::path write_train_checkpoint(const fs::path& dir, int64_t step, const TrainCh
   fs::create_directories(dir, ec);
   if (ec) throw std::runtime_error(dir.string() + ": cannot create the checkpoint directory: " + ec.message());
   const fs::path final_path = dir / checkpoint_name(step);
+  // Its run id: rotation removes, and a save of the same step replaces, only this run's own.
+  const std::string run_id =
+      c.state.contains("run_id") && c.state["run_id"].is_string() ? c.state["run_id"].get<std::string>() : "";
   TempDir tmp(make_owned_temp_dir(dir / ".tmp", "-"));  // .tmp-<pid>-XXXXXX
 
   json files = json::array();
@@ -139,9 +145,7 @@ fs::path write_train_checkpoint(const fs::path& dir, int64_t step, const TrainCh
 
   // Into place. A checkpoint of the same step (a resumed run saving again) is replaced whole,
   // only when it is this run's own.
-  const std::string own_id =
-      c.state.contains("run_id") && c.state["run_id"].is_string() ? c.state["run_id"].get<std::string>() : "";
-  if (fs::exists(final_path, ec) && is_train_checkpoint(final_path) && run_id_of(final_path) != own_id)
+  if (fs::exists(final_path, ec) && is_train_checkpoint(final_path) && run_id_of(final_path) != run_id)
     throw std::runtime_error(final_path.string() + " is a checkpoint of another run (or of one written before run "
                              "ids); not replaced: move it away, or resume with a --checkpoint-dir of its own");
   if (fs::exists(final_path, ec)) {
@@ -164,11 +168,7 @@ fs::path write_train_checkpoint(const fs::path& dir, int64_t step, const TrainCh
   // An old checkpoint is first renamed out of the step-N namespace (atomic), then removed: a
   // kill in the middle of the removal leaves a .tmp-<pid>-* directory (removed by the next
   // run), never a step-N directory with files missing.
-  // Only this run's checkpoints (its run id): another run's, or one written before run ids,
-  // is never removed.
-  const std::string run_id = c.state.contains("run_id") && c.state["run_id"].is_string()
-                                 ? c.state["run_id"].get<std::string>()
-                                 : std::string();
+  // Only this run's checkpoints: another run's, or one written before run ids, is never removed.
   auto all = complete_checkpoints(dir);
   for (auto it = all.begin(); it != all.end();)
     it = !run_id.empty() && run_id_of(it->second) == run_id ? std::next(it) : all.erase(it);
@@ -238,10 +238,8 @@ json verify_train_checkpoint(const fs::path& ckpt) {
 
 std::string older_checkpoint_hint(const fs::path& ckpt) {
   const int64_t step = step_of_name(ckpt.filename().string());
-  const fs::path older = newest_complete(ckpt.parent_path().empty() ? fs::path(".") : ckpt.parent_path(), step);
-  if (older.empty() || step < 0) return "no older complete checkpoint is there to resume instead";
-  return "the newest older checkpoint is " + older.string() + ": resume from it with --resume " + older.string() +
-         " (it is verified before training), or move the damaged one away";
+  if (step < 0) return "no older checkpoint is known for it";
+  return resume_instead(ckpt.parent_path().empty() ? fs::path(".") : ckpt.parent_path(), step);
 }
 
 fs::path find_resume_checkpoint(const std::string& resume, const std::string& checkpoint_dir) {
@@ -295,12 +293,8 @@ fs::path find_resume_checkpoint(const std::string& resume, const std::string& ch
     why = newest.string() + " is not a complete checkpoint (no " + kManifest + ")";
     damaged = newest;
   }
-  const fs::path way_out = newest_complete(base, damaged.empty() ? -1 : step_of_name(damaged.filename().string()));
   throw std::runtime_error(flag + ": " + why + "; " +
-                           (way_out.empty() ? std::string("no complete checkpoint is there: move the directory away "
-                                                          "to start fresh")
-                                            : "the newest complete checkpoint there is " + way_out.string() +
-                                                  ": resume from it with --resume " + way_out.string()));
+                           resume_instead(base, damaged.empty() ? -1 : step_of_name(damaged.filename().string())));
 }
 
 std::vector<std::string> checkpoints_of_other_runs(const fs::path& dir, const std::string& run_id, bool fresh) {

@@ -27,6 +27,18 @@ namespace fs = std::filesystem;
 
 // ---- PathLock -------------------------------------------------------------------------------
 
+LockResult lock_exclusive(int fd, const std::string& what) {
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return LockResult::locked;
+  if (errno == EWOULDBLOCK) return LockResult::held_elsewhere;
+  if (errno == ENOSYS || errno == EOPNOTSUPP || errno == ENOLCK) {
+    // A filesystem without locks (Lustre without -o flock, NFS with nolock): warned, not fatal.
+    std::fprintf(stderr, "strata: warning: %s: the filesystem does not support locks (%s); nothing stops another "
+                 "run from using it at the same time\n", what.c_str(), errno_text().c_str());
+    return LockResult::unsupported;
+  }
+  throw std::runtime_error(what + ": cannot lock it: " + errno_text());
+}
+
 PathLock PathLock::acquire(const fs::path& lock_file, const std::string& what, bool remove_on_release) {
   // A lock file removed by its last holder between our open and our flock would leave us
   // holding a lock nobody else can see: lock, then check the path still names the file we hold.
@@ -34,15 +46,9 @@ PathLock PathLock::acquire(const fs::path& lock_file, const std::string& what, b
     UniqueFd fd(::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
     if (fd.get() < 0)
       throw std::runtime_error(what + ": cannot create the lock file " + lock_file.string() + ": " + errno_text());
-    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-      if (errno == ENOSYS || errno == EOPNOTSUPP || errno == ENOLCK) {
-        // A filesystem without locks (Lustre without -o flock, NFS with nolock): warned, not fatal.
-        std::fprintf(stderr, "strata: warning: %s: the filesystem does not support locks (%s); nothing stops "
-                     "another run from using it at the same time\n", what.c_str(), errno_text().c_str());
-        return PathLock();
-      }
-      if (errno != EWOULDBLOCK)
-        throw std::runtime_error(what + ": cannot lock " + lock_file.string() + ": " + errno_text());
+    const LockResult got = lock_exclusive(fd.get(), what);
+    if (got == LockResult::unsupported) return PathLock();
+    if (got == LockResult::held_elsewhere) {
       std::string holder;
       char buf[32] = {};
       const ssize_t n = ::pread(fd.get(), buf, sizeof(buf) - 1, 0);
@@ -94,22 +100,23 @@ void PathLock::release() {
   fd_ = UniqueFd();
 }
 
-fs::path checkpoint_dir_lock_file(const fs::path& dir) { return dir / ".strata-lock"; }
+namespace {
+fs::path real(const fs::path& p);
+}  // namespace
 
-fs::path out_lock_file(const fs::path& out) {
-  const fs::path o = out.has_filename() ? out : out.parent_path();
-  const fs::path parent = o.has_parent_path() ? o.parent_path() : fs::path(".");
+fs::path dir_lock_file(const fs::path& dir) {
+  const fs::path d = real(dir);  // one lock for every spelling of the directory (./x, /abs/x, a symlink)
   std::string name = ".";
-  name += o.filename().string();
+  name += d.filename().string();
   name += ".strata-lock";
-  return parent / name;
+  return d.parent_path() / name;
 }
 
 // ---- paths ----------------------------------------------------------------------------------
 
 namespace {
 
-// The path with every existing part's symlinks resolved (what the kernel would open).
+// The path with every existing part's symlinks resolved (what the kernel would open), absolute.
 fs::path real(const fs::path& p) {
   std::error_code ec;
   fs::path r = fs::weakly_canonical(fs::absolute(p, ec), ec);
@@ -134,7 +141,7 @@ bool reserved_in_checkpoint_dir(const fs::path& p, const fs::path& ckpt) {
   if (rel.empty() || rel == ".") return true;
   const std::string first = rel.begin()->string();
   return first.rfind("step-", 0) == 0 || first == "latest" || first.rfind(".tmp", 0) == 0 ||
-         first.rfind(".latest", 0) == 0 || first == ".strata-lock";
+         first.rfind(".latest", 0) == 0;
 }
 
 bool same_file(const fs::path& a, const fs::path& b) {
@@ -160,6 +167,12 @@ void check_run_paths(const TrainOptions& o, const RunPaths& reads) {
                                   " uses for itself (step-N, latest, .tmp-*); name it otherwise, e.g. " +
                                   (fs::path(o.checkpoint_dir) / "final").string());
   }
+  if (has_out)
+    for (const std::string& swap : o.nvme_paths)
+      if (within(real(swap), out))
+        throw std::invalid_argument("--nvme-path " + swap + " is --out " + o.out + " or inside it: the swap files "
+                                    "would sit in the directory the final save replaces whole (and it would refuse "
+                                    "to); put them elsewhere");
   if (has_out && !reads.model_dir.empty() && out == real(reads.model_dir) && !o.overwrite_model)
     throw std::invalid_argument("--out " + o.out + " is the input --model: saving would replace the model the run "
                                 "started from; give --out another directory, or add --overwrite-model to replace it");
@@ -202,18 +215,17 @@ void check_metrics_file(const fs::path& metrics) {
   uint64_t size = 0;
   UniqueFd fd = open_regular_file(metrics, &size);
   if (size == 0) return;
-  // Every line an object with an integer "step" (a run killed mid-line can leave a last partial
-  // line: strata cuts such a line off itself, so one is refused here too).
-  std::ifstream in(metrics);
-  std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
-      throw std::invalid_argument(fmt::format(
-          "--metrics {}: exists and is not a strata metrics file (line {} is not a JSON object with a \"step\"); "
-          "strata appends only to its own metrics files: name a new file",
-          metrics.string(), n));
-  }
+  // Its first line tells (read alone: the file can be long, and a resumed run reads it whole
+  // later anyway): an object with an integer "step". strata's lines are under 1 KiB.
+  std::string head(static_cast<size_t>(std::min<uint64_t>(size, 64 << 10)), '\0');
+  const ssize_t n = ::pread(fd.get(), head.data(), head.size(), 0);
+  if (n < 0) throw std::invalid_argument("--metrics " + metrics.string() + ": cannot read it: " + errno_text());
+  head.resize(static_cast<size_t>(n));
+  const nlohmann::json j = nlohmann::json::parse(head.substr(0, head.find('\n')), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
+    throw std::invalid_argument("--metrics " + metrics.string() +
+                                ": exists and is not a strata metrics file (its first line is not a JSON object with "
+                                "a \"step\"); strata appends only to its own metrics files: name a new file");
 }
 
 // ---- flags ----------------------------------------------------------------------------------

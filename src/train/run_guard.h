@@ -17,6 +17,11 @@ struct TrainOptions;
 struct ModelConfig;
 class Communicator;
 
+// flock(LOCK_EX | LOCK_NB) on an open file: held, held by another process, or impossible on
+// this filesystem (warned once per call, naming `what`); any other failure throws.
+enum class LockResult { locked, held_elsewhere, unsupported };
+LockResult lock_exclusive(int fd, const std::string& what);
+
 // An exclusive flock(2) on a lock file, held until destroyed; the kernel releases it when the
 // process dies (kill -9 included), so a stale lock never blocks a later run. The holder's pid
 // is written into the file, so a refused run can name it.
@@ -39,16 +44,16 @@ class PathLock {
   bool remove_ = false;
 };
 
-// The lock file of a checkpoint directory (inside it) and of an --out directory (beside it:
-// the save replaces the directory whole).
-std::filesystem::path checkpoint_dir_lock_file(const std::filesystem::path& dir);
-std::filesystem::path out_lock_file(const std::filesystem::path& out);
+// The lock file of a directory a run writes (--checkpoint-dir, --out): beside it, named after
+// its canonical path, so one run's --out and another's --checkpoint-dir in the same place
+// collide, and a save that replaces --out whole never moves the lock.
+std::filesystem::path dir_lock_file(const std::filesystem::path& dir);
 
 // The paths a run reads (model files, data shards, the checkpoint it resumes) and writes
 // (--out, --checkpoint-dir, --metrics), checked against each other before anything is written:
 // --metrics is never a file the run reads nor inside a directory it replaces or rotates; --out
-// is never --checkpoint-dir, inside it or around it, nor the input model unless
-// overwrite_model. Throws one line naming both flags and the fix.
+// is never --checkpoint-dir, around it or one of its own names, never holds an --nvme-path, nor
+// is the input model unless overwrite_model. Throws one line naming both flags and the fix.
 struct RunPaths {
   std::filesystem::path model_dir;                 // --model (empty: none)
   std::vector<std::filesystem::path> model_files;  // what is read from it

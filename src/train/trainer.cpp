@@ -17,7 +17,6 @@
 #include <functional>
 #include <optional>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -406,8 +405,6 @@ void Trainer::Impl::restore_state(const nlohmann::json& man) {
     if (good < 0 || good > INT32_MAX) throw std::runtime_error(fmt::format("loss_scaler.good_steps {}: out of range", good));
     if (ls.at("enabled").get<bool>() == scaler.enabled()) scaler.restore(static_cast<float>(scale), static_cast<int>(good));
     if (man.at("n_params").get<int64_t>() != model->n_params()) throw std::runtime_error("parameter count differs");
-    if (man.contains("run_id") && man["run_id"].is_string() && !man["run_id"].get<std::string>().empty())
-      run_id = man["run_id"].get<std::string>();
     const auto& d = man.at("data");
     if (loader && !d.is_null()) {
       const int64_t shard = d.at("shard").get<int64_t>(), position = d.at("position").get<int64_t>();
@@ -681,7 +678,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.comm = make_communicator(kernels::parse_backend(o.backend));
   if (m.comm->rank() == 0 && !o.checkpoint_dir.empty()) {
     prepare_checkpoint_dir(o.checkpoint_dir);
-    m.checkpoint_lock = PathLock::acquire(checkpoint_dir_lock_file(o.checkpoint_dir), "--checkpoint-dir " + o.checkpoint_dir,
+    m.checkpoint_lock = PathLock::acquire(dir_lock_file(o.checkpoint_dir), "--checkpoint-dir " + o.checkpoint_dir,
                                           /*remove_on_release=*/true);
     remove_dead_checkpoint_temporaries(o.checkpoint_dir);
   }
@@ -744,8 +741,8 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     // Locked first (the lock file sits beside --out), then the save's own rules, so a finished
     // run is never lost at the end; they also clear what dead runs left beside it.
     std::error_code ec;
-    fs::create_directories(out_lock_file(o.out).parent_path(), ec);
-    m.out_lock = PathLock::acquire(out_lock_file(o.out), "--out " + o.out, /*remove_on_release=*/true);
+    fs::create_directories(dir_lock_file(o.out).parent_path(), ec);
+    m.out_lock = PathLock::acquire(dir_lock_file(o.out), "--out " + o.out, /*remove_on_release=*/true);
     try {
       check_hf_save_target(o.out);
     } catch (const std::exception& e) {
@@ -835,37 +832,40 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     m.metrics = UniqueFd(::open(o.metrics.c_str(), (regular ? O_RDWR | O_CREAT : O_WRONLY) | O_CLOEXEC | O_APPEND, 0644));
     if (m.metrics.get() < 0)
       throw std::runtime_error("--metrics " + o.metrics + ": cannot open for writing: " + errno_text());
-    if (regular && ::flock(m.metrics.get(), LOCK_EX | LOCK_NB) != 0) {
-      if (errno == EWOULDBLOCK)
-        throw std::runtime_error("--metrics " + o.metrics + ": another strata run is writing it; give this run a "
-                                 "metrics file of its own");
-      if (errno != ENOSYS && errno != EOPNOTSUPP && errno != ENOLCK)
-        throw std::runtime_error("--metrics " + o.metrics + ": cannot lock it: " + errno_text());
-    }
+    if (regular && lock_exclusive(m.metrics.get(), "--metrics " + o.metrics) == LockResult::held_elsewhere)
+      throw std::runtime_error("--metrics " + o.metrics + ": another strata run is writing it; give this run a "
+                               "metrics file of its own");
     const off_t end = ::lseek(m.metrics.get(), 0, SEEK_END);
     m.metrics_bytes = end > 0 ? static_cast<uint64_t>(end) : 0;
-    // A resumed run drops the lines its own earlier part wrote past the checkpoint (killed after
-    // its last checkpoint; those steps are about to be trained again): the file's tail of lines
-    // of this run id (or of none: written before run ids) with a step past the checkpoint's.
-    // Another run's lines are never cut.
-    if (regular && !m.resumed_from.empty() && m.metrics_bytes > 0) {
-      std::string text(m.metrics_bytes, '\0');
-      if (::pread(m.metrics.get(), text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+    if (regular && m.metrics_bytes > 0) {
+      // Cut: a last line without its newline (what a killed writer left, so the next line starts
+      // clean) and, in a resumed run, the lines its own earlier part wrote past the checkpoint
+      // (killed after its last checkpoint; those steps are about to be trained again): the file's
+      // tail of lines of this run id (or of none: written before run ids) with a later step.
+      // Another run's lines are never cut. A fresh run reads only the file's end.
+      const bool resumed = !m.resumed_from.empty();
+      const uint64_t from = resumed ? 0 : m.metrics_bytes - std::min<uint64_t>(m.metrics_bytes, 1 << 20);
+      std::string text(m.metrics_bytes - from, '\0');
+      if (::pread(m.metrics.get(), text.data(), text.size(), static_cast<off_t>(from)) !=
+          static_cast<ssize_t>(text.size()))
         throw std::runtime_error("--metrics " + o.metrics + ": cannot read it: " + errno_text());
-      uint64_t keep = 0;
-      for (size_t at = 0; at < text.size();) {
-        size_t eol = text.find('\n', at);
-        eol = eol == std::string::npos ? text.size() : eol + 1;
-        const nlohmann::json j = nlohmann::json::parse(text.substr(at, eol - at), nullptr, false);
-        const bool ours = j.is_object() && (!j.contains("run_id") || j["run_id"] == m.run_id);
-        const bool stale = ours && j.contains("step") && j["step"].is_number_integer() &&
-                           j["step"].get<int64_t>() > m.steps_done;
-        if (!stale) keep = eol;
-        at = eol;
+      const size_t whole = text.back() == '\n' ? text.size() : text.rfind('\n') + 1;  // npos + 1 == 0
+      uint64_t keep = whole == 0 && from > 0 ? m.metrics_bytes : from + whole;  // (no line end in 1 MiB: leave it)
+      if (resumed) {
+        keep = 0;
+        for (size_t at = 0; at < whole;) {
+          const size_t eol = text.find('\n', at) + 1;
+          const nlohmann::json j = nlohmann::json::parse(text.substr(at, eol - at), nullptr, false);
+          const bool ours = j.is_object() && (!j.contains("run_id") || j["run_id"] == m.run_id);
+          const bool stale = ours && j.contains("step") && j["step"].is_number_integer() &&
+                             j["step"].get<int64_t>() > m.steps_done;
+          if (!stale) keep = eol;
+          at = eol;
+        }
       }
       if (keep < m.metrics_bytes) {
         if (::ftruncate(m.metrics.get(), static_cast<off_t>(keep)) != 0)
-          throw std::runtime_error("--metrics " + o.metrics + ": cannot drop the lines past the checkpoint: " +
+          throw std::runtime_error("--metrics " + o.metrics + ": cannot cut its unfinished or stale lines: " +
                                    errno_text());
         m.metrics_bytes = keep;
       }
@@ -1079,16 +1079,16 @@ int Trainer::run(std::FILE* rank0_out) {
   }
   std::FILE* out = m.sh.rank == 0 ? rank0_out : null_out.get();
   // Output that cannot be written (a closed pipe: `strata train | head`, a full disk) stops the
-  // run as SIGTERM would, checkpoint included, instead of killing it or going on blind.
+  // run as SIGTERM would, checkpoint included, instead of killing it or going on blind; what it
+  // would have said then goes to stderr.
   bool out_ok = true;
+  const auto lose_stdout = [&](int err) {
+    out_ok = false;
+    request_stop(SIGPIPE);
+    fmt::print(stderr, "strata: cannot write to stdout ({}): stopping after this step\n", errno_text(err));
+  };
   const auto print = [&](const std::string& text) {
-    if (!out_ok) return;
-    if (std::fputs(text.c_str(), out) < 0 || std::fflush(out) != 0) {
-      const int err = errno;
-      out_ok = false;
-      request_stop(SIGPIPE);
-      fmt::print(stderr, "strata: cannot write to stdout ({}): stopping after this step\n", errno_text(err));
-    }
+    if (out_ok && (std::fputs(text.c_str(), out) < 0 || std::fflush(out) != 0)) lose_stdout(errno);
   };
   // Every rank leaves together: mpirun takes the job down when the first rank exits non-zero,
   // which must not happen while rank 0 still writes the checkpoint.
@@ -1101,9 +1101,7 @@ int Trainer::run(std::FILE* rank0_out) {
   try {
     print_header(out);
   } catch (const std::system_error& e) {  // fmt reports a failed write as system_error
-    print("");
-    out_ok = false;
-    request_stop(SIGPIPE);
+    lose_stdout(e.code().value());
   }
   const auto t_start = Clock::now();
   double first_loss = 0, last_loss = 0, min_loss = INFINITY, ms_after_first = 0;
@@ -1131,22 +1129,19 @@ int Trainer::run(std::FILE* rank0_out) {
       }
     }
     if (const int sig = req[0]) {  // stop between steps
-      const char* name = signal_name(sig);
-      if (!o.checkpoint_dir.empty() && m.steps_done > 0) {
-        const std::string path = m.last_checkpoint_step == m.steps_done
-                                     ? (fs::path(o.checkpoint_dir) / checkpoint_name(m.steps_done)).string()
-                                     : save_checkpoint();
-        const std::string line = fmt::format("stopped by {} after step {} of {}; checkpoint {} (continue with --resume auto)\n",
-                                             name, m.steps_done, o.steps, path);
-        print(line);
-        if (!out_ok && m.sh.rank == 0) fmt::print(stderr, "strata: {}", line);
-      } else {
-        const std::string line = fmt::format("stopped by {} after step {} of {}; nothing saved to --out (the run did not finish){}\n",
-                                             name, m.steps_done, o.steps,
-                                             o.checkpoint_dir.empty() ? "; --checkpoint-dir DIR makes runs resumable" : "");
-        print(line);
-        if (!out_ok && m.sh.rank == 0) fmt::print(stderr, "strata: {}", line);
-      }
+      std::string saved = "nothing saved to --out (the run did not finish)";
+      if (!o.checkpoint_dir.empty() && m.steps_done > 0)
+        saved = "checkpoint " +
+                (m.last_checkpoint_step == m.steps_done
+                     ? (fs::path(o.checkpoint_dir) / checkpoint_name(m.steps_done)).string()
+                     : save_checkpoint()) +
+                " (continue with --resume auto)";
+      else if (o.checkpoint_dir.empty())
+        saved += "; --checkpoint-dir DIR makes runs resumable";
+      const std::string line =
+          fmt::format("stopped by {} after step {} of {}; {}\n", signal_name(sig), m.steps_done, o.steps, saved);
+      print(line);
+      if (!out_ok && m.sh.rank == 0) fmt::print(stderr, "strata: {}", line);
       all_ranks_done();
       return 128 + sig;
     }

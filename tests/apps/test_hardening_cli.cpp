@@ -53,15 +53,9 @@ struct Background {
 class HardeningCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string t = (fs::path(::testing::TempDir()) / "strata_hardening_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(t.data()), nullptr);
-    dir_ = t;
-    fs::create_directories(dir_ / "tiny");
-    std::ofstream(dir_ / "tiny" / "config.json") << R"({
-      "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256,
-      "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-      "intermediate_size": 128, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
-      "rope_theta": 10000.0, "tie_word_embeddings": false, "hidden_act": "silu"})";
+    dir_ = strata::test::make_scratch_dir("strata_hardening");
+    ASSERT_FALSE(dir_.empty());
+    strata::test::write_tiny_llama(dir_ / "tiny", 64, 2, 128);
   }
   void TearDown() override { fs::remove_all(dir_); }
   CliResult run(const std::string& args) { return strata::test::run_strata(dir_, args); }
@@ -215,6 +209,13 @@ TEST_F(HardeningCli, HarmlessLayoutsStreamsAndNohupAreAccepted) {
   std::ifstream again(m);
   for (std::string line; std::getline(again, line);) steps.push_back(nlohmann::json::parse(line)["step"].get<int64_t>());
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 1, 2, 3, 5}));
+  // A last line a killed writer left unfinished is cut before a fresh run appends.
+  std::ofstream(m, std::ios::app) << "{\"step\":9,\"lo";
+  ASSERT_EQ(run(tiny(1) + "--metrics " + m.string()).status, 0);
+  steps.clear();
+  std::ifstream third(m);
+  for (std::string line; std::getline(third, line);) steps.push_back(nlohmann::json::parse(line)["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 1, 2, 3, 5, 1}));
 }
 
 // 2. A second run into a --checkpoint-dir or an --out in use is refused, naming the holder.
@@ -228,6 +229,11 @@ TEST_F(HardeningCli, ASecondRunIntoTheSameDirectoriesIsRefused) {
   r = run(tiny(3) + "--seed 2 --out " + out.string());
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("--out " + out.string() + " is in use"), std::string::npos) << r.err;
+  // One run's --checkpoint-dir is another's --out (spelled through a symlink): the same lock.
+  fs::create_directory_symlink(ck, dir_ / "ck-link");
+  r = run(tiny(3) + "--seed 2 --out " + (dir_ / "ck-link").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("is in use by another strata run"), std::string::npos) << r.err;
   ::kill(a.pid, SIGTERM);
   EXPECT_EQ(a.wait(), 128 + SIGTERM);
   // Released with the run (kill -9 included: the kernel drops the lock).
@@ -318,9 +324,10 @@ TEST_F(HardeningCli, AShardTruncatedUnderARunIsAnErrorNamingIt) {
 TEST_F(HardeningCli, PipeHangupAndUsr1KeepTheRun) {
   const fs::path ck = dir_ / "ck", swap = dir_ / "swap";
   fs::create_directories(swap);
-  const std::string cmd = "bash -o pipefail -c '" + std::string(STRATA_BIN) + " " + tiny(100000) +
+  // (2000 steps: a run that missed the closed pipe ends, with status 0, instead of hanging the test)
+  const std::string cmd = "bash -o pipefail -c '" + std::string(STRATA_BIN) + " " + tiny(2000) +
                           "--checkpoint-dir " + ck.string() + " --offload-optimizer nvme --nvme-path " + swap.string() +
-                          " 2>" + (dir_ / "pipe.err").string() + " | sed -n /[[:space:]]2.100000/q'";
+                          " 2>" + (dir_ / "pipe.err").string() + " | sed -n /[[:space:]]2.2000/q'";
   const int rc = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(rc));
   EXPECT_EQ(WEXITSTATUS(rc), 128 + SIGPIPE) << slurp(dir_ / "pipe.err");
@@ -382,6 +389,12 @@ TEST_F(HardeningCli, UnreadableInputsAreRefusedBeforeTraining) {
   EXPECT_NE(r.status, 0);
   EXPECT_EQ(r.out.find("step 1/"), std::string::npos);
   EXPECT_NE(r.err.find("is also the --checkpoint-dir"), std::string::npos) << r.err;
+  // Swap files inside --out: the save at the end would refuse the directory, after the whole run.
+  fs::create_directories(dir_ / "x");
+  r = run(tiny(2) + "--offload-optimizer nvme --nvme-path " + (dir_ / "x").string() + " --out " + (dir_ / "x").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_EQ(r.out.find("step 1/"), std::string::npos);
+  EXPECT_NE(r.err.find("--nvme-path " + (dir_ / "x").string() + " is --out"), std::string::npos) << r.err;
 
   ASSERT_EQ(::mkfifo((dir_ / "fifo").c_str(), 0644), 0);
   fs::create_directories(dir_ / "fm");

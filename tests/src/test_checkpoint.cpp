@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/cleanup.h"
 #include "src/checkpoint/file_util.h"
 #include "src/checkpoint/hf.h"
 
@@ -501,6 +502,20 @@ TEST_F(CheckpointDir, SaveNeverReplacesFilesItDidNotWrite) {
 
 // Temporary directories of a save that was killed (its pid is gone) are removed by the next
 // save to the same place; those of a live process, and anything else, are not.
+// A save or checkpoint being written (TempDir) is removed by the signal handler's emergency
+// cleanup (a second Ctrl-C in the middle of it); a released one (renamed into place) is not.
+TEST_F(CheckpointDir, ATemporaryDirectoryBeingWrittenGoesWithASecondSignal) {
+  const fs::path writing = make_owned_temp_dir(root_ / "out", ".tmp-"), done = make_owned_temp_dir(root_ / "ck", ".tmp-");
+  {
+    TempDir a(writing), b(done);
+    for (const fs::path& d : {writing, done}) std::ofstream(d / "model.safetensors") << "bytes";
+    b.release();
+    strata::io::emergency_cleanup();
+    EXPECT_FALSE(fs::exists(writing));
+    EXPECT_TRUE(fs::exists(done / "model.safetensors"));
+  }
+}
+
 TEST_F(CheckpointDir, LeftoversOfKilledSavesAreRemoved) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
