@@ -9,6 +9,11 @@ find_package(OpenMP REQUIRED)
 find_package(fmt REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(CLI11 REQUIRED)
+# text/ (tokenizers, chat templates, `strata data`): PCRE2 with JIT for the pre-tokenizers'
+# Unicode regexes, ICU for NFC/NFKC, zlib for .gz inputs and the test fixtures.
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+find_package(ICU REQUIRED COMPONENTS uc)
+find_package(ZLIB REQUIRED)
 # MPI is optional: with it strata_core gains the mpi communicator (src/comm/mpi.cpp, C API only)
 # and CTest the multi-rank tests; without it only the local communicator exists. Build without
 # it on a machine that has it with -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON.

@@ -8,6 +8,8 @@ STRATA_PACKAGES=(
   # oneDNN's CMake config calls find_package(OpenCL REQUIRED); libdnnl-dev only Recommends these.
   ocl-icd-opencl-dev opencl-c-headers
   libcli11-dev nlohmann-json3-dev libfmt-dev
+  # text/: pre-tokenizer regexes (PCRE2), NFC/NFKC (ICU), .gz inputs (zlib)
+  libpcre2-dev libicu-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # scripts/fuzz.sh (CI's short fuzz run): clang and its libFuzzer/sanitizer runtimes, which
   # clang-14 only Recommends.
