@@ -227,7 +227,7 @@ bool compare(const std::string& op, const Value& a, const Value& b) {
   const bool orderable = (a.is_string() && b.is_string()) ||
                          (a.is_list() && b.is_list() && a.seq() == b.seq() && a.seq() <= Value::Seq::Tuple);
   if (!orderable)
-    fail("'" + op + "' not supported between instances of '" + type_name(a) + "' and '" + type_name(b) + "'");
+    fail(in_quotes(op) + " not supported between instances of '" + type_name(a) + "' and '" + type_name(b) + "'");
   if (op == "<") return less(a, b);
   if (op == ">") return less(b, a);
   if (op == "<=") return !less(b, a);
@@ -257,7 +257,7 @@ Value call_value(Context& ctx, const Value& callee, const CallArgs& args) {
   if (callee.is_undefined()) fail_undefined(callee);
   if (auto* f = dynamic_cast<Function*>(callee.as_object())) return f->call(ctx, args);
   if (auto* m = dynamic_cast<MacroObject*>(callee.as_object())) return m->call(ctx, args);
-  fail("'" + type_name(callee) + "' object is not callable");
+  fail(in_quotes(type_name(callee)) + " object is not callable");
 }
 
 // --- expressions ---
@@ -276,7 +276,7 @@ Value Name::do_eval(Context& ctx) const {
   if (const Value* v = ctx.scope->find(name)) return *v;
   Value g = global_function(name);
   if (!g.is_undefined()) return g;
-  return Value::undefined("'" + name + "' is undefined");
+  return Value::undefined(in_quotes(name) + " is undefined");
 }
 
 Value ListExpr::do_eval(Context& ctx) const {

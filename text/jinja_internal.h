@@ -19,6 +19,16 @@ struct EvalError {
   std::string message;
 };
 [[noreturn]] void fail(std::string message);
+// 'text', for messages. (Written out rather than "'" + s + "'", which GCC 12 misreports under
+// -Wrestrict when inlined.)
+inline std::string in_quotes(std::string_view s) {
+  std::string q;
+  q.reserve(s.size() + 2);
+  q += '\'';
+  q += s;
+  q += '\'';
+  return q;
+}
 
 class Context;  // render state (jinja_eval.cpp)
 

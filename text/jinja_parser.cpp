@@ -53,7 +53,7 @@ class Parser {
       case Tok::BlockEnd: return "end of statement block";
       case Tok::Eof: return "end of template";
       case Tok::String: return "string";
-      default: return "'" + t.text + "'";
+      default: return in_quotes(t.text);
     }
   }
 
@@ -132,7 +132,7 @@ class Parser {
     if (n == "set") return parse_set();
     if (n == "macro") return parse_macro();
     if (n == "break" || n == "continue") {
-      if (loop_depth_ == 0) error(tag, "'" + n + "' outside of a loop");
+      if (loop_depth_ == 0) error(tag, in_quotes(n) + " outside of a loop");
       auto s = node<LoopControl>(tag);
       s->is_break = n == "break";
       next();
@@ -145,7 +145,9 @@ class Parser {
       expect_block_end();
       const int saved = loop_depth_;
       loop_depth_ = 0;  // the body is a function in Python: no break/continue across it
+      ++block_depth_;
       s->body = subparse({"endgeneration"});
+      --block_depth_;
       loop_depth_ = saved;
       next();
       expect_block_end();
@@ -174,6 +176,7 @@ class Parser {
     if (at_name("recursive")) error(cur(), "unsupported: recursive for loops");
     expect_block_end();
     ++loop_depth_;
+    ++block_depth_;
     s->body = subparse({"endfor", "else"});
     --loop_depth_;
     if (next().text == "else") {
@@ -181,6 +184,7 @@ class Parser {
       s->otherwise = subparse({"endfor"});
       next();
     }
+    --block_depth_;
     expect_block_end();
     return s;
   }
@@ -229,13 +233,18 @@ class Parser {
       s->filter = parse_filters(std::move(captured));
     }
     expect_block_end();
+    ++block_depth_;
     s->body = subparse({"endset"});
+    --block_depth_;
     next();
     expect_block_end();
     return s;
   }
 
   StmtPtr parse_macro() {
+    // A macro closes over the template's top-level variables here; one defined inside a block
+    // would see that block's variables in Python.
+    if (block_depth_ > 0) error(cur(), "unsupported: a macro defined inside a for loop, macro, block set or generation block");
     auto s = node<MacroDef>(next());
     s->name = expect_name().text;
     expect_op("(");
@@ -256,7 +265,9 @@ class Parser {
     const int saved = loop_depth_;
     loop_depth_ = 0;
     ++macro_depth_;
+    ++block_depth_;
     s->body = subparse({"endmacro"});
+    --block_depth_;
     --macro_depth_;
     loop_depth_ = saved;
     next();
@@ -752,6 +763,7 @@ class Parser {
   int depth_ = 0;
   int loop_depth_ = 0;
   int macro_depth_ = 0;
+  int block_depth_ = 0;  // inside for, macro, block set or generation bodies
 };
 
 }  // namespace

@@ -403,7 +403,7 @@ std::string py_format(const std::string& fmt, const CallArgs& args) {
       v = args.positional[idx];
     } else {
       const auto it = std::find_if(args.keyword.begin(), args.keyword.end(), [&](const auto& kv) { return kv.first == field; });
-      if (it == args.keyword.end()) fail("'" + field + "'");
+      if (it == args.keyword.end()) fail(in_quotes(field));
       v = it->second;
     }
     if (conv == 'r' || conv == 'a') {

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <unordered_set>
 #include <nlohmann/json.hpp>
 
 #include "text/jinja_internal.h"
@@ -74,9 +75,10 @@ Value Value::list(List items, Seq seq) {
   return v;
 }
 Value Value::dict(Dict items) {
-  for (size_t i = 0; i < items.size(); ++i)
-    for (size_t j = 0; j < i; ++j)
-      if (items[i].first == items[j].first) throw std::invalid_argument("duplicate dict key '" + items[i].first + "'");
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(items.size());
+  for (const auto& kv : items)
+    if (!seen.insert(kv.first).second) throw std::invalid_argument("duplicate dict key " + in_quotes(kv.first));
   Value v;
   v.kind_ = Kind::Dict;
   v.dict_ = std::make_shared<const Dict>(std::move(items));
@@ -507,7 +509,7 @@ std::vector<Value> iterate(const Value& v) {
       break;
     default: break;
   }
-  fail("'" + type_name(v) + "' object is not iterable");
+  fail(in_quotes(type_name(v)) + " object is not iterable");
 }
 
 int64_t length(const Value& v) {
