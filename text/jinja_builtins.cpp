@@ -66,7 +66,7 @@ bool dict_attr(const Value& d, const std::string& name, Value& out) {
   if (name == "get") {
     out = method(d, "get", [](const Value& self, const CallArgs& a) {
       const auto v = bind_args("get", a, {"key", "default"}, {Value(), Value::none()});
-      if (v[0].is_list() || v[0].is_dict()) fail("unhashable type: '" + type_name(v[0]) + "'");
+      check_hashable(v[0]);
       const Value* found = v[0].is_string() ? self.find(v[0].as_string()) : nullptr;
       return found ? *found : v[1];
     });

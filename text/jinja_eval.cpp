@@ -290,7 +290,7 @@ Value DictExpr::do_eval(Context& ctx) const {
   Value::Dict out;
   for (const auto& [k, v] : items) {
     const Value key = k->eval(ctx);
-    if (key.is_list() || key.is_dict()) fail("unhashable type: '" + type_name(key) + "'");
+    check_hashable(key);
     if (!key.is_string()) fail("unsupported: dict keys that are not strings (" + type_name(key) + ")");
     Value val = v->eval(ctx);
     auto it = std::find_if(out.begin(), out.end(), [&](const auto& kv) { return kv.first == key.as_string(); });

@@ -450,7 +450,7 @@ Value call_filter(Context& ctx, const std::string& name, const Value& value, con
     for (const auto& item : iterate(value)) {
       Value key = attr_path(item, a[1]);
       if (!truthy(a[0])) key = ignore_case(key);
-      if (key.is_list() || key.is_dict()) fail("unhashable type: '" + type_name(key) + "'");
+      check_hashable(key);
       if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, key); })) {
         seen.push_back(key);
         out.push_back(item);

@@ -134,6 +134,9 @@ Value binary_op(BinOp op, const Value& a, const Value& b);
 Value negate(const Value& v);
 Value unary_plus(const Value& v);
 bool contains(const Value& container, const Value& item);  // Python `item in container`
+// Fails as hash() does for a list, dict or view (or a tuple holding one); namespaces and
+// functions hash by identity.
+void check_hashable(const Value& v);
 Value make_string_checked(std::string s);  // fails when s exceeds kMaxValueBytes
 Value make_list_checked(Value::List items, Value::Seq seq = Value::Seq::List);
 

@@ -594,6 +594,7 @@ void float_divmod(double vx, double wx, double& div, double& mod) {
 }  // namespace
 
 Value binary_op(BinOp op, const Value& a, const Value& b) {
+  if (op == BinOp::Mod && a.is_string()) fail("unsupported: printf-style string formatting with %");
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
   const bool nums = a.is_number() && b.is_number();
@@ -672,7 +673,6 @@ Value binary_op(BinOp op, const Value& a, const Value& b) {
         float_divmod(a.as_double(), b.as_double(), div, mod);
         return Value::number(op == BinOp::FloorDiv ? div : mod);
       }
-      if (op == BinOp::Mod && a.is_string()) fail("unsupported: printf-style string formatting with %");
       unsupported_operand(op == BinOp::Mod ? "%" : "//", a, b);
     case BinOp::Pow:
       if (ints && b.as_int() >= 0) {
@@ -713,6 +713,13 @@ Value unary_plus(const Value& v) {
   fail("bad operand type for unary +: '" + type_name(v) + "'");
 }
 
+void check_hashable(const Value& v) {
+  if (v.is_dict() || (v.is_list() && v.seq() != Value::Seq::Tuple && v.seq() != Value::Seq::Range))
+    fail("unhashable type: " + in_quotes(type_name(v)));
+  if (v.is_list())
+    for (const auto& e : v.as_list()) check_hashable(e);
+}
+
 bool contains(const Value& container, const Value& item) {
   switch (container.kind()) {
     case Value::Kind::Undefined: return false;
@@ -725,7 +732,7 @@ bool contains(const Value& container, const Value& item) {
         if (equals(e, item)) return true;
       return false;
     case Value::Kind::Dict:
-      if (item.is_list() || item.is_dict()) fail("unhashable type: '" + type_name(item) + "'");
+      check_hashable(item);
       return item.is_string() && container.find(item.as_string()) != nullptr;
     case Value::Kind::Object:
       if (auto* g = dynamic_cast<Generator*>(container.as_object())) {
