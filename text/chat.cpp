@@ -247,14 +247,48 @@ ChatTemplate::Rendered ChatTemplate::conversation(const Value& messages) const {
     } catch (const jinja::Error& e) {
       throw std::runtime_error("assistant turn messages[" + std::to_string(i) + "]: rendering the conversation up to it failed: " + e.what());
     }
-    const bool ok = out.text.compare(0, before.size(), before) == 0 && out.text.compare(0, upto.size(), upto) == 0 &&
-                    upto.size() >= before.size();
-    if (!ok)
+    const size_t search_from = out.trained.empty() ? 0 : out.trained.back().second;
+    const bool before_is_prefix = out.text.compare(0, before.size(), before) == 0;
+    if (before_is_prefix && out.text.compare(0, upto.size(), upto) == 0 && upto.size() >= before.size() &&
+        before.size() >= search_from) {
+      out.trained.emplace_back(before.size(), upto.size());
+      continue;
+    }
+    // The template renders history differently from the last turn (Qwen3 drops earlier thinking,
+    // Mistral moves the system message to the last user turn, Phi-3 appends EOS): the answer's
+    // text is found in the whole rendering (as given, else trimmed), and the span runs from the
+    // end of the generation prompt (when that is a prefix and comes before the answer) or the
+    // answer, through the end-of-turn text that follows the answer both in the turn's own
+    // rendering and in the whole one.
+    std::optional<std::pair<size_t, size_t>> span;
+    const Value* content = msgs[i].find("content");
+    if (content && content->is_string()) {
+      const std::string& full_content = content->as_string();
+      const size_t a = full_content.find_first_not_of(" \t\n\r\f\v");
+      const size_t z = full_content.find_last_not_of(" \t\n\r\f\v");
+      const std::string trimmed = a == std::string::npos ? std::string() : full_content.substr(a, z - a + 1);
+      for (const std::string* c : {&full_content, &trimmed}) {
+        if (c->empty()) continue;
+        const size_t p = out.text.find(*c, search_from);
+        if (p == std::string::npos) continue;
+        const size_t q = upto.rfind(*c);
+        const std::string_view suffix = q == std::string::npos ? std::string_view() : std::string_view(upto).substr(q + c->size());
+        const std::string_view rest = std::string_view(out.text).substr(p + c->size());
+        size_t k = 0;
+        while (k < suffix.size() && k < rest.size() && suffix[k] == rest[k]) ++k;
+        while (k > 0 && k < rest.size() && (static_cast<unsigned char>(rest[k]) & 0xC0) == 0x80) --k;  // whole characters
+        const size_t start = before_is_prefix && search_from <= before.size() && before.size() <= p ? before.size() : p;
+        span = std::make_pair(start, p + c->size() + k);
+        break;
+      }
+    }
+    if (!span)
       throw std::runtime_error("assistant turn messages[" + std::to_string(i) +
                                "]: the template renders history differently from the turn itself (the rendering of "
                                "messages[:" + std::to_string(i) + "] with add_generation_prompt=true or of messages[:" +
-                               std::to_string(i + 1) + "] is not a prefix of the whole conversation), so its trained span is undefined");
-    out.trained.emplace_back(before.size(), upto.size());
+                               std::to_string(i + 1) + "] is not a prefix of the whole conversation), and the answer's "
+                               "text is not in the whole rendering either, so its trained span is undefined");
+    out.trained.push_back(*span);
   }
   return out;
 }

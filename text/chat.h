@@ -47,10 +47,15 @@ class ChatTemplate {
 
   // All messages rendered (add_generation_prompt=false). For each assistant message i, the trained
   // span is the bytes between the rendering of messages[:i] with add_generation_prompt=true and of
-  // messages[:i+1] without; both must be prefixes of the whole text, or the template renders
-  // history differently from the last turn and this throws naming the turn. Roles: system, user,
-  // assistant, and tool when the template mentions a 'tool' role. An unknown role, an empty
-  // conversation or one not ending with an assistant turn throws std::invalid_argument.
+  // messages[:i+1] without, when both are prefixes of the whole text. A template that renders
+  // history differently from the last turn (Qwen3 drops earlier thinking, Mistral moves the system
+  // message, Phi-3 appends EOS) breaks that; then the answer's text (as given, else trimmed) is
+  // found in the whole text after the previous span, and the span runs from the end of the
+  // generation prompt (when that is a prefix before the answer) or the answer, through the
+  // end-of-turn text that follows the answer in both renderings. An answer found nowhere throws
+  // naming the turn. Roles: system, user, assistant, and tool when the template mentions a 'tool'
+  // role. An unknown role, an empty conversation or one not ending with an assistant turn throws
+  // std::invalid_argument.
   Rendered render_conversation(const nlohmann::json& messages) const;
   Rendered render_conversation(const nlohmann::ordered_json& messages) const;
 
