@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -134,17 +135,33 @@ struct CacheEntry {
 };
 static_assert(sizeof(CacheEntry) == 64);
 
+}  // namespace
+
+// A model's per-thread caches: words, and merge-table lookups (the table of a large vocab does not
+// fit in cache, and the same pairs recur throughout a document).
+struct ModelCache {
+  CacheEntry words[kCacheSlots];
+  PairCache pairs;
+};
+
+namespace {
+
 struct ThreadCaches {
-  std::vector<std::pair<uint64_t, std::unique_ptr<CacheEntry[]>>> caches;
-  CacheEntry* get(uint64_t instance) {
+  std::vector<std::pair<uint64_t, std::unique_ptr<ModelCache>>> caches;
+  ModelCache* get(uint64_t instance) {
     for (auto& [id, c] : caches) {
       if (id == instance) return c.get();
     }
     if (caches.size() >= kCachesPerThread) caches.erase(caches.begin());
-    caches.emplace_back(instance, std::make_unique<CacheEntry[]>(kCacheSlots));
+    caches.emplace_back(instance, std::make_unique<ModelCache>());
     return caches.back().second.get();
   }
 };
+
+ModelCache* thread_model_cache(uint64_t instance) {
+  thread_local ThreadCaches caches;
+  return caches.get(instance);
+}
 
 std::atomic<uint64_t> g_next_instance{1};
 
@@ -384,16 +401,29 @@ void BpeModel::initial_symbols_slow(std::string_view w, std::vector<BpeSymbol>& 
 // ---------------------------------------------------------------------------------------------
 // Merging
 
-void BpeModel::merge(std::vector<BpeSymbol>& syms, int force) const {
+bool BpeModel::pair_merge(PairCache* pc, uint32_t left, uint32_t right, uint32_t* rank, uint32_t* merged) const {
+  if (!pc) return merges_.get(left, right, rank, merged);
+  const uint64_t key = (uint64_t(left) << 32) | right;
+  PairCache::Slot& s = pc->slots[(key * 0x9E3779B97F4A7C15ull) >> (64 - PairCache::kBits)];
+  if (s.key != key) {
+    s.key = key;
+    if (!merges_.get(left, right, &s.rank, &s.merged)) s.rank = kNoId;
+  }
+  *rank = s.rank;
+  *merged = s.merged;
+  return s.rank != kNoId;
+}
+
+void BpeModel::merge(std::vector<BpeSymbol>& syms, int force, PairCache* pc) const {
   if (syms.size() < 2 || merges_.size() == 0) return;
   if (force == 1 || (force == 0 && syms.size() <= kScanMax)) {
-    merge_scan(syms);
+    merge_scan(syms, pc);
   } else {
-    merge_heap(syms);
+    merge_heap(syms, pc);
   }
 }
 
-void BpeModel::merge_scan(std::vector<BpeSymbol>& syms) const {
+void BpeModel::merge_scan(std::vector<BpeSymbol>& syms, PairCache* pc) const {
   size_t n = syms.size();
   // rank[i], merged[i]: the merge of the pair (i, i+1).
   uint32_t rank_buf[kScanMax], merged_buf[kScanMax];
@@ -408,7 +438,7 @@ void BpeModel::merge_scan(std::vector<BpeSymbol>& syms) const {
   }
   BpeSymbol* s = syms.data();
   auto pair = [&](size_t i) {
-    if (!merges_.get(s[i].id, s[i + 1].id, &rank[i], &merged[i])) rank[i] = kNoId;
+    if (!pair_merge(pc, s[i].id, s[i + 1].id, &rank[i], &merged[i])) rank[i] = kNoId;
   };
   for (size_t i = 0; i + 1 < n; ++i) pair(i);
   while (n > 1) {
@@ -433,25 +463,30 @@ void BpeModel::merge_scan(std::vector<BpeSymbol>& syms) const {
   syms.resize(n);
 }
 
-void BpeModel::merge_heap(std::vector<BpeSymbol>& syms) const {
+void BpeModel::merge_heap(std::vector<BpeSymbol>& syms, PairCache* pc) const {
   struct Sym {
     uint32_t id, len;
-    int64_t prev, next;
+    int32_t prev, next;
   };
+  // A queued merge of the pair (left, right) at pos. It is stale once the pair at pos differs
+  // (Rust compares the merged id, which names the same pair: merged ids are vocab ids of a+b).
   struct Cand {
-    uint32_t rank, merged;
-    size_t pos;
+    uint32_t rank, merged, left, right;
+    uint32_t pos;
   };
   // std heap is a max-heap: "less" means lower priority (higher rank, then further right).
   auto lower = [](const Cand& a, const Cand& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
   const size_t n = syms.size();
-  std::vector<Sym> sym(n);
-  for (size_t i = 0; i < n; ++i) sym[i] = {syms[i].id, syms[i].len, int64_t(i) - 1, i + 1 < n ? int64_t(i + 1) : -1};
-  std::vector<Cand> heap;
-  heap.reserve(n);
+  thread_local std::vector<Sym> sym;
+  thread_local std::vector<Cand> heap;
+  sym.resize(n);
+  heap.clear();
+  for (size_t i = 0; i < n; ++i) {
+    sym[i] = {syms[i].id, syms[i].len, int32_t(i) - 1, i + 1 < n ? int32_t(i + 1) : -1};
+  }
   uint32_t r, mg;
   for (size_t i = 0; i + 1 < n; ++i) {
-    if (merges_.get(sym[i].id, sym[i + 1].id, &r, &mg)) heap.push_back({r, mg, i});
+    if (pair_merge(pc, sym[i].id, sym[i + 1].id, &r, &mg)) heap.push_back({r, mg, sym[i].id, sym[i + 1].id, uint32_t(i)});
   }
   std::make_heap(heap.begin(), heap.end(), lower);
   while (!heap.empty()) {
@@ -459,23 +494,28 @@ void BpeModel::merge_heap(std::vector<BpeSymbol>& syms) const {
     const Cand top = heap.back();
     heap.pop_back();
     Sym& cur = sym[top.pos];
-    if (cur.id == kNoId || cur.next < 0) continue;
+    if (cur.id != top.left || cur.next < 0) continue;
     const size_t next_pos = size_t(cur.next);
     const Sym right = sym[next_pos];
-    // A stale candidate: the pair at pos changed since it was queued.
-    if (!merges_.get(cur.id, right.id, &r, &mg) || mg != top.merged) continue;
+    if (right.id != top.right) continue;
     cur.id = top.merged;
     cur.len += right.len;
     cur.next = right.next;
     sym[next_pos].id = kNoId;
-    if (right.next >= 0) sym[size_t(right.next)].prev = int64_t(top.pos);
-    if (cur.prev >= 0 && merges_.get(sym[size_t(cur.prev)].id, cur.id, &r, &mg)) {
-      heap.push_back({r, mg, size_t(cur.prev)});
-      std::push_heap(heap.begin(), heap.end(), lower);
+    if (right.next >= 0) sym[size_t(right.next)].prev = int32_t(top.pos);
+    if (cur.prev >= 0) {
+      const uint32_t left_id = sym[size_t(cur.prev)].id;
+      if (pair_merge(pc, left_id, cur.id, &r, &mg)) {
+        heap.push_back({r, mg, left_id, cur.id, uint32_t(cur.prev)});
+        std::push_heap(heap.begin(), heap.end(), lower);
+      }
     }
-    if (cur.next >= 0 && merges_.get(cur.id, sym[size_t(cur.next)].id, &r, &mg)) {
-      heap.push_back({r, mg, top.pos});
-      std::push_heap(heap.begin(), heap.end(), lower);
+    if (cur.next >= 0) {
+      const uint32_t right_id = sym[size_t(cur.next)].id;
+      if (pair_merge(pc, cur.id, right_id, &r, &mg)) {
+        heap.push_back({r, mg, cur.id, right_id, top.pos});
+        std::push_heap(heap.begin(), heap.end(), lower);
+      }
     }
   }
   size_t k = 0;
@@ -498,12 +538,12 @@ void BpeModel::tokenize(std::string_view w, std::vector<uint32_t>& ids, std::vec
       return;
     }
   }
+  ModelCache* mc = thread_model_cache(instance_);
   CacheEntry* entry = nullptr;
   uint64_t h = 0;
   if (!starts && w.size() <= kKeyMax) {
-    thread_local ThreadCaches caches;
     h = hash_bytes(w.data(), w.size());
-    entry = &caches.get(instance_)[h & (kCacheSlots - 1)];
+    entry = &mc->words[h & (kCacheSlots - 1)];
     if (entry->hash == h && entry->key_len == w.size() && std::memcmp(entry->key, w.data(), w.size()) == 0) {
       ids.insert(ids.end(), entry->ids, entry->ids + entry->n_ids);
       return;
@@ -511,7 +551,7 @@ void BpeModel::tokenize(std::string_view w, std::vector<uint32_t>& ids, std::vec
   }
   thread_local std::vector<BpeSymbol> syms;
   initial_symbols(w, syms);
-  merge(syms);
+  merge(syms, 0, &mc->pairs);
   uint32_t off = 0;
   for (const BpeSymbol& s : syms) {
     ids.push_back(s.id);

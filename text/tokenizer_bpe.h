@@ -76,6 +76,16 @@ class MergeMap {
   size_t mask_ = 0, count_ = 0;
 };
 
+// A per-thread, direct-mapped memo of merge-table lookups (rank kNoId: no merge).
+struct PairCache {
+  static constexpr int kBits = 13;
+  struct Slot {
+    uint64_t key = ~0ull;
+    uint32_t rank = 0, merged = 0;
+  };
+  Slot slots[size_t(1) << kBits];
+};
+
 struct BpeSymbol {
   uint32_t id;
   uint32_t len;  // bytes of the word it covers
@@ -103,13 +113,14 @@ class BpeModel {
 
   // The merge loop on initial symbols, in place (tests compare the two variants). force: 0 picks by
   // length, 1 the array scan, 2 the heap.
-  void merge(std::vector<BpeSymbol>& syms, int force = 0) const;
+  void merge(std::vector<BpeSymbol>& syms, int force = 0, PairCache* pc = nullptr) const;
 
  private:
   void initial_symbols(std::string_view word, std::vector<BpeSymbol>& syms) const;
   void initial_symbols_slow(std::string_view word, std::vector<BpeSymbol>& syms) const;
-  void merge_scan(std::vector<BpeSymbol>& syms) const;
-  void merge_heap(std::vector<BpeSymbol>& syms) const;
+  void merge_scan(std::vector<BpeSymbol>& syms, PairCache* pc) const;
+  void merge_heap(std::vector<BpeSymbol>& syms, PairCache* pc) const;
+  bool pair_merge(PairCache* pc, uint32_t left, uint32_t right, uint32_t* rank, uint32_t* merged) const;
   uint32_t char_id(uint32_t cp, std::string_view s) const;
 
   std::string where_;
