@@ -135,7 +135,7 @@ void TokenizerImpl::load_added(const nlohmann::json& list) {
     t.rstrip = opt_bool(e, "rstrip", false, where);
     t.normalized = opt_bool(e, "normalized", !t.special, where);
     auto idj = e.find("id");
-    if (idj == e.end() || !idj->is_number_unsigned() || idj->get<uint64_t>() >= kNoId) {
+    if (idj == e.end() || !json_is_id(*idj)) {
       throw std::runtime_error(where + ": 'id' must be a non-negative 32-bit integer");
     }
     t.id = idj->get<uint32_t>();
@@ -236,7 +236,7 @@ void TokenizerImpl::load_post_processor(const nlohmann::json& j, const std::stri
       const auto& ids = (*tit)[name]["ids"];
       if (!ids.is_array()) throw std::runtime_error(where + ": special token '" + name + "' has no ids");
       for (const auto& id : ids) {
-        if (!id.is_number_unsigned()) throw std::runtime_error(where + ": special token '" + name + "' has a bad id");
+        if (!json_is_id(id)) throw std::runtime_error(where + ": special token '" + name + "' has a bad id");
         (seen_a ? post : pre).push_back(id.get<uint32_t>());
       }
     }
@@ -246,7 +246,7 @@ void TokenizerImpl::load_post_processor(const nlohmann::json& j, const std::stri
   if (type == "RobertaProcessing" || type == "BertProcessing") {
     auto tok = [&](const char* key) {
       auto it = j.find(key);
-      if (it == j.end() || !it->is_array() || it->size() != 2 || !(*it)[1].is_number_unsigned()) {
+      if (it == j.end() || !it->is_array() || it->size() != 2 || !json_is_id((*it)[1])) {
         throw std::runtime_error(where + ": '" + key + "' must be [token, id]");
       }
       return (*it)[1].get<uint32_t>();

@@ -15,6 +15,10 @@
 
 namespace strata::text::detail {
 
+bool json_is_id(const nlohmann::json& v) {
+  return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < int64_t(kNoId);
+}
+
 uint64_t hash_bytes(const char* p, size_t n) {
   uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t(n) * 0xff51afd7ed558ccdull);
   while (n >= 8) {
@@ -211,7 +215,7 @@ BpeModel::BpeModel(const nlohmann::json& m, bool byte_level, const std::string& 
   uint32_t max_id = 0;
   bool any = false;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_unsigned() || it.value().get<uint64_t>() >= kNoId) {
+    if (!json_is_id(it.value())) {
       fail("vocab entry '" + it.key() + "' has id " + it.value().dump() + ", not a non-negative 32-bit integer");
     }
     const uint32_t id = it.value().get<uint32_t>();

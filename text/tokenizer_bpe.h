@@ -14,6 +14,10 @@ namespace strata::text::detail {
 
 inline constexpr uint32_t kNoId = 0xFFFFFFFFu;
 
+// A JSON number that is a valid id: an integer in [0, kNoId) (parsed files give unsigned
+// integers, objects built in code may hold signed ones).
+bool json_is_id(const nlohmann::json& v);
+
 // 64-bit hash of a byte string (for the vocab and the word cache).
 uint64_t hash_bytes(const char* p, size_t n);
 

@@ -219,7 +219,7 @@ std::unique_ptr<Decoder> make_decoder(const nlohmann::json& j, const std::string
     }
     auto num = [&](const char* key) -> size_t {
       auto it = j.find(key);
-      if (it == j.end() || !it->is_number_unsigned()) {
+      if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 0) {
         throw std::runtime_error(where + ": '" + key + "' must be a non-negative integer");
       }
       return it->get<size_t>();
