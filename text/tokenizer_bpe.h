@@ -82,7 +82,7 @@ class MergeMap {
 
 // A per-thread, direct-mapped memo of merge-table lookups (rank kNoId: no merge).
 struct PairCache {
-  static constexpr int kBits = 13;
+  static constexpr int kBits = 15;
   struct Slot {
     uint64_t key = ~0ull;
     uint32_t rank = 0, merged = 0;
