@@ -1,6 +1,7 @@
 // Hugging Face tokenizer.json (BPE models) in native code: encode, decode, added tokens and the
 // post-processor, giving exactly the ids of the Rust `tokenizers` library (0.22). Anything the file
-// asks for that is not implemented is refused at load, naming the component.
+// asks for that is not implemented is refused at load, naming the component. The file's
+// "truncation" and "padding" are encode options, not tokenization, and are not applied.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -39,7 +40,10 @@ class Tokenizer {
   // Same, plus for each id the byte offset in `text` of the token's first character (a token that
   // starts inside a multi-byte character gets that character's start). A token added by the
   // post-processor gets 0 if prepended, text.size() if appended; bytes a normalizer inserted map
-  // to the original character they were derived from. Used for loss masks.
+  // to the original character they were derived from. Used for loss masks. Two known differences
+  // from the Rust offsets: a ByteLevel post-processor's trim_offsets is not applied (the start stays
+  // on the token's first character, its leading space included), and after NFC/NFKC a run of
+  // several reordered combining marks on a decomposable base may map one mark to a neighbour.
   void encode_with_offsets(std::string_view text, bool add_special, std::vector<uint32_t>& ids,
                            std::vector<uint32_t>& starts) const;
   // Many documents in parallel (TBB, `threads` workers, 0 = all cores); output identical for any
