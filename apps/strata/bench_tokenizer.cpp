@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/strata/commands.h"
+#include "src/data/prepare.h"
 #include "text/gzip_file.h"
 #include "text/tokenizer.h"
 
@@ -20,14 +21,14 @@ namespace {
 struct BenchTokenizerOptions {
   std::string tokenizer, in;
   int threads = 1, reps = 3;
-  bool add_special = false;
+  bool add_special = false, chat = false;
 };
 
 int run_bench_tokenizer(const BenchTokenizerOptions& o) {
   if (o.reps < 1) throw std::invalid_argument("bench tokenizer --reps must be at least 1");
-  std::filesystem::path json_path = o.tokenizer;
-  if (std::filesystem::is_directory(json_path)) json_path /= "tokenizer.json";
-  const text::Tokenizer tok = text::Tokenizer::from_file(json_path);
+  const TextModel m = load_text_model(o.tokenizer);
+  const std::filesystem::path& json_path = m.tokenizer_json;
+  const text::Tokenizer& tok = m.tokenizer;
   std::vector<std::string> docs;
   uint64_t bytes = 0;
   text::LineReader r(o.in);
@@ -35,7 +36,8 @@ int run_bench_tokenizer(const BenchTokenizerOptions& o) {
   while (r.next(line)) {
     if (line.empty()) continue;
     const nlohmann::json j = nlohmann::json::parse(line);
-    docs.push_back(j.at("text").get<std::string>());
+    // --chat: the conversation's rendering (untimed), the text `strata data --format chat` tokenizes
+    docs.push_back(o.chat ? m.chat.render(text::conversation_messages(j), false) : j.at("text").get<std::string>());
     bytes += docs.back().size();
   }
   if (docs.empty()) throw std::runtime_error(o.in + ": no {\"text\": ...} lines");
@@ -75,6 +77,8 @@ void register_bench_tokenizer(CLI::App& bench, Run& run) {
   cmd->add_option("--threads", o->threads, "1 = one thread, encode per document; N = encode_batch on N threads");
   cmd->add_option("--reps", o->reps, "timed passes (the median is printed)");
   cmd->add_flag("--add-special", o->add_special, "apply the post-processor");
+  cmd->add_flag("--chat", o->chat,
+                "the lines are conversations: time the encoding of their chat-template renderings (rendered untimed)");
   cmd->callback([o, &run] { run = [o] { return run_bench_tokenizer(*o); }; });
 }
 
