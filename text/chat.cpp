@@ -243,7 +243,8 @@ ChatTemplate::Rendered ChatTemplate::conversation(const Value& messages) const {
     std::string before, upto;
     try {
       before = render_value(before_msgs, true);
-      upto = render_value(upto_msgs, false);
+      // messages[:i+1] of the last message is the whole conversation, already rendered
+      upto = i + 1 == msgs.size() ? out.text : render_value(upto_msgs, false);
     } catch (const jinja::Error& e) {
       throw std::runtime_error("assistant turn messages[" + std::to_string(i) + "]: rendering the conversation up to it failed: " + e.what());
     }

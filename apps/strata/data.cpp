@@ -9,6 +9,7 @@
 #include "apps/strata/commands.h"
 #include "src/data/prepare.h"
 #include "src/train/run_guard.h"
+#include "src/train/stop_signal.h"
 #include "text/gzip_file.h"
 
 namespace strata::app {
@@ -76,6 +77,7 @@ int run_data(const DataArgs& a) {
   o.skip_bad = a.skip_bad;
   o.eos = a.eos;
   o.command = recorded_command(a);
+  install_stop_handlers();  // Ctrl-C: the pipeline stops at its next batch and removes its shards
   const bool bar = !a.quiet && !a.json_out && ::isatty(STDERR_FILENO);
   bool drawn = false;
   PrepareSummary s;
@@ -85,6 +87,10 @@ int run_data(const DataArgs& a) {
       drawn = true;
     })
                                : nullptr);
+  } catch (const PrepareInterrupted& e) {
+    if (drawn) std::fputc('\n', stderr);
+    std::fprintf(stderr, "strata data: %s\n", e.what());
+    return 128 + e.signal;
   } catch (...) {
     if (drawn) std::fputc('\n', stderr);
     throw;

@@ -18,6 +18,7 @@
 #include "src/data/doc_shards.h"
 #include "src/data/token_shards.h"
 #include "src/train/run_guard.h"
+#include "src/train/stop_signal.h"
 #include "text/gzip_file.h"
 
 namespace strata {
@@ -323,6 +324,10 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const std::function<void
         static_cast<size_t>(2 * threads),
         tbb::make_filter<void, Batch*>(tbb::filter_mode::serial_in_order,
                                        [&](tbb::flow_control& fc) -> Batch* {
+                                         if (const int sig = stop_requested())
+                                           throw PrepareInterrupted(
+                                               sig, "stopped by signal " + std::to_string(sig) +
+                                                        ": the shards of this run were removed, --out holds none");
                                          Batch* b = reader.next_batch();
                                          if (!b) fc.stop();
                                          return b;

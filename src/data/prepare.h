@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,13 @@ struct PrepareSummary {
   int shard_version = 1;
   double seconds = 0;
   std::vector<std::string> bad_examples;  // the first few "file:line: why" of skipped records
+};
+
+// Thrown by prepare_dataset when SIGINT/SIGTERM/SIGHUP asked the run to stop (src/train/
+// stop_signal.h, when the caller installed its handlers): everything it wrote is removed.
+struct PrepareInterrupted : std::runtime_error {
+  PrepareInterrupted(int sig, const std::string& what) : std::runtime_error(what), signal(sig) {}
+  int signal;
 };
 
 // Runs the whole preparation; progress (if set) is called from the writing thread about every

@@ -8,7 +8,11 @@
 // --out that holds a data set) as one clear line with a non-zero status and no shard written.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -277,6 +281,41 @@ TEST_F(DataCli, TokenizeEncodesAndDecodes) {
   r = run("tokenize --decode --tokenizer " + kBytes.string() + " " + bad.string());
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("bad.jsonl:1"), std::string::npos) << r.err;
+}
+
+}  // namespace
+
+namespace {
+
+// SIGTERM in the middle of a run: it stops at its next batch, removes the shards it had already
+// completed, and exits 128 + 15; --out holds nothing a later `strata train` could read.
+TEST_F(DataCli, ASignalMidRunRemovesEveryShardOfTheRun) {
+  std::string corpus;
+  const std::string line = json{{"text", std::string(2000, 'a') + " the cat sat on the mat"}}.dump() + "\n";
+  while (corpus.size() < (48u << 20)) corpus += line;
+  const fs::path in = write("big.jsonl", corpus);
+  const fs::path out = dir_ / "out";
+  const std::string cmd = std::string("exec ") + STRATA_BIN + " data --quiet --threads 1 --shard-tokens 200000 --tokenizer " +
+                          kBytes.string() + " --in " + in.string() + " --out " + out.string() + " 2>" +
+                          (dir_ / "err").string();
+  FILE* p = ::popen((cmd + " & echo $!").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  long pid = 0;
+  ASSERT_EQ(std::fscanf(p, "%ld", &pid), 1);
+  // wait for the first complete shard, then stop the run
+  bool seen = false;
+  for (int i = 0; i < 600 && !seen; ++i) {
+    seen = fs::exists(out / "train_000000.bin");
+    if (!seen) ::usleep(10000);
+  }
+  ASSERT_TRUE(seen) << "no shard appeared";
+  ::kill(static_cast<pid_t>(pid), SIGTERM);
+  for (int i = 0; i < 1000 && ::kill(static_cast<pid_t>(pid), 0) == 0; ++i) ::usleep(10000);
+  ::pclose(p);
+  const std::string err = slurp(dir_ / "err");
+  if (fs::exists(out / "data.json")) GTEST_SKIP() << "the run finished before the signal";
+  EXPECT_NE(err.find("stopped by signal 15"), std::string::npos) << err;
+  for (const auto& e : fs::directory_iterator(out)) ADD_FAILURE() << "left " << e.path();
 }
 
 }  // namespace
