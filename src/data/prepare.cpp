@@ -156,6 +156,102 @@ void append_eos(const TextModel& m, Document& d, uint8_t trained) {
 
 }  // namespace
 
+// See prepare.h.
+bool decode_text_record(std::string_view s, std::string& out) {
+  size_t i = 0;
+  auto ws = [&] {
+    while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\r' || s[i] == '\n')) ++i;
+  };
+  auto lit = [&](std::string_view t) {
+    if (s.substr(i, t.size()) != t) return false;
+    i += t.size();
+    return true;
+  };
+  ws();
+  if (!lit("{")) return false;
+  ws();
+  if (!lit("\"text\"")) return false;
+  ws();
+  if (!lit(":")) return false;
+  ws();
+  if (!lit("\"")) return false;
+  out.clear();
+  for (;;) {
+    if (i >= s.size()) return false;
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '"') break;
+    if (c < 0x20) return false;
+    if (c != '\\') {
+      const size_t run = s.find_first_of("\"\\", i);
+      const size_t end = run == std::string_view::npos ? s.size() : run;
+      for (size_t k = i; k < end; ++k)
+        if (static_cast<unsigned char>(s[k]) < 0x20) return false;
+      out.append(s.data() + i, end - i);
+      i = end;
+      continue;
+    }
+    if (i + 1 >= s.size()) return false;
+    const char e = s[i + 1];
+    i += 2;
+    switch (e) {
+      case '"': out += '"'; break;
+      case '\\': out += '\\'; break;
+      case '/': out += '/'; break;
+      case 'b': out += '\b'; break;
+      case 'f': out += '\f'; break;
+      case 'n': out += '\n'; break;
+      case 'r': out += '\r'; break;
+      case 't': out += '\t'; break;
+      case 'u': {
+        auto hex4 = [&](uint32_t& v) {
+          if (i + 4 > s.size()) return false;
+          v = 0;
+          for (size_t k = 0; k < 4; ++k) {
+            const char h = s[i + k];
+            v <<= 4;
+            if (h >= '0' && h <= '9') v |= static_cast<uint32_t>(h - '0');
+            else if (h >= 'a' && h <= 'f') v |= static_cast<uint32_t>(h - 'a' + 10);
+            else if (h >= 'A' && h <= 'F') v |= static_cast<uint32_t>(h - 'A' + 10);
+            else return false;
+          }
+          i += 4;
+          return true;
+        };
+        uint32_t cp;
+        if (!hex4(cp)) return false;
+        if (cp >= 0xDC00 && cp <= 0xDFFF) return false;
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+          uint32_t lo;
+          if (!lit("\\u") || !hex4(lo) || lo < 0xDC00 || lo > 0xDFFF) return false;
+          cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        }
+        if (cp < 0x80) {
+          out += static_cast<char>(cp);
+        } else if (cp < 0x800) {
+          out += static_cast<char>(0xC0 | (cp >> 6));
+          out += static_cast<char>(0x80 | (cp & 0x3F));
+        } else if (cp < 0x10000) {
+          out += static_cast<char>(0xE0 | (cp >> 12));
+          out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+          out += static_cast<char>(0x80 | (cp & 0x3F));
+        } else {
+          out += static_cast<char>(0xF0 | (cp >> 18));
+          out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+          out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+          out += static_cast<char>(0x80 | (cp & 0x3F));
+        }
+        break;
+      }
+      default: return false;
+    }
+  }
+  ++i;  // the closing quote
+  ws();
+  if (!lit("}")) return false;
+  ws();
+  return i == s.size();
+}
+
 DataFormat parse_data_format(const std::string& s) {
   if (s == "text") return DataFormat::text;
   if (s == "chat") return DataFormat::chat;
@@ -351,6 +447,13 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const std::function<void
                                                      res.empty = rec.raw.empty();
                                                      if (!res.empty) res.doc = make_document(m, o.format, nullptr, rec.raw);
                                                    } else {
+                                                     std::string text_field;
+                                                     if (o.format == DataFormat::text && decode_text_record(rec.raw, text_field)) {
+                                                       res.empty = text_field.empty();
+                                                       if (!res.empty) res.doc = make_document(m, o.format, nullptr, text_field);
+                                                       std::string().swap(rec.raw);
+                                                       continue;
+                                                     }
                                                      json j;
                                                      try {
                                                        j = json::parse(rec.raw);

@@ -91,6 +91,12 @@ struct Document {
 Document make_document(const TextModel& m, DataFormat format, const nlohmann::json* record, std::string_view text,
                        bool keep_text = false);
 
+// The common text record, {"text": "..."} and nothing else, decoded into `out` without building a
+// JSON document (the DOM parse costs as much as tokenizing). Anything else, or anything doubtful
+// (an escape it does not take, a control character, a lone surrogate), returns false; the caller
+// then parses with nlohmann::json, which decodes it the same way or names the error.
+bool decode_text_record(std::string_view line, std::string& out);
+
 // True when `s` is valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF); else
 // false and *bad_offset is the first bad byte.
 bool valid_utf8(std::string_view s, size_t* bad_offset);
