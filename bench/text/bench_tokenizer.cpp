@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "text/gzip_file.h"
+#include "tests/text/text_fixtures.h"
 #include "text/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -17,24 +18,9 @@ using strata::text::Tokenizer;
 
 namespace {
 
-const fs::path kFixtures = fs::path(STRATA_SOURCE_DIR) / "tests/text/fixtures";
-
-nlohmann::json read_json(const fs::path& p) { return nlohmann::json::parse(strata::text::read_text_file(p)); }
-
-// A fixture tokenizer: real, or derived (base + "set", as tests/text/fixtures/make_expected.js).
-nlohmann::json tokenizer_json(const std::string& name) {
-  const fs::path dir = kFixtures / "tokenizers" / name;
-  if (fs::exists(dir / "tokenizer.json.gz")) return read_json(dir / "tokenizer.json.gz");
-  const nlohmann::json d = read_json(dir / "derive.json");
-  nlohmann::json j = tokenizer_json(d.at("from").get<std::string>());
-  for (const auto& [key, value] : d.at("set").items()) {
-    nlohmann::json* o = &j;
-    size_t start = 0;
-    for (size_t dot; (dot = key.find('.', start)) != std::string::npos; start = dot + 1) o = &(*o)[key.substr(start, dot - start)];
-    (*o)[key.substr(start)] = value;
-  }
-  return j;
-}
+const fs::path kFixtures = strata::test::kTextFixtures;
+using strata::test::read_json;
+using strata::test::tokenizer_json;
 
 const std::vector<std::string>& docs() {
   static const std::vector<std::string> d = [] {

@@ -1,6 +1,7 @@
 // Tokenizer against Hugging Face's Rust `tokenizers` 0.22: every document of the fixture corpus,
 // for every real and derived tokenizer under tests/text/fixtures (ids, ids with special tokens,
 // decoded text, token start offsets), plus the refusals of unsupported or malformed files.
+#include "tests/text/text_fixtures.h"
 #include "text/tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -19,25 +20,9 @@ using strata::text::Tokenizer;
 
 namespace {
 
-const fs::path kFixtures = fs::path(STRATA_SOURCE_DIR) / "tests/text/fixtures";
-
-nlohmann::json read_json(const fs::path& p) { return nlohmann::json::parse(strata::text::read_text_file(p)); }
-
-// A real tokenizer.json.gz, or a derived one: base + "set" ('.'-separated paths into the object),
-// as fixtures/make_expected.js builds it.
-nlohmann::json tokenizer_json(const std::string& name) {
-  const fs::path dir = kFixtures / "tokenizers" / name;
-  if (fs::exists(dir / "tokenizer.json.gz")) return read_json(dir / "tokenizer.json.gz");
-  const nlohmann::json d = read_json(dir / "derive.json");
-  nlohmann::json j = tokenizer_json(d.at("from").get<std::string>());
-  for (const auto& [key, value] : d.at("set").items()) {
-    nlohmann::json* o = &j;
-    size_t start = 0;
-    for (size_t dot; (dot = key.find('.', start)) != std::string::npos; start = dot + 1) o = &(*o)[key.substr(start, dot - start)];
-    (*o)[key.substr(start)] = value;
-  }
-  return j;
-}
+const fs::path kFixtures = strata::test::kTextFixtures;
+using strata::test::read_json;
+using strata::test::tokenizer_json;
 
 std::vector<std::string> read_lines(const fs::path& p) {
   LineReader r(p);
