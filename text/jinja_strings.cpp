@@ -147,6 +147,13 @@ std::string replace(const std::string& s, const std::string& old, const std::str
 }
 
 bool starts_or_ends(const std::string& s, const Value& affix, const Value& start_v, const Value& end_v, bool ends, const char* fn) {
+  // The usual call, s.startswith('<think>'): on UTF-8 a code-point prefix is a byte prefix, so no
+  // decoding is needed without start/end.
+  if (start_v.is_none() && end_v.is_none() && affix.is_string()) {
+    const std::string& a = affix.as_string();
+    if (a.size() > s.size()) return false;
+    return s.compare(ends ? s.size() - a.size() : 0, a.size(), a) == 0;
+  }
   const std::vector<char32_t> cps = utf8_decode(s);
   int64_t start, end;
   clamp_range(start_v, end_v, static_cast<int64_t>(cps.size()), start, end);

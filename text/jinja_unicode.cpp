@@ -218,13 +218,32 @@ std::string py_strip(std::string_view s, const Value& chars, bool left, bool rig
     if (whitespace) return py_isspace(c);
     return std::find(set.begin(), set.end(), c) != set.end();
   };
-  const std::vector<char32_t> cps = utf8_decode(s);
-  size_t b = 0, e = cps.size();
-  if (left)
-    while (b < e && strip_it(cps[b])) ++b;
-  if (right)
-    while (e > b && strip_it(cps[e - 1])) --e;
-  return utf8_encode(cps, b, e);
+  // Only the ends are decoded (a template strips every message's content): the code point that
+  // starts at byte i, and its length.
+  const auto cp_at = [&](size_t i, size_t& len) -> char32_t {
+    const auto c = static_cast<unsigned char>(s[i]);
+    len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;  // as utf8_decode
+    if (i + len > s.size()) len = 1;
+    return utf8_decode(s.substr(i, len)).at(0);
+  };
+  size_t b = 0, e = s.size();
+  if (left) {
+    while (b < e) {
+      size_t len;
+      if (!strip_it(cp_at(b, len))) break;
+      b += len;
+    }
+  }
+  if (right) {
+    while (e > b) {
+      size_t start = e - 1;  // back over continuation bytes to the start of the last code point
+      while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+      size_t len;
+      if (!strip_it(cp_at(start, len))) break;
+      e = start;
+    }
+  }
+  return std::string(s.substr(b, e - b));
 }
 
 bool py_isdecimal(char32_t c) {
