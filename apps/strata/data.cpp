@@ -145,12 +145,7 @@ int run_tokenize(const TokenizeArgs& a) {
     throw std::runtime_error("--chat: " + a.tokenizer + " has no chat template (tokenizer_config.json)");
   for (const std::string& f : a.files) {
     const fs::path path = f;
-    fs::path name = path.filename();
-    if (name.extension() == ".gz") name = name.stem();
-    const bool whole = name.extension() == ".txt" || name.extension() == ".md";
-    if (!whole && name.extension() != ".jsonl")
-      throw std::runtime_error(f + ": strata tokenize reads .txt/.md files (one document each) and .jsonl files "
-                                   "(one per line), optionally .gz");
+    const bool whole = input_is_whole_document(path);
     text::LineReader r(path);
     if (whole) {
       if (a.decode || a.chat) throw std::runtime_error(f + ": --decode and --chat read .jsonl files");

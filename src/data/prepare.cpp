@@ -27,27 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-uint32_t file_crc(const fs::path& p, uint32_t crc) {
-  const std::string bytes = read_text_file(p);
-  return io::crc32c(bytes.data(), bytes.size(), crc);
-}
-
-// What kind of input a file is, by its name (".gz" looked through).
-enum class InputKind { whole_text, jsonl };
-InputKind input_kind(const fs::path& p) {
-  fs::path name = p.filename();
-  if (name.extension() == ".gz") name = name.stem();
-  const std::string ext = name.extension().string();
-  if (ext == ".txt" || ext == ".md") return InputKind::whole_text;
-  if (ext == ".jsonl") return InputKind::jsonl;
-  std::string msg = p.string();
-  msg += ": unknown input type '";
-  msg += ext;
-  msg += "': --in takes .txt or .md files (one document each) and .jsonl files (one document per line), "
-         "optionally gzip-compressed (.gz)";
-  throw std::runtime_error(msg);
-}
-
 std::string where(const fs::path& file, int64_t line) {
   std::string s = file.string();
   if (line > 0) s += ":" + std::to_string(line);
@@ -95,12 +74,12 @@ class RecordReader {
       if (!reader_) {
         if (file_ >= files_.size()) break;
         reader_ = std::make_unique<text::LineReader>(files_[file_]);
-        kind_ = input_kind(files_[file_]);
+        whole_ = input_is_whole_document(files_[file_]);
       }
       Record r;
       r.file = static_cast<int>(file_);
       bool got;
-      if (kind_ == InputKind::whole_text) {
+      if (whole_) {
         r.raw = reader_->read_rest();
         got = !done_whole_;
         done_whole_ = true;
@@ -115,7 +94,7 @@ class RecordReader {
         ++file_;
         continue;
       }
-      if (kind_ == InputKind::jsonl && r.raw.find_first_not_of(" \t\r") == std::string::npos) continue;
+      if (!whole_ && r.raw.find_first_not_of(" \t\r") == std::string::npos) continue;
       bytes += r.raw.size();
       b->records.push_back(std::move(r));
     }
@@ -128,7 +107,7 @@ class RecordReader {
   const std::vector<fs::path>& files_;
   size_t file_ = 0;
   std::unique_ptr<text::LineReader> reader_;
-  InputKind kind_ = InputKind::jsonl;
+  bool whole_ = false;
   bool done_whole_ = false;
   uint64_t done_bytes_ = 0;
 };
@@ -155,6 +134,20 @@ void append_eos(const TextModel& m, Document& d, uint8_t trained) {
 }
 
 }  // namespace
+
+bool input_is_whole_document(const fs::path& p) {
+  fs::path name = p.filename();
+  if (name.extension() == ".gz") name = name.stem();
+  const std::string ext = name.extension().string();
+  if (ext == ".txt" || ext == ".md") return true;
+  if (ext == ".jsonl") return false;
+  std::string msg = p.string();
+  msg += ": unknown input type '";
+  msg += ext;
+  msg += "': .txt or .md files (one document each) and .jsonl files (one document per line), "
+         "optionally gzip-compressed (.gz)";
+  throw std::runtime_error(msg);
+}
 
 // See prepare.h.
 bool decode_text_record(std::string_view s, std::string& out) {
@@ -277,9 +270,13 @@ TextModel load_text_model(const fs::path& dir, const std::string& eos_override) 
                              ": no tokenizer.json there (a Hugging Face model directory holds tokenizer.json and, "
                              "for chat templates and special tokens, tokenizer_config.json)");
   }
-  TextModel m{json_path, text::Tokenizer::from_file(json_path), text::ChatTemplate::from_model_dir(model_dir), {}, {}, 0};
-  m.checksum = file_crc(json_path, 0);
-  if (fs::exists(model_dir / "tokenizer_config.json", ec)) m.checksum = file_crc(model_dir / "tokenizer_config.json", m.checksum);
+  const std::string json_text = text::read_text_file(json_path);  // parsed and checksummed from one read
+  TextModel m{json_path, text::Tokenizer::from_json(std::string_view(json_text), json_path.string()),
+              text::ChatTemplate::from_model_dir(model_dir), {}, {}, io::crc32c(json_text.data(), json_text.size())};
+  if (fs::exists(model_dir / "tokenizer_config.json", ec)) {
+    const std::string config = text::read_text_file(model_dir / "tokenizer_config.json");
+    m.checksum = io::crc32c(config.data(), config.size(), m.checksum);
+  }
   m.eos_token = eos_override.empty() ? m.chat.eos_token() : eos_override;
   if (!m.eos_token.empty()) {
     m.eos_id = m.tokenizer.token_to_id(m.eos_token);
@@ -288,37 +285,6 @@ TextModel load_text_model(const fs::path& dir, const std::string& eos_override) 
                                m.eos_token + "' is not a token of " + json_path.string());
   }
   return m;
-}
-
-bool valid_utf8(std::string_view s, size_t* bad_offset) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len;
-    uint32_t cp;
-    if (c >= 0xC2 && c <= 0xDF) len = 2, cp = c & 0x1F;
-    else if (c >= 0xE0 && c <= 0xEF) len = 3, cp = c & 0x0F;
-    else if (c >= 0xF0 && c <= 0xF4) len = 4, cp = c & 0x07;
-    else break;
-    if (i + len > n) break;
-    bool ok = true;
-    for (size_t k = 1; k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) ok = false;
-      cp = (cp << 6) | (p[i + k] & 0x3F);
-    }
-    if (!ok || (len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-      break;
-    i += len;
-  }
-  if (i < n && bad_offset) *bad_offset = i;
-  return i >= n;
 }
 
 Document make_document(const TextModel& m, DataFormat format, const json* record, std::string_view text_in,
@@ -375,7 +341,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const std::function<void
   PrepareSummary sum;
   for (const std::string& g : o.inputs) {
     for (const fs::path& p : expand_glob(g)) {
-      input_kind(p);
+      input_is_whole_document(p);  // an unknown type is refused before anything is read
       uint64_t size = 0;
       open_regular_file(p, &size);
       sum.input_bytes += size;
@@ -435,10 +401,6 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const std::function<void
                                                  Record& rec = b->records[i];
                                                  Result& res = b->results[i];
                                                  try {
-                                                   size_t bad = 0;
-                                                   if (!valid_utf8(rec.raw, &bad))
-                                                     throw std::invalid_argument("not valid UTF-8 (byte " +
-                                                                                 std::to_string(bad) + ")");
                                                    if (rec.line == 0) {
                                                      if (o.format != DataFormat::text)
                                                        throw std::invalid_argument(

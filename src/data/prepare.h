@@ -97,8 +97,8 @@ Document make_document(const TextModel& m, DataFormat format, const nlohmann::js
 // then parses with nlohmann::json, which decodes it the same way or names the error.
 bool decode_text_record(std::string_view line, std::string& out);
 
-// True when `s` is valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF); else
-// false and *bad_offset is the first bad byte.
-bool valid_utf8(std::string_view s, size_t* bad_offset);
+// Whether an input file is one document (.txt, .md) or one per line (.jsonl), ".gz" looked
+// through; any other name throws naming the file and the types taken.
+bool input_is_whole_document(const std::filesystem::path& p);
 
 }  // namespace strata

@@ -1,6 +1,6 @@
 // `strata data`'s fast path for {"text": "..."} lines (decode_text_record) decodes exactly what
 // nlohmann::json decodes, on random strings with every escape form, and declines (returns false)
-// anything else, so the full parser then decodes it or names the error; and the UTF-8 check.
+// anything else, so the full parser then decodes it or names the error.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -67,16 +67,6 @@ TEST(DecodeTextRecord, DeclinesAnythingElse) {
                            R"({"text": "\ud800\u0041"})", R"({"text": "unterminated)", R"({"text": "a"} x)",
                            "{\"text\": \"tab\tinside\"}", R"({"text": "a")", R"({"text": "\u12"})", ""})
     EXPECT_FALSE(decode_text_record(line, out)) << line;
-}
-
-TEST(ValidUtf8, RejectsOverlongsSurrogatesAndTruncation) {
-  size_t at = 0;
-  EXPECT_TRUE(strata::valid_utf8("h\xC3\xA9llo \xF0\x9F\x98\x80", &at));
-  for (const char* bad : {"\xC0\xAF", "\xE0\x80\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xC3", "ab\xFF"}) {
-    EXPECT_FALSE(strata::valid_utf8(bad, &at)) << bad;
-  }
-  EXPECT_FALSE(strata::valid_utf8("ab\xFF", &at));
-  EXPECT_EQ(at, 2u);
 }
 
 }  // namespace

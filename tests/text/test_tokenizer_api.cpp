@@ -132,6 +132,17 @@ TEST(TokenizerErrors, MalformedFilesAreRefused) {
   EXPECT_EQ(t.encode("ab"), (std::vector<uint32_t>{2}));
   EXPECT_THROW(t.encode("abz"), std::runtime_error);
   EXPECT_THROW(t.encode(std::string_view("a\xff", 2)), std::invalid_argument);
+  // Text that is not UTF-8 (what `strata data` reports as file:line): overlongs, a surrogate,
+  // past U+10FFFF, a truncated sequence; the message names the byte.
+  for (const char* bad : {"\xC0\xAF", "\xE0\x80\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "ab\xC3"}) {
+    try {
+      (void)t.encode(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("not valid UTF-8 at byte"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(t.encode("ab"), (std::vector<uint32_t>{2}));  // valid text still encodes
 }
 
 // Ids from the Rust library (@anush008/tokenizers 0.6.0, tokenizers 0.22) for a tokenizer with
