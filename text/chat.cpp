@@ -58,6 +58,16 @@ std::string describe_type(const Json& j) {
   return j.type_name();
 }
 
+// m is an object whose fields a and b are strings; else an error naming "<at>.<field>".
+template <class Json>
+void require_strings(const Json& m, const std::string& at, const char* a, const char* b) {
+  if (!m.is_object()) throw std::invalid_argument(at + " is not an object");
+  for (const char* key : {a, b}) {
+    if (!m.contains(key)) throw std::invalid_argument(at + "." + key + " is missing");
+    if (!m[key].is_string()) throw std::invalid_argument(at + "." + key + " is not a string");
+  }
+}
+
 template <class Json>
 Json messages_of(const Json& record) {
   if (!record.is_object()) throw std::invalid_argument("record is not a JSON object (it is " + describe_type(record) + ")");
@@ -67,11 +77,7 @@ Json messages_of(const Json& record) {
     for (size_t i = 0; i < msgs.size(); ++i) {
       const std::string at = "messages[" + std::to_string(i) + "]";
       const Json& m = msgs[i];
-      if (!m.is_object()) throw std::invalid_argument(at + " is not an object");
-      if (!m.contains("role")) throw std::invalid_argument(at + ".role is missing");
-      if (!m["role"].is_string()) throw std::invalid_argument(at + ".role is not a string");
-      if (!m.contains("content")) throw std::invalid_argument(at + ".content is missing");
-      if (!m["content"].is_string()) throw std::invalid_argument(at + ".content is not a string");
+      require_strings(m, at, "role", "content");
     }
     return msgs;
   }
@@ -82,11 +88,7 @@ Json messages_of(const Json& record) {
     for (size_t i = 0; i < conv.size(); ++i) {
       const std::string at = "conversations[" + std::to_string(i) + "]";
       const Json& m = conv[i];
-      if (!m.is_object()) throw std::invalid_argument(at + " is not an object");
-      if (!m.contains("from")) throw std::invalid_argument(at + ".from is missing");
-      if (!m["from"].is_string()) throw std::invalid_argument(at + ".from is not a string");
-      if (!m.contains("value")) throw std::invalid_argument(at + ".value is missing");
-      if (!m["value"].is_string()) throw std::invalid_argument(at + ".value is not a string");
+      require_strings(m, at, "from", "value");
       const std::string from = m["from"].template get<std::string>();
       std::string role;
       if (from == "human" || from == "user") role = "user";
