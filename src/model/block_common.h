@@ -28,6 +28,7 @@ void set_fused_qkv(Args& args, const BlockCtx& c, const BlockActs& a) {
   args.q_stride = args.k_stride = args.v_stride = d.QKV;
   args.out = a.att;
   args.lse = a.lse;
+  args.seg_start = c.seg_start;  // documents: no token sees another document's
 }
 
 // att (N, Q) = causal softmax(q·kᵀ/√D)·v over a.qkv, saving lse (B, Hq, T).

@@ -30,6 +30,7 @@ void rope(const BlockCtx& c, void* x, int64_t heads, bool backward) {
   r.head_dim = d.D;
   r.token_stride = d.QKV;
   r.pos0 = 0;
+  r.pos = c.pos;    // documents: each token's position in its own (< T)
   r.max_pos = d.T;  // the model builds cos/sin for positions [0, T)
   r.x = x;
   r.cos = c.rope_cos;

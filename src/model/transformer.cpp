@@ -375,6 +375,8 @@ BlockCtx Transformer::block_ctx(kernels::Stream& s, int64_t layer, const void* w
     c.rope_sin = rope_ + dims_.T * (dims_.D / 2);
   }
   c.scratch = &scratch_;
+  c.pos = doc_pos_;
+  c.seg_start = doc_seg_;
   return c;
 }
 
@@ -391,7 +393,7 @@ void Transformer::embed_forward(kernels::Stream& s, const int32_t* ids, const vo
                     .out = x0});
   if (wpe_ >= 0)
     ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = cfg_.max_position_embeddings,
-                      .ids = pos_ids_, .table = at(w, wpe_, dt), .out = x0, .accumulate = true});
+                      .ids = doc_pos_ ? doc_pos_ : pos_ids_, .table = at(w, wpe_, dt), .out = x0, .accumulate = true});
 }
 
 void Transformer::block_forward(kernels::Stream& s, int64_t layer, const void* w, const void* x, void* y) {
@@ -518,7 +520,7 @@ void Transformer::embed_backward(kernels::Stream& s, const int32_t* ids, float* 
                              .dtable = g + wte_});
   if (wpe_ >= 0)
     ops.embedding_backward(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = cfg_.max_position_embeddings,
-                               .ids = pos_ids_, .dout = dres_, .dtable = g + wpe_});
+                               .ids = doc_pos_ ? doc_pos_ : pos_ids_, .dout = dres_, .dtable = g + wpe_});
 }
 
 void Transformer::grad_sum_squares(kernels::Stream& s, int u, const float* g, double* out) const {

@@ -126,6 +126,10 @@ struct BlockCtx {
   const BlockLayout* layout = nullptr;
   const float* rope_cos = nullptr;  // (T, D/2), llama only
   const float* rope_sin = nullptr;
+  // Rows built from documents (Transformer::set_documents): per token its position and the
+  // first position its attention may see; null: positions 0..T-1 and plain causal attention.
+  const int32_t* pos = nullptr;
+  const int32_t* seg_start = nullptr;
   const BlockScratch* scratch = nullptr;
   // false: the weight matrices' grads are written (dW = ...), not accumulated; the caller has
   // zeroed the block's other grads (norms, biases), which always accumulate.
@@ -200,6 +204,15 @@ class Transformer {
   // micro-batch — its backward overwrites the grads instead of adding to them (the matmuls
   // write dW with beta 0, the accumulate-only ranges are zeroed first), so grads never need
   // a zeroing pass and their old bytes are never read.
+  // Rows of packed or padded documents (src/data/doc_rows.h): pos (N) int32, each token's
+  // position inside its document (RoPE angle, learned position), and seg_start (N) int32, the
+  // first position in its row its attention may see (block-diagonal causal attention). Both in
+  // runtime memory, read by every phase from now on (recomputed forwards included) until set
+  // again; null, null: a plain stream (positions 0..T-1, causal attention over the whole row).
+  void set_documents(const int32_t* pos, const int32_t* seg_start) {
+    doc_pos_ = pos;
+    doc_seg_ = seg_start;
+  }
   // x0 (N, C) = wte[ids] (+ wpe[t])
   void embed_forward(kernels::Stream& s, const int32_t* ids, const void* w_embed, void* x0);
   // y (N, C) = block l (x); y is x_{l+1}, or final_residual() after the last block.
@@ -257,6 +270,8 @@ class Transformer {
   float* losses_ = nullptr;      // (N)
   float* rope_ = nullptr;        // (2, T, D/2) cos then sin (llama)
   int32_t* pos_ids_ = nullptr;   // (N) position of each row (gpt2)
+  const int32_t* doc_pos_ = nullptr;  // set_documents
+  const int32_t* doc_seg_ = nullptr;
   std::vector<char> constants_;  // host copy of the rope table / position ids, uploaded at bind
   DType logits_dtype_ = DType::f32;  // bf16 runs keep logits in bf16 (as llm.c); fp32 and fp16 in fp32
 };

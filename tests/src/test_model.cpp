@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -87,7 +88,13 @@ struct Ref {
   ModelConfig c;
   int64_t B, T;
   const Weights* w;
+  // Rows of documents (Transformer::set_documents): each token's position and the first slot
+  // of its row it may attend to; null: positions t and causal attention over the whole row.
+  const std::vector<int32_t>* pos = nullptr;
+  const std::vector<int32_t>* seg = nullptr;
   const Vec& W(const std::string& n) const { return w->at(n); }
+  double position(int64_t r) const { return pos ? (*pos)[static_cast<size_t>(r)] : static_cast<double>(r % T); }
+  int64_t first_key(int64_t b, int64_t t) const { return seg ? (*seg)[static_cast<size_t>(b * T + t)] : 0; }
 
   static void norm(Vec& y, const Vec& x, int64_t rows, int64_t C, const Vec& g, const Vec* b, double eps, bool ln) {
     y.assign(x.size(), 0);
@@ -121,9 +128,10 @@ struct Ref {
       for (int64_t h = 0; h < Hq; ++h) {
         const int64_t kh = h / (Hq / Hkv);
         for (int64_t t = 0; t < T; ++t) {
-          Vec s(static_cast<size_t>(t + 1));
+          const int64_t u0 = first_key(b, t);
+          Vec s(static_cast<size_t>(t + 1), -INFINITY);
           double mx = -1e300;
-          for (int64_t u = 0; u <= t; ++u) {
+          for (int64_t u = u0; u <= t; ++u) {
             double d = 0;
             for (int64_t i = 0; i < D; ++i)
               d += q[static_cast<size_t>(((b * T + t) * Hq + h) * D + i)] * k[static_cast<size_t>(((b * T + u) * Hkv + kh) * D + i)];
@@ -132,7 +140,7 @@ struct Ref {
           }
           double z = 0;
           for (double& e : s) z += (e = std::exp(e - mx));
-          for (int64_t u = 0; u <= t; ++u)
+          for (int64_t u = u0; u <= t; ++u)
             for (int64_t i = 0; i < D; ++i)
               out[static_cast<size_t>(((b * T + t) * Hq + h) * D + i)] +=
                   s[static_cast<size_t>(u)] / z * v[static_cast<size_t>(((b * T + u) * Hkv + kh) * D + i)];
@@ -144,7 +152,7 @@ struct Ref {
     for (int64_t r = 0; r < B * T; ++r)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < D / 2; ++i) {
-          const double ang = static_cast<double>(r % T) * inv[static_cast<size_t>(i)];
+          const double ang = position(r) * inv[static_cast<size_t>(i)];
           double& a = x[static_cast<size_t>((r * H + h) * D + i)];
           double& b = x[static_cast<size_t>((r * H + h) * D + i + D / 2)];
           const double a0 = a, b0 = b;
@@ -164,7 +172,8 @@ struct Ref {
     for (int64_t r = 0; r < N; ++r)
       for (int64_t i = 0; i < C; ++i) {
         x[static_cast<size_t>(r * C + i)] = wte[static_cast<size_t>(ids[static_cast<size_t>(r)] * C + i)];
-        if (gpt2) x[static_cast<size_t>(r * C + i)] += W(pre + "wpe.weight")[static_cast<size_t>((r % T) * C + i)];
+        if (gpt2)
+          x[static_cast<size_t>(r * C + i)] += W(pre + "wpe.weight")[static_cast<size_t>(position(r)) * C + i];
       }
     const Vec inv = ref_inv_freq(c);
     Vec h;
@@ -215,13 +224,16 @@ struct Ref {
     const Vec& head = (gpt2 || c.tie_word_embeddings) ? wte : W("lm_head.weight");
     const Vec logits = linear(h, N, C, V, head, nullptr, false);
     double total = 0;
+    int64_t count = 0;  // trained targets (-1: not trained)
     for (int64_t r = 0; r < N; ++r) {
+      if (tg[static_cast<size_t>(r)] < 0) continue;
+      ++count;
       double mx = -1e300, z = 0;
       for (int64_t j = 0; j < V; ++j) mx = std::max(mx, logits[static_cast<size_t>(r * V + j)]);
       for (int64_t j = 0; j < V; ++j) z += std::exp(logits[static_cast<size_t>(r * V + j)] - mx);
       total += mx + std::log(z) - logits[static_cast<size_t>(r * V + tg[static_cast<size_t>(r)])];
     }
-    return total / static_cast<double>(N);
+    return total / static_cast<double>(count);
   }
 };
 
@@ -244,6 +256,8 @@ Weights weights_of(const TestModel& m) {
 
 struct Batch {
   std::vector<int32_t> ids, tg;
+  std::vector<int32_t> pos, seg;  // rows of documents (empty: a stream)
+  int64_t trained() const { return std::count_if(tg.begin(), tg.end(), [](int32_t t) { return t >= 0; }); }
 };
 Batch random_batch(int64_t n, int64_t vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -262,38 +276,41 @@ void poison_grads(TestModel& m) {
     std::fill(m.grads() + p.offset, m.grads() + p.offset + p.numel, std::numeric_limits<float>::quiet_NaN());
 }
 
-// Runs forward+backward with grad_scale 1/N (mean loss); returns the mean loss. The grads are
-// written by a non-accumulating backward over poisoned grads, or (accumulate) zeroed and then
-// accumulated into.
+// Runs forward+backward with grad_scale 1/(trained targets) (the masked mean loss); returns
+// that mean loss. The grads are written by a non-accumulating backward over poisoned grads, or
+// (accumulate) zeroed and then accumulated into.
 double model_loss_and_grads(TestModel& m, kernels::Runtime& rt, const Batch& b, bool backward = true,
                             bool accumulate = false) {
   (void)rt;
-  const int64_t N = m.dims().N;
+  const int64_t N = m.dims().N, count = b.trained();
+  m.model().set_documents(b.pos.empty() ? nullptr : b.pos.data(), b.seg.empty() ? nullptr : b.seg.data());
   m.sync_weights();
   if (accumulate)
     m.zero_grads();
   else
     poison_grads(m);
   if (backward)
-    m.forward_backward(b.ids.data(), b.tg.data(), 1.f / static_cast<float>(N), accumulate);
+    m.forward_backward(b.ids.data(), b.tg.data(), 1.f / static_cast<float>(count), accumulate);
   else
     m.forward(b.ids.data(), b.tg.data());
   m.synchronize();
   double sum = 0;
   for (int64_t i = 0; i < N; ++i) sum += m.loss_rows()[i];
-  return sum / static_cast<double>(N);
+  return sum / static_cast<double>(count);
 }
 
-// Loss and every gradient element against the float64 model and central differences.
-void check_against_float64(const ModelConfig& cfg, int64_t B, int64_t T) {
+// Loss and every gradient element against the float64 model and central differences (a random
+// stream batch, or the given rows of documents).
+void check_against_float64(const ModelConfig& cfg, int64_t B, int64_t T, const Batch* docs = nullptr) {
   auto rt = kernels::make_runtime(kernels::Backend::cpu);
   TestModel m(cfg, DType::f32, B, T, *rt);
   randomize(m, 7);
-  const Batch b = random_batch(B * T, cfg.vocab_size, 11);
+  const Batch b = docs ? *docs : random_batch(B * T, cfg.vocab_size, 11);
   const double loss = model_loss_and_grads(m, *rt, b);
 
   Weights w = weights_of(m);
   Ref ref{cfg, B, T, &w};
+  if (docs) ref.pos = &b.pos, ref.seg = &b.seg;
   const double ref_loss = ref.loss(b.ids, b.tg);
   EXPECT_NEAR(loss, ref_loss, 2e-5 * std::max(1.0, std::abs(ref_loss)));
 
@@ -334,6 +351,127 @@ TEST(Model, LlamaTiedMatchesFloat64) {
   check_against_float64(c, 1, 9);
 }
 TEST(Model, Gpt2MatchesFloat64) { check_against_float64(tiny_gpt2(), 2, 7); }
+
+// Rows of documents as src/data/doc_rows.h lays them out: each row's documents from slot 0 on
+// (T + 1 slots: a document's last token is only a target), the rest padding (token 0, target
+// -1, a segment of its own). A target is trained unless `untrained(document, j)` says its token
+// j + 1 is masked.
+Batch document_rows(const std::vector<std::vector<std::vector<int32_t>>>& rows, int64_t T,
+                    const std::function<bool(size_t, int64_t)>& untrained = {}) {
+  Batch b;
+  size_t doc = 0;
+  for (const auto& row : rows) {
+    int64_t s = 0;
+    for (const auto& d : row) {
+      const auto len = static_cast<int64_t>(d.size());
+      for (int64_t j = 0; j < len && s + j < T; ++j) {
+        b.ids.push_back(d[static_cast<size_t>(j)]);
+        const bool trained = j + 1 < len && !(untrained && untrained(doc, j + 1));
+        b.tg.push_back(trained ? d[static_cast<size_t>(j + 1)] : -1);
+        b.pos.push_back(static_cast<int32_t>(j));
+        b.seg.push_back(static_cast<int32_t>(s));
+      }
+      s += len;
+      ++doc;
+    }
+    for (; s < T; ++s) {
+      b.ids.push_back(0);
+      b.tg.push_back(-1);
+      b.pos.push_back(0);
+      b.seg.push_back(static_cast<int32_t>(s));
+    }
+  }
+  return b;
+}
+
+std::vector<int32_t> random_doc(int64_t len, int64_t vocab, std::mt19937_64& rng) {
+  std::vector<int32_t> d(static_cast<size_t>(len));
+  for (int32_t& t : d) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  return d;
+}
+
+// Packed documents with a loss mask: the masked mean loss (Σ CE over trained targets / their
+// count) and every gradient element against the float64 model with block-diagonal attention
+// and positions restarting at each document.
+TEST(Model, PackedMaskedDocumentsMatchFloat64) {
+  for (const ModelConfig& cfg : {tiny_llama(false), tiny_gpt2()}) {
+    std::mt19937_64 rng(3);
+    const int64_t V = cfg.vocab_size, T = 9;
+    // Row 0: a document of 4 and one of 6 (the last token a target only); row 1: 7 then padding.
+    const Batch b = document_rows({{random_doc(4, V, rng), random_doc(6, V, rng)}, {random_doc(7, V, rng)}}, T,
+                                  [](size_t doc, int64_t j) { return (doc + static_cast<size_t>(j)) % 3 == 0; });
+    ASSERT_GT(b.trained(), 6);
+    ASSERT_LT(b.trained(), 2 * T);
+    check_against_float64(cfg, 2, T, &b);
+  }
+}
+
+// The same documents packed two to a row or one per row: the same masked mean loss and the same
+// gradients (fp32 rounding apart).
+TEST(Model, PackedEqualsOnePerRow) {
+  for (const ModelConfig& cfg : {tiny_llama(false), tiny_gpt2()}) {
+    std::mt19937_64 rng(5);
+    const int64_t V = cfg.vocab_size, T = 10;
+    std::vector<std::vector<int32_t>> d;
+    for (int64_t len : {4, 7, 5, 3, 8}) d.push_back(random_doc(len, V, rng));
+    const auto mask = [](size_t doc, int64_t j) { return (doc * 7 + static_cast<size_t>(j)) % 4 == 0; };
+    const Batch packed = document_rows({{d[0], d[1]}, {d[2], d[3]}, {d[4]}}, T, mask);
+    const Batch single = document_rows({{d[0]}, {d[1]}, {d[2]}, {d[3]}, {d[4]}}, T, mask);
+    ASSERT_EQ(packed.trained(), single.trained());
+    auto rt = kernels::make_runtime(kernels::Backend::cpu);
+    TestModel a(cfg, DType::f32, 3, T, *rt), b(cfg, DType::f32, 5, T, *rt);
+    randomize(a, 17);
+    randomize(b, 17);
+    const double la = model_loss_and_grads(a, *rt, packed), lb = model_loss_and_grads(b, *rt, single);
+    EXPECT_NEAR(la, lb, 1e-6 * std::abs(lb)) << cfg.model_type;
+    double gmax = 0;
+    for (int64_t i = 0; i < a.n_flat(); ++i) gmax = std::max(gmax, static_cast<double>(std::abs(b.grads()[i])));
+    for (const ParamInfo& p : a.params())
+      for (int64_t i = 0; i < p.numel; ++i)
+        ASSERT_NEAR(a.grads()[p.offset + i], b.grads()[p.offset + i], 1e-5 * gmax) << cfg.model_type << " " << p.name;
+  }
+}
+
+// No attention weight crosses a document boundary: changing every token of one packed document
+// leaves the other documents' final hidden states and losses bitwise unchanged.
+TEST(Model, PackedDocumentsDoNotSeeEachOther) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const ModelConfig& cfg : {tiny_llama(false), tiny_gpt2()}) {
+      std::mt19937_64 rng(9);
+      const int64_t V = cfg.vocab_size, T = 12;
+      const auto a = random_doc(5, V, rng), b = random_doc(4, V, rng), c = random_doc(4, V, rng);
+      auto b2 = b;
+      for (int32_t& t : b2) t = (t + 1) % static_cast<int32_t>(V);
+      const Batch one = document_rows({{a, b, c}}, T), two = document_rows({{a, b2, c}}, T);
+      auto rt = kernels::make_runtime(kernels::Backend::cpu);
+      TestModel m(cfg, dt, 1, T, *rt);
+      randomize(m, 23);
+      const int64_t C = cfg.hidden_size;
+      const size_t row = static_cast<size_t>(C) * kernels::dtype_size(dt);
+      std::vector<std::vector<char>> hidden;
+      std::vector<std::vector<float>> losses;
+      for (const Batch* batch : {&one, &two}) {
+        model_loss_and_grads(m, *rt, *batch, /*backward=*/false);
+        const char* h = static_cast<const char*>(m.model().final_residual());
+        hidden.emplace_back(h, h + T * static_cast<int64_t>(row));
+        losses.emplace_back(m.loss_rows(), m.loss_rows() + T);
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        const bool in_b = t >= 5 && t < 9;
+        const bool same = std::memcmp(hidden[0].data() + t * static_cast<int64_t>(row),
+                                      hidden[1].data() + t * static_cast<int64_t>(row), row) == 0;
+        if (in_b) {
+          EXPECT_FALSE(same) << "token " << t << " of the changed document";
+        } else {
+          EXPECT_TRUE(same) << cfg.model_type << " " << kernels::dtype_name(dt) << ": token " << t
+                            << " saw the changed document";
+          if (t != 4) {
+            EXPECT_EQ(losses[0][static_cast<size_t>(t)], losses[1][static_cast<size_t>(t)]) << t;
+          }
+        }
+      }
+    }
+}
 
 TEST(Model, RopeInvFreqMatchesHf) {
   ModelConfig c = tiny_llama(false);
