@@ -22,7 +22,20 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "empty = the embedded default model");
   cmd->add_option("--preset", o.preset, "a named config instead of --model: gpt2-124m | default | llama-1b | llama-1.5b | llama-350m | llama-8b")
       ->excludes(cmd->get_option("--model"));
-  cmd->add_option("--data", o.data, "token-shard glob (llm.c format); empty = the embedded byte-level corpus");
+  cmd->add_option("--data", o.data,
+                  "token-shard glob (llm.c format; with the NAME.docs/NAME.mask that `strata data` writes, rows are "
+                  "built from documents and masked targets are not trained); empty = the embedded byte-level corpus");
+  cmd->add_option("--pack", o.pack,
+                  "documents: off = one per row (cut to --seq + 1 tokens, padded); on = packed first-fit, attention "
+                  "and positions restart at each document");
+  cmd->add_flag("--shuffle", o.shuffle, "documents: a new order each epoch, drawn from --seed");
+  cmd->add_option("--epochs", o.epochs,
+                  "documents: passes over the data (0 = until --steps); without --steps, as many steps as they take");
+  cmd->add_option("--val-data", o.val_data,
+                  "held-out token shards (e.g. the val_*.bin of `strata data --val-docs`): mean masked loss and "
+                  "perplexity at the start, every --eval-every steps and at the end");
+  cmd->add_option("--eval-every", o.eval_every, "steps between validations (0 = only at the start and the end)");
+  cmd->add_option("--eval-batches", o.eval_batches, "micro-batches per validation (0 = the whole held-out set)");
   cmd->add_option("--backend", o.backend, "cpu | cuda");
   cmd->add_option("--dtype", o.dtype, "working weights/activations: fp32 | bf16 | fp16 (fp32 master and grads)");
   cmd->add_option("--batch", o.batch, "sequences per micro-batch (B)");
@@ -89,9 +102,11 @@ void register_train(CLI::App& app, Run& run) {
   CLI::App* cmd = app.add_subcommand("train", "Train or fine-tune a llama/gpt2-family model on token shards");
   add_train_flags(cmd, *opts);
   cmd->callback([&run, opts, cmd] {
+    // --epochs alone sets the run's length; with --steps too, whichever ends first.
+    if (cmd->count("--epochs") > 0 && cmd->count("--steps") == 0) opts->steps = 0;
     // A --warmup longer than the run is allowed (the schedule is well defined) but is almost
     // always a mistake: warned when given explicitly (the default of 5 is not worth a warning).
-    const bool warn_warmup = cmd->count("--warmup") > 0 && opts->warmup > opts->steps;
+    const bool warn_warmup = cmd->count("--warmup") > 0 && opts->steps > 0 && opts->warmup > opts->steps;
     // A cosine floor above the peak climbs the rate: an error when given, a warning for the default.
     const bool min_lr_given = cmd->count("--min-lr") > 0;
     const bool min_lr_above = opts->lr_schedule == "cosine" && opts->min_lr > opts->lr;

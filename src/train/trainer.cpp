@@ -31,6 +31,8 @@
 #include "src/checkpoint/hf.h"
 #include "src/checkpoint/train_checkpoint.h"
 #include "src/comm/communicator.h"
+#include "src/data/doc_rows.h"
+#include "src/data/doc_shards.h"
 #include "src/data/token_shards.h"
 #include "src/model/transformer.h"
 #include "kernels/dtype.h"
@@ -177,11 +179,18 @@ struct Trainer::Impl {
   LossScaler scaler{false};
   LrScheduleConfig sched;
   std::unique_ptr<EmbeddedCorpusShard> corpus;
-  std::unique_ptr<DataLoader> loader;
-  std::vector<int32_t> host_tokens;   // (accum, 2, N): inputs then targets per micro-batch
+  std::unique_ptr<DataLoader> loader;  // a stream of tokens (llm.c), or
+  std::unique_ptr<DocRowLoader> docs;  // rows from documents
+  std::unique_ptr<DataLoader> val_loader;  // --val-data: a stream, or
+  std::unique_ptr<DocRowLoader> val_docs;  // documents
+  int64_t val_windows = 0;                 // a stream's micro-batches in one pass
+  // Per micro-batch: inputs, targets, then with documents positions and segment starts (N each).
+  int64_t arrays = 2;
+  std::vector<int32_t> host_tokens;   // (accum, arrays, N)
   std::vector<float> host_losses;     // (accum, N)
   std::vector<double> host_norm2;     // (units) Σ g² per unit
   int32_t* dev_tokens = nullptr;      // same layout as host_tokens, in the step buffers
+  int64_t trained_done = 0;           // trained targets so far (all ranks)
   double* dev_norm2 = nullptr;        // (units)
   UniqueFd metrics;                   // --metrics: closed after a failed write (warned once)
   uint64_t metrics_bytes = 0;         // whole lines written so far
@@ -341,6 +350,12 @@ nlohmann::json options_json(const TrainOptions& o) {
   return {{"model", o.model},
           {"preset", o.preset},
           {"data", o.data},
+          {"pack", o.pack},
+          {"shuffle", o.shuffle},
+          {"epochs", o.epochs},
+          {"val_data", o.val_data},
+          {"eval_every", o.eval_every},
+          {"eval_batches", o.eval_batches},
           {"synthetic_data", o.synthetic_data},
           {"backend", o.backend},
           {"dtype", o.dtype},
@@ -375,9 +390,13 @@ nlohmann::json options_json(const TrainOptions& o) {
 // What a checkpoint records besides tensors: enough to continue bit for bit.
 nlohmann::json Trainer::Impl::state_json() const {
   nlohmann::json j;
-  j["trainer"] = {{"steps_done", steps_done}, {"skipped_steps", skipped_steps}, {"tokens", tokens_done}};
+  j["trainer"] = {{"steps_done", steps_done}, {"skipped_steps", skipped_steps}, {"tokens", tokens_done},
+                  {"trained_tokens", trained_done}};
   j["loss_scaler"] = {{"enabled", scaler.enabled()}, {"scale", scaler.scale()}, {"good_steps", scaler.good_steps()}};
-  if (loader)
+  if (docs) {
+    const DocPosition p = docs->position();
+    j["data"] = {{"epoch", p.epoch}, {"document", p.doc}, {"offset", p.offset}, {"documents", docs->n_documents()}};
+  } else if (loader)
     j["data"] = {{"shard", loader->shard_index()}, {"position", loader->position()}};
   else
     j["data"] = nullptr;
@@ -394,6 +413,7 @@ void Trainer::Impl::restore_state(const nlohmann::json& man) {
     steps_done = t.at("steps_done").get<int64_t>();
     skipped_steps = t.at("skipped_steps").get<int64_t>();
     tokens_done = t.at("tokens").get<int64_t>();
+    trained_done = t.value("trained_tokens", int64_t{0});
     if (steps_done < 0 || skipped_steps < 0 || skipped_steps > steps_done || tokens_done < 0)
       throw std::runtime_error("inconsistent step counts");
     const auto& ls = man.at("loss_scaler");
@@ -406,7 +426,24 @@ void Trainer::Impl::restore_state(const nlohmann::json& man) {
     if (ls.at("enabled").get<bool>() == scaler.enabled()) scaler.restore(static_cast<float>(scale), static_cast<int>(good));
     if (man.at("n_params").get<int64_t>() != model->n_params()) throw std::runtime_error("parameter count differs");
     const auto& d = man.at("data");
-    if (loader && !d.is_null()) {
+    if (docs) {
+      if (d.is_null() || !d.contains("epoch") || d.at("documents").get<int64_t>() != docs->n_documents())
+        throw std::runtime_error(fmt::format(
+            "the checkpoint was trained on {}, not on this --data '{}' of {} documents; resume with the --data the "
+            "checkpoint was trained on",
+            d.is_object() && d.contains("documents")
+                ? fmt::format("a data set of {} documents", d["documents"].get<int64_t>())
+                : std::string("a token stream"),
+            o.data, docs->n_documents()));
+      try {
+        docs->seek({d.at("epoch").get<int64_t>(), d.at("document").get<int64_t>(), d.at("offset").get<int64_t>()});
+      } catch (const std::invalid_argument& e) {
+        throw std::runtime_error(std::string(e.what()) + "; resume with the --data and --pack the checkpoint was trained on");
+      }
+    } else if (loader && !d.is_null()) {
+      if (d.contains("epoch"))
+        throw std::runtime_error("the checkpoint was trained on documents (rows from NAME.docs), but this --data is a "
+                                 "token stream; resume with the --data the checkpoint was trained on");
       const int64_t shard = d.at("shard").get<int64_t>(), position = d.at("position").get<int64_t>();
       try {
         loader->seek(shard, position);
@@ -456,7 +493,24 @@ struct ResolvedRun {
   Checkpointing ckpt;
   Placement placement;
   fs::path resume;  // the checkpoint to continue from (empty: a fresh start)
+  std::vector<fs::path> data_files, val_files;  // --data, --val-data shards
+  bool documents = false;      // --data has document offsets: rows from documents
+  bool val_documents = false;  // --val-data has
 };
+
+// Which shards make rows from documents; refuses flags that need documents on a stream, and a
+// stream whose shards carry loss masks (a mask without document offsets is not what `strata
+// data` writes, and training every target of it would ignore the mask).
+bool data_has_documents(const std::vector<fs::path>& files, const std::string& flag) {
+  const bool docs = shards_have_documents(files);
+  if (!docs)
+    for (const fs::path& f : files)
+      if (fs::exists(shard_mask_path(f)))
+        throw std::runtime_error(flag + " " + f.string() + ": has a loss mask (" + shard_mask_path(f).filename().string() +
+                                 ") but no document offsets (" + shard_docs_path(f).filename().string() +
+                                 "); write the data set with `strata data`");
+  return docs;
+}
 
 std::string flag_value(double v) { return fmt::format("{:g}", v); }
 
@@ -470,7 +524,17 @@ void validate_options(const TrainOptions& o) {
   positive(o.batch, "--batch");
   positive(o.seq, "--seq");
   positive(o.grad_accum, "--grad-accum");
-  positive(o.steps, "--steps");
+  if (o.epochs < 0) throw std::invalid_argument("--epochs must not be negative, got " + std::to_string(o.epochs));
+  if (o.steps != 0 || o.epochs == 0) positive(o.steps, "--steps");
+  if (o.pack != "off" && o.pack != "on")
+    throw std::invalid_argument("--pack " + o.pack + ": must be off (one document per row) or on (documents packed "
+                                "into rows, attention kept inside each)");
+  if (o.eval_every < 0 || o.eval_batches < 0)
+    throw std::invalid_argument("--eval-every and --eval-batches must not be negative (0: only at the start and the "
+                                "end; 0: the whole held-out set)");
+  if ((o.eval_every > 0 || o.eval_batches > 0) && o.val_data.empty())
+    throw std::invalid_argument("--eval-every and --eval-batches need --val-data (the held-out shards, e.g. the "
+                                "val_*.bin that `strata data --val-docs N` wrote)");
   positive(o.log_every, "--log-every");
   if (o.warmup < 0) throw std::invalid_argument("--warmup must not be negative, got " + std::to_string(o.warmup));
   // Token counts: B·T per micro-batch (int32 positions in the kernels), ·accum per step, ·steps
@@ -482,6 +546,7 @@ void validate_options(const TrainOptions& o) {
                                             o.batch, o.seq, bt));
   const int64_t per_step = checked_mul(bt, o.grad_accum, "--batch x --seq x --grad-accum");
   checked_mul(per_step, int64_t{2 * sizeof(int32_t)}, "step token buffer bytes");
+  checked_mul(per_step, int64_t{4 * sizeof(int32_t)}, "step token buffer bytes");
   checked_mul(per_step, o.steps, "tokens in the run (--batch x --seq x --grad-accum x --steps)");
   // Learning rates and AdamW: finite, in range. Beyond 1e6 no learning rate means anything (and
   // 1e300 is infinity once it is a float).
@@ -595,15 +660,33 @@ ResolvedRun resolve_run(const TrainOptions& o) {
   if (o.seq > r.cfg.max_position_embeddings)
     throw std::invalid_argument("--seq " + std::to_string(o.seq) + " exceeds the model's max_position_embeddings (" +
                                 std::to_string(r.cfg.max_position_embeddings) + ")");
+  if (!o.data.empty() && !o.synthetic_data) {
+    r.data_files = expand_glob(o.data);
+    r.documents = data_has_documents(r.data_files, "--data");
+  }
+  if (!o.val_data.empty()) {
+    r.val_files = expand_glob(o.val_data);
+    r.val_documents = data_has_documents(r.val_files, "--val-data");
+  }
+  if (!r.documents && (o.pack != "off" || o.shuffle || o.epochs > 0)) {
+    const std::string flag = o.pack != "off" ? "--pack on" : o.shuffle ? "--shuffle" : "--epochs";
+    throw std::invalid_argument(flag + " works on documents: " +
+                                (o.data.empty() ? std::string("the embedded corpus is a token stream")
+                                                : "--data " + o.data + " has no document offsets (NAME.docs)") +
+                                "; write the data with `strata data` (it records where each document starts)");
+  }
   return r;
 }
 
+// Per micro-batch: inputs and targets, and with documents (training or held-out) positions and
+// segment starts.
+int64_t token_arrays(const ResolvedRun& r) { return r.documents || r.val_documents ? 4 : 2; }
 // The step buffers beside the model: the micro-batches' tokens, then one fp64 per unit.
-size_t token_buffer_bytes(const TrainOptions& o) {
-  return (static_cast<size_t>(o.grad_accum * 2 * o.batch * o.seq) * sizeof(int32_t) + 63) / 64 * 64;
+size_t token_buffer_bytes(const TrainOptions& o, int64_t arrays) {
+  return (static_cast<size_t>(o.grad_accum * arrays * o.batch * o.seq) * sizeof(int32_t) + 63) / 64 * 64;
 }
-size_t step_buffer_bytes(const TrainOptions& o, size_t n_units) {
-  return token_buffer_bytes(o) + n_units * sizeof(double);
+size_t step_buffer_bytes(const TrainOptions& o, const ResolvedRun& r, size_t n_units) {
+  return token_buffer_bytes(o, token_arrays(r)) + n_units * sizeof(double);
 }
 
 }  // namespace
@@ -641,7 +724,7 @@ struct SizedRun {
   SizedRun(const TrainOptions& o, int world)
       : r(resolve_run(o)),
         model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world),
-        step_buffers(step_buffer_bytes(o, model.units().size())) {
+        step_buffers(step_buffer_bytes(o, r, model.units().size())) {
     r.placement.sharding = Sharding{o.zero_stage, world, 0};
   }
 };
@@ -710,8 +793,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   // Rank 0 alone writes --out, checkpoints and metrics. Before anything is written: what this run
   // reads is kept apart from what it writes, then --checkpoint-dir and --out are locked for the
   // life of the run, then the checkpoint directory must hold this run's checkpoints only.
-  std::vector<fs::path> data_files;
-  if (!o.data.empty() && !o.synthetic_data) data_files = expand_glob(o.data);
+  const std::vector<fs::path>& data_files = r.data_files;
   if (rank0) {
     RunPaths reads;
     reads.resume = r.resume;
@@ -722,6 +804,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
         reads.model_files.push_back(it->path());
     }
     reads.data_files = data_files;
+    reads.data_files.insert(reads.data_files.end(), r.val_files.begin(), r.val_files.end());
     check_run_paths(o, reads);
   }
   if (rank0 && !o.checkpoint_dir.empty()) {
@@ -760,11 +843,40 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     m.loader = std::make_unique<DataLoader>(std::vector<fs::path>{m.corpus->path()}, o.batch, o.seq, m.sh.rank, m.sh.world,
                                             m.cfg.vocab_size);
     m.data_source = fmt::format("embedded corpus ({} byte-level tokens)", m.corpus->n_tokens());
+  } else if (r.documents) {
+    DocRowsOptions d{o.batch, o.seq, m.sh.rank, m.sh.world, m.cfg.vocab_size, o.pack == "on", o.shuffle, o.seed,
+                     o.epochs};
+    m.docs = std::make_unique<DocRowLoader>(data_files, d);
+    m.data_source = fmt::format("{} ({} shard{}, {} documents, {} tokens{}): rows from documents, {}{}", o.data,
+                                data_files.size(), data_files.size() == 1 ? "" : "s", m.docs->n_documents(),
+                                m.docs->n_tokens(), m.docs->has_mask() ? ", loss mask" : "",
+                                o.pack == "on" ? "packed (attention inside each document)"
+                                               : "one per row (cut to --seq + 1 tokens, padded)",
+                                o.shuffle ? ", shuffled each epoch" : "");
+    // --epochs: as many steps as the epochs' rows take (the last step's missing rows are
+    // padding), or --steps if that ends first.
+    if (o.epochs > 0) {
+      const int64_t rows = m.docs->rows_for_epochs(o.epochs);
+      const int64_t per_step = o.batch * o.grad_accum * m.sh.world;
+      const int64_t steps = (rows + per_step - 1) / per_step;
+      m.o.steps = o.steps > 0 ? std::min(o.steps, steps) : steps;
+      m.data_source += fmt::format("; {} epoch{} = {} rows = {} steps", o.epochs, o.epochs == 1 ? "" : "s", rows, steps);
+    }
   } else {
     const auto& shards = data_files;
     m.loader = std::make_unique<DataLoader>(shards, o.batch, o.seq, m.sh.rank, m.sh.world, m.cfg.vocab_size);
     m.data_source = fmt::format("{} ({} shard{})", o.data, shards.size(), shards.size() == 1 ? "" : "s");
   }
+  if (r.val_documents) {
+    m.val_docs = std::make_unique<DocRowLoader>(
+        r.val_files, DocRowsOptions{o.batch, o.seq, m.sh.rank, m.sh.world, m.cfg.vocab_size, o.pack == "on", false, 0, 1});
+  } else if (!r.val_files.empty()) {
+    m.val_loader =
+        std::make_unique<DataLoader>(r.val_files, o.batch, o.seq, m.sh.rank, m.sh.world, m.cfg.vocab_size);
+    const int64_t window = o.batch * o.seq * m.sh.world;
+    for (const fs::path& f : r.val_files) m.val_windows += (TokenShard::open(f)->n_tokens() - 1) / window;
+  }
+  m.arrays = token_arrays(r);
 
   // Runtime, model, the tiered memory of its blocks (budgets checked before anything big is
   // allocated), then the weights, written unit by unit to their tiers.
@@ -792,9 +904,9 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   const int64_t n = m.N();
   const size_t n_units = m.model->units().size();
   m.mem = std::make_unique<TieredMemory>(*m.model, *m.rt, *m.stream, *opt_rt, m.opt_stream(), pl, o.grad_accum,
-                                         step_buffer_bytes(o, n_units), m.comm_stream.get());
+                                         step_buffer_bytes(o, r, n_units), m.comm_stream.get());
   m.dev_tokens = static_cast<int32_t*>(m.mem->extra_device());
-  m.dev_norm2 = reinterpret_cast<double*>(static_cast<char*>(m.mem->extra_device()) + token_buffer_bytes(o));
+  m.dev_norm2 = reinterpret_cast<double*>(static_cast<char*>(m.mem->extra_device()) + token_buffer_bytes(o, m.arrays));
   m.driver = std::make_unique<StepDriver>(*m.model, *m.mem, m.sh, m.comm.get());
   const auto t_weights = Clock::now();
   m.init_weights(r.load_weights);
@@ -807,7 +919,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.scaler = LossScaler(m.dtype == DType::f16, static_cast<float>(o.loss_scale));
   m.sched = LrScheduleConfig{r.schedule, o.lr, o.min_lr, o.warmup, o.steps};
 
-  m.host_tokens.assign(static_cast<size_t>(o.grad_accum * 2 * n), 0);
+  m.host_tokens.assign(static_cast<size_t>(o.grad_accum * m.arrays * n), 0);
   m.host_losses.assign(static_cast<size_t>(o.grad_accum * n), 0.f);
   m.host_norm2.assign(n_units, 0.0);
   if (o.synthetic_data) {  // fixed tokens, uniform over the vocab, from the seed (and the rank)
@@ -898,20 +1010,43 @@ StepStats Trainer::step() {
   st.lr = lr_at(m.sched, m.steps_done);
   st.loss_scale = m.scaler.scale();
 
-  // The step's micro-batches: (accum) × [inputs (N) | targets (N)].
+  // The step's micro-batches: (accum) × [inputs (N) | targets (N) (| positions | segments)], and
+  // how many targets the global batch trains (every rank computes the same count).
+  int64_t trained = n * o.grad_accum * m.sh.world;
   if (m.loader)
     for (int64_t k = 0; k < o.grad_accum; ++k) {
-      int32_t* base = m.host_tokens.data() + k * 2 * n;
+      int32_t* base = m.host_tokens.data() + k * m.arrays * n;
       m.loader->next(base, base + n);
     }
+  if (m.docs) {
+    trained = 0;
+    for (int64_t k = 0; k < o.grad_accum; ++k) {
+      int32_t* base = m.host_tokens.data() + k * m.arrays * n;
+      trained += m.docs->next(RowBatch{base, base + n, base + 2 * n, base + 3 * n});
+    }
+  }
+  st.trained_tokens = trained;
+  if (trained == 0) {
+    // Nothing to learn from (every target masked or padding): no forward, no update; a pending
+    // update stays pending. AdamW's step count does not advance, as for an fp16 overflow.
+    st.skipped = true;
+    st.loss = std::nan("");
+    ++m.skipped_steps;
+    ++m.steps_done;
+    m.tokens_done += tokens_per_step();
+    st.tokens = m.tokens_done;
+    st.step_ms = ms_since(t0);
+    return st;
+  }
   m.mem->begin_step();
   s.memcpy_async(m.dev_tokens, m.host_tokens.data(), m.host_tokens.size() * sizeof(int32_t));
   s.memset_async(m.dev_norm2, 0, m.host_norm2.size() * sizeof(double));
-  // d(mean loss over the global batch) = Σ rows' CE / (N · accum), times the fp16 loss scale.
-  // The first micro-batch overwrites the grads (no zeroing pass), the others add to them.
-  // With N ranks the global batch is N times this rank's: each rank scales by 1/N too, and
-  // the fixed-order sum across ranks makes the grads the global mean.
-  const float grad_scale = m.scaler.scale() / static_cast<float>(n * o.grad_accum * m.sh.world);
+  // d(mean loss over the global batch's trained targets) = Σ rows' CE / their count (N · accum
+  // · ranks when every target is trained), times the fp16 loss scale: transformers'
+  // num_items_in_batch. The first micro-batch overwrites the grads (no zeroing pass), the others
+  // add to them. Each rank scales by the global count, and the fixed-order sum across ranks
+  // makes the grads the global mean.
+  const float grad_scale = m.scaler.scale() / static_cast<float>(trained);
   // The previous step's update runs inside this forward (none yet: the same blocks, no change),
   // or, where nothing waits for the norm, this step's inside its backward: the AdamWStep the
   // end of the step would have made (clip coefficient 1, no loss scale), bit for bit.
@@ -926,7 +1061,8 @@ StepStats Trainer::step() {
   const PendingUpdate* update = in_backward ? nullptr : m.pending ? &*m.pending : &none;
   const AdamWStep this_step = adamw_step(clip_coefficient(0, o.grad_clip));
   for (int64_t k = 0; k < o.grad_accum; ++k) {
-    const int32_t* ids = m.dev_tokens + k * 2 * n;
+    const int32_t* ids = m.dev_tokens + k * m.arrays * n;
+    if (m.docs) m.model->set_documents(ids + 2 * n, ids + 3 * n);
     m.driver->forward_backward(ids, ids + n, grad_scale, k == 0, k + 1 == o.grad_accum, m.dev_norm2,
                                k == 0 ? update : nullptr, in_backward && k + 1 == o.grad_accum ? &this_step : nullptr);
     s.memcpy_async(m.host_losses.data() + k * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
@@ -952,7 +1088,7 @@ StepStats Trainer::step() {
       for (size_t u = 0; u + 1 < k; ++u) m.host_norm2[u] += row[1 + u];
     }
   }
-  st.loss = sum / (static_cast<double>(m.host_losses.size()) * m.sh.world);
+  st.loss = sum / static_cast<double>(trained);
   // The global norm: the units' sums of squares, added in unit order (a fixed order, whatever
   // the placement), then unscaled.
   double norm2 = 0;
@@ -973,6 +1109,7 @@ StepStats Trainer::step() {
   if (st.skipped) ++m.skipped_steps;
   ++m.steps_done;
   m.tokens_done += tokens_per_step();
+  m.trained_done += trained;
   st.tokens = m.tokens_done;
   st.step_ms = ms_since(t0);
   st.tokens_per_s = static_cast<double>(tokens_per_step()) / (st.step_ms / 1e3);
@@ -991,6 +1128,58 @@ StepStats Trainer::step() {
   m.last_stats = now;
   m.last_stall = m.mem->stall_ms();
   return st;
+}
+
+bool Trainer::has_validation() const { return impl_->val_docs || impl_->val_loader; }
+
+// Forward passes over the held-out rows, an aside of the memory manager (outside the planned
+// step), in the first micro-batch's step buffers: nothing the next step reads is changed (a
+// pending update is applied first, as a checkpoint would; the math is the same either way).
+Trainer::EvalStats Trainer::evaluate() {
+  Impl& m = *impl_;
+  const TrainOptions& o = m.o;
+  if (!has_validation()) throw std::logic_error("Trainer::evaluate: no --val-data");
+  const auto t0 = Clock::now();
+  const int64_t n = m.N();
+  kernels::Stream& s = *m.stream;
+  m.flush();
+  if (m.val_docs) m.val_docs->seek({});
+  if (m.val_loader) m.val_loader->reset();
+  const int64_t batches = o.eval_batches > 0 ? o.eval_batches : m.val_docs ? INT64_MAX : m.val_windows;
+  std::vector<int32_t> host(static_cast<size_t>(m.arrays * n));
+  std::vector<float> losses(static_cast<size_t>(n));
+  EvalStats ev;
+  double sum = 0;
+  m.mem->begin_step(TieredMemory::Program::aside);
+  for (int64_t b = 0; b < batches; ++b) {
+    int32_t* base = host.data();
+    if (m.val_docs) {
+      if (m.val_docs->done()) break;  // one pass: --eval-batches beyond it ends there
+      ev.tokens += m.val_docs->next(RowBatch{base, base + n, base + 2 * n, base + 3 * n});
+    } else {
+      m.val_loader->next(base, base + n);
+      ev.tokens += n * m.sh.world;
+    }
+    s.memcpy_async(m.dev_tokens, host.data(), host.size() * sizeof(int32_t));
+    m.model->set_documents(m.val_docs ? m.dev_tokens + 2 * n : nullptr, m.val_docs ? m.dev_tokens + 3 * n : nullptr);
+    m.driver->forward(m.dev_tokens, m.dev_tokens + n);
+    s.memcpy_async(losses.data(), m.model->loss_rows(), losses.size() * sizeof(float));
+    s.synchronize();
+    for (float l : losses) sum += l;
+    ++ev.batches;
+  }
+  m.mem->end_step();
+  s.synchronize();
+  m.model->set_documents(nullptr, nullptr);
+  if (m.sh.world > 1) {  // every rank's sum, added in rank order
+    std::vector<double> all(static_cast<size_t>(m.sh.world));
+    m.comm->host_all_gather(&sum, all.data(), sizeof(double));
+    sum = 0;
+    for (double v : all) sum += v;
+  }
+  ev.loss = ev.tokens > 0 ? sum / static_cast<double>(ev.tokens) : std::nan("");
+  ev.ms = ms_since(t0);
+  return ev;
 }
 
 void Trainer::print_header(std::FILE* out) const {
@@ -1042,8 +1231,8 @@ void Trainer::print_header(std::FILE* out) const {
   // Copy-pasteable: every flag that is set, each value a shell word.
   std::string flags;
   for (const auto& [flag, value] : option_values(o)) {
-    if (flag == "--overwrite-model") {
-      if (o.overwrite_model) flags += " " + flag;
+    if (flag == "--overwrite-model" || flag == "--shuffle") {
+      if (value == "true") flags += " " + flag;
       continue;
     }
     if ((flag == "--keep" || flag == "--checkpoint-every") && o.checkpoint_dir.empty()) continue;
@@ -1104,10 +1293,34 @@ int Trainer::run(std::FILE* rank0_out) {
     lose_stdout(e.code().value());
   }
   const auto t_start = Clock::now();
-  double first_loss = 0, last_loss = 0, min_loss = INFINITY, ms_after_first = 0;
-  int64_t skipped = 0;
+  double first_loss = NAN, last_loss = NAN, min_loss = INFINITY, ms_after_first = 0;
+  int64_t skipped = 0, no_targets = 0;
   uint64_t moved_total = 0;
   const int64_t first_step = m.steps_done;
+  // Validation at the start, every --eval-every steps and at the end: a line, and val_loss in
+  // the metrics line of that step (a line of its own for step 0).
+  int64_t last_eval = -1;
+  double last_val = NAN;
+  const auto validate = [&] {
+    const EvalStats ev = evaluate();
+    last_eval = m.steps_done;
+    last_val = ev.loss;
+    print(fmt::format("eval {:>{}}/{} | val loss {:.4f} | ppl {:.2f} | {} tokens in {} batches | {:.1f} ms\n",
+                      m.steps_done, std::to_string(o.steps).size(), o.steps, ev.loss, std::exp(ev.loss), ev.tokens,
+                      ev.batches, ev.ms));
+    return ev;
+  };
+  if (has_validation()) {
+    const EvalStats ev = validate();
+    if (m.metrics.get() >= 0 && m.steps_done == 0) {
+      nlohmann::json j;
+      j["step"] = 0;
+      j["val_loss"] = std::isfinite(ev.loss) ? nlohmann::json(ev.loss) : nlohmann::json(nullptr);
+      j["val_tokens"] = ev.tokens;
+      j["run_id"] = m.run_id;
+      m.write_metrics_line(j.dump() + "\n", 0);
+    }
+  }
   for (int64_t i = first_step; i < o.steps; ++i) {
     // A stop (SIGINT, SIGTERM, SIGHUP, stdout gone) and a checkpoint request (SIGUSR1), agreed by
     // every rank: a signal may reach one rank first, and each must stop after the same step.
@@ -1146,6 +1359,16 @@ int Trainer::run(std::FILE* rank0_out) {
       return 128 + sig;
     }
     const StepStats st = step();
+    const bool evaluate_now = has_validation() && !st.diverged &&
+                              ((o.eval_every > 0 && st.step % o.eval_every == 0) || st.step == o.steps);
+    if (st.trained_tokens == 0) {
+      ++no_targets;
+      if (m.sh.rank == 0)
+        fmt::print(stderr, "strata: warning: step {}: no trained target in the global batch (every target masked or "
+                           "padding): skipped, nothing applied\n", st.step);
+    }
+    std::optional<EvalStats> ev;
+    if (evaluate_now) ev = validate();
     // A diverged step is never checkpointed (below, the run stops): with the update in the
     // backward its units have already updated.
     if (o.checkpoint_every > 0 && st.step % o.checkpoint_every == 0 && st.step < o.steps && !st.diverged) {
@@ -1154,15 +1377,22 @@ int Trainer::run(std::FILE* rank0_out) {
     }
     if (i == first_step) first_loss = st.loss;
     else ms_after_first += st.step_ms;
-    last_loss = st.loss;
-    min_loss = std::min(min_loss, st.loss);
-    skipped += st.skipped;
+    if (st.trained_tokens > 0) {
+      last_loss = st.loss;
+      min_loss = std::min(min_loss, st.loss);
+    }
+    skipped += st.skipped && st.trained_tokens > 0;
     moved_total += st.bytes_moved();
     const offload::OffloadStats& os = m.last_stats;
     if (m.metrics.get() >= 0) {
       nlohmann::json j;
       j["step"] = st.step;
-      j["loss"] = st.loss;
+      j["loss"] = std::isfinite(st.loss) || st.trained_tokens > 0 ? nlohmann::json(st.loss) : nlohmann::json(nullptr);
+      j["trained_tokens"] = st.trained_tokens;
+      if (ev) {
+        j["val_loss"] = std::isfinite(ev->loss) ? nlohmann::json(ev->loss) : nlohmann::json(nullptr);
+        j["val_tokens"] = ev->tokens;
+      }
       j["grad_norm"] = std::isfinite(st.grad_norm) ? nlohmann::json(st.grad_norm) : nlohmann::json(nullptr);
       j["lr"] = st.lr;
       j["tokens"] = st.tokens;
@@ -1205,8 +1435,9 @@ int Trainer::run(std::FILE* rank0_out) {
       print(fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | {:.1f} ms{}{}\n",
                         st.step, std::to_string(o.steps).size(), o.steps, st.loss, st.lr, st.grad_norm,
                         st.tokens_per_s, st.step_ms, io,
-                        st.skipped ? fmt::format(" | fp16 overflow: step skipped, loss scale {:g}", m.scaler.scale())
-                                   : ""));
+                        st.trained_tokens == 0 ? std::string(" | no trained target: skipped")
+                        : st.skipped ? fmt::format(" | fp16 overflow: step skipped, loss scale {:g}", m.scaler.scale())
+                                     : ""));
     }
     if (st.diverged)
       throw std::runtime_error(fmt::format(
@@ -1217,6 +1448,7 @@ int Trainer::run(std::FILE* rank0_out) {
           m.placement.update_in_backward() ? "" : "the step was not applied and "));
   }
   m.flush();  // the last step's update
+  if (has_validation() && last_eval != m.steps_done) validate();  // (resumed at the end, or stopped)
   if (!o.checkpoint_dir.empty() && m.last_checkpoint_step != m.steps_done) {
     const std::string path = save_checkpoint();
     print(fmt::format("checkpoint {}\n", path));
@@ -1231,6 +1463,15 @@ int Trainer::run(std::FILE* rank0_out) {
   done += fmt::format("; loss {:.4f} -> {:.4f} (min {:.4f})", first_loss, last_loss, min_loss);
   if (moved_total) done += fmt::format("; {} moved between tiers", human_bytes(static_cast<double>(moved_total)));
   if (skipped) done += fmt::format("; {} fp16 steps skipped", skipped);
+  if (no_targets) done += fmt::format("; {} steps had no trained target (skipped)", no_targets);
+  if (m.docs) {
+    done += fmt::format("; {} trained targets", m.trained_done);
+    if (m.docs->truncated_documents() > 0)
+      done += fmt::format("; {} documents longer than --seq + 1 = {} tokens were cut ({} tokens not trained; --pack on "
+                          "keeps them)",
+                          m.docs->truncated_documents(), o.seq + 1, m.docs->truncated_tokens());
+  }
+  if (std::isfinite(last_val)) done += fmt::format("; val loss {:.4f} (ppl {:.2f})", last_val, std::exp(last_val));
   print(done + "\n");
   if (!o.out.empty()) {
     save(o.out);

@@ -21,13 +21,23 @@ struct TrainOptions {
   std::string model;           // HF model directory ("" = the embedded default config)
   std::string preset;          // named config instead of --model (benches): gpt2-124m, default
   std::string data;            // token-shard glob ("" = the embedded byte-level corpus)
+  // Shards with document offsets (NAME.docs, from `strata data`) make rows from documents
+  // (src/data/doc_rows.h): one per row, cut to seq + 1 tokens and padded ("off"), or packed
+  // first-fit with attention kept inside each document ("on"). Their loss masks (NAME.mask)
+  // decide which targets are trained. Shards without them are a stream, cut as llm.c does.
+  std::string pack = "off";    // off | on
+  bool shuffle = false;        // documents permuted from --seed once per epoch
+  int64_t epochs = 0;          // > 0: stop after this many passes over the documents (or --steps)
+  std::string val_data;        // held-out shards: mean masked loss ("" = no validation)
+  int64_t eval_every = 0;      // validate every n steps (0: at the start and the end only)
+  int64_t eval_batches = 0;    // micro-batches per validation (0: the whole held-out set)
   bool synthetic_data = false; // benches: fixed random tokens instead of data
   std::string backend = "cpu";
   std::string dtype = "fp32";  // working weights/activations: fp32 | bf16 | fp16
   int64_t batch = 4;           // B: sequences per micro-batch
   int64_t seq = 128;           // T: tokens per sequence
   int64_t grad_accum = 1;      // micro-batches per optimizer step
-  int64_t steps = 100;         // optimizer steps
+  int64_t steps = 100;         // optimizer steps (0 with --epochs: as many as the epochs take)
   double lr = 2e-3;            // peak learning rate
   std::string lr_schedule = "cosine";  // constant | cosine
   int64_t warmup = 5;          // linear warmup steps
@@ -72,13 +82,14 @@ struct TrainOptions {
 // What one optimizer step did (also one line of --metrics).
 struct StepStats {
   int64_t step = 0;          // 1-based
-  double loss = 0;           // mean cross-entropy over the global batch's targets
+  double loss = 0;           // mean cross-entropy over the global batch's trained targets
+  int64_t trained_tokens = 0;  // the global batch's trained targets (0: nothing to train, skipped)
   double grad_norm = 0;      // global L2 norm before clipping (NaN/Inf when fp16 overflowed)
   double lr = 0;
   int64_t tokens = 0;        // tokens processed so far (cumulative, all steps up to this one)
   double step_ms = 0;
   double tokens_per_s = 0;
-  bool skipped = false;      // fp16 overflow: update skipped, loss scale halved
+  bool skipped = false;      // fp16 overflow (loss scale halved) or no trained target: no update
   bool diverged = false;     // loss (or, outside fp16, grad norm) not finite: nothing applied
   double loss_scale = 1;
   // Offload: bytes moved per link during this step, time compute waited for blocks, and
@@ -131,6 +142,17 @@ class Trainer {
   explicit Trainer(const TrainOptions& opts);
   ~Trainer();
 
+  // The mean masked loss over the held-out set (--val-data; --eval-batches micro-batches, or
+  // all of it), forward only, with any pending update applied first. Changes nothing that
+  // training computes. Collective (every rank calls it).
+  struct EvalStats {
+    double loss = 0;        // Σ CE over trained targets / their count
+    int64_t tokens = 0;     // trained targets evaluated (all ranks)
+    int64_t batches = 0;    // micro-batches per rank
+    double ms = 0;
+  };
+  EvalStats evaluate();
+  bool has_validation() const;
   // One optimizer step. A diverged step (StepStats::diverged) applies no update; run() then
   // stops with an error, and callers of step() should too.
   StepStats step();
