@@ -82,7 +82,13 @@ void check_hf_save_target(const std::filesystem::path& out_dir);
 // a sibling temporary directory, fsyncs, then renames over `out_dir` (an existing good
 // directory is only replaced once the new one is complete; one holding files a save does not
 // write is refused, as in check_hf_save_target). Throws naming the path on failure.
+// extra_files: tokenizer files (kTokenizerFiles names) copied beside the weights, so that the
+// saved directory tokenizes and chats as the model it was trained from did.
 void save_hf_model(const std::filesystem::path& out_dir, const ModelConfig& cfg,
-                   const std::vector<TensorToSave>& tensors, uint64_t shard_bytes = 5ull << 30);
+                   const std::vector<TensorToSave>& tensors, uint64_t shard_bytes = 5ull << 30,
+                   const std::vector<std::filesystem::path>& extra_files = {});
+// The tokenizer's files of a Hugging Face model directory, carried by a save.
+inline constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                                                  "special_tokens_map.json", "generation_config.json"};
 
 }  // namespace strata

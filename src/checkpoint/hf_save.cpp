@@ -98,9 +98,12 @@ fs::path normalised_out(const fs::path& out_dir) {
 }
 
 // The files a save writes (config.json, model.safetensors, model-0000k-of-0000n.safetensors,
-// model.safetensors.index.json): a directory holding only these may be replaced.
+// model.safetensors.index.json, the tokenizer files it carries over): a directory holding only
+// these may be replaced.
 bool is_saved_file_name(const std::string& name) {
   if (name == "config.json" || name == "model.safetensors.index.json") return true;
+  for (const char* t : kTokenizerFiles)
+    if (name == t) return true;
   const std::string ext = ".safetensors";
   return name.size() >= 5 + ext.size() && name.compare(0, 5, "model") == 0 &&
          name.compare(name.size() - ext.size(), ext.size(), ext) == 0;
@@ -175,7 +178,8 @@ void check_hf_save_target(const std::filesystem::path& out_dir_in) {
 }
 
 void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& cfg,
-                   const std::vector<TensorToSave>& tensors, uint64_t shard_bytes) {
+                   const std::vector<TensorToSave>& tensors, uint64_t shard_bytes,
+                   const std::vector<fs::path>& extra_files) {
   const fs::path out_dir = normalised_out(out_dir_in);
   cfg.validate();
   std::set<std::string> names;
@@ -230,6 +234,12 @@ void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& c
     write_file_synced(tmp.path() / "model.safetensors.index.json", index.dump(2) + "\n");
   }
   write_hf_config(cfg, tmp.path() / "config.json");
+  for (const fs::path& f : extra_files) {
+    const std::string name = f.filename().string();
+    if (std::find(std::begin(kTokenizerFiles), std::end(kTokenizerFiles), name) == std::end(kTokenizerFiles))
+      throw std::invalid_argument("save_hf_model: " + name + " is not a tokenizer file a save carries");
+    write_file_synced(tmp.path() / name, read_text_file(f));
+  }
   fsync_dir(tmp.path());
   replace_directory(tmp.path(), out_dir);
   tmp.release();

@@ -1561,7 +1561,16 @@ void Trainer::save(const std::string& out_dir) const {
   }
   m.mem->begin_step(TieredMemory::Program::aside);
   try {
-    save_hf_model(out_dir, c, tensors);
+    // The tokenizer of --model (or of the checkpoint resumed) goes along: `strata generate`
+    // and `strata data` read the saved directory as they read the one it was trained from.
+    // (Read before the save replaces anything, so --out may be --model with --overwrite-model.)
+    std::vector<fs::path> tokenizer;
+    for (const fs::path& from : {fs::path(m.o.model), m.resumed_from}) {
+      if (from.empty() || !tokenizer.empty()) continue;
+      for (const char* name : kTokenizerFiles)
+        if (fs::is_regular_file(from / name)) tokenizer.push_back(from / name);
+    }
+    save_hf_model(out_dir, c, tensors, 5ull << 30, tokenizer);
   } catch (...) {
     m.mem->end_step();  // every fill releases what it acquired
     throw;

@@ -39,6 +39,9 @@ class SftCli : public ::testing::Test {
                             "/examples/sft/conversations.jsonl --format chat --val-docs 40 --quiet --out " +
                             (dir_ / "data").string());
     ASSERT_EQ(r.status, 0) << r.err;
+    // The model directory has the tokenizer the data was made with (as a hub model does).
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+      fs::copy_file(src + "/tests/text/fixtures/tokenizers/bytes/" + f, dir_ / "tiny" / f);
   }
   void TearDown() override { fs::remove_all(dir_); }
   CliResult run(const std::string& args, int np = 0) {
@@ -95,6 +98,9 @@ TEST_F(SftCli, PackedRunReportsTrainedTargetsAndValidation) {
     EXPECT_EQ(m[i].contains("val_loss"), i % 2 == 0) << i;
   }
   EXPECT_LT(m[4]["val_loss"].get<double>(), m[0]["val_loss"].get<double>());
+  // --out carries the tokenizer of --model: the saved model tokenizes and chats as its source.
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    EXPECT_TRUE(slurp(dir_ / "a" / f) == slurp(dir_ / "tiny" / f)) << f;
 }
 
 // Validation runs forward passes between steps; training must not move by a bit, whether the
