@@ -200,8 +200,10 @@ __global__ void __launch_bounds__(kRows * 32)
   for (int e = 0; e < kPerLane; ++e) {
     const int d = lane + 32 * e;
     const bool in = valid && d < D;
-    kr[e] = in ? g.scale * to_f32(k[static_cast<int64_t>(b) * g.k_batch + static_cast<int64_t>(j) * g.k_stride + kvh * D + d]) : 0.f;
-    vr[e] = in ? to_f32(v[static_cast<int64_t>(b) * g.v_batch + static_cast<int64_t>(j) * g.v_stride + kvh * D + d]) : 0.f;
+    const int64_t k_at = static_cast<int64_t>(b) * g.k_batch + static_cast<int64_t>(j) * g.k_stride + kvh * D + d;
+    const int64_t v_at = static_cast<int64_t>(b) * g.v_batch + static_cast<int64_t>(j) * g.v_stride + kvh * D + d;
+    kr[e] = in ? g.scale * to_f32(k[k_at]) : 0.f;
+    vr[e] = in ? to_f32(v[v_at]) : 0.f;
     dka[e] = dva[e] = 0.f;
   }
   const int first = kb * kRows;  // the block's first key: queries before it see none of its keys
@@ -249,7 +251,8 @@ __global__ void __launch_bounds__(kRows * 32)
     if (d < D) {
       dk[static_cast<int64_t>(b) * g.k_batch + static_cast<int64_t>(j) * g.k_stride + kvh * D + d] =
           from_f32<T>(g.scale * dka[e]);
-      dv[static_cast<int64_t>(b) * g.v_batch + static_cast<int64_t>(j) * g.v_stride + kvh * D + d] = from_f32<T>(dva[e]);
+      dv[static_cast<int64_t>(b) * g.v_batch + static_cast<int64_t>(j) * g.v_stride + kvh * D + d] =
+          from_f32<T>(dva[e]);
     }
   }
 }

@@ -4,7 +4,8 @@
 // lse saved. Backward recomputes P from lse in two deterministic kernels: dQ per (query tile,
 // head) over its key tiles, and dK/dV per (key tile, kv head) over the group's query heads in
 // order. No atomics. Query t sees the keys [seg_start, kv_seq - seq + t]: tiles outside every
-// row's window are skipped, partial tiles masked element-wise. Fragment layouts are PTX's for m16n8k16 (g = lane/4, tig = lane%4):
+// row's window are skipped, partial tiles masked element-wise.
+// Fragment layouts are PTX's for m16n8k16 (g = lane/4, tig = lane%4):
 //   A (16×16, row): a0 = (g, 2tig..+1), a1 = (g+8, 2tig..), a2 = (g, 2tig+8..), a3 = (g+8, 2tig+8..)
 //   B (16×8, col):  b0 = (k 2tig..+1, n g), b1 = (k 2tig+8..+1, n g)
 //   C (16×8):       c0,c1 = (g, 2tig..+1), c2,c3 = (g+8, 2tig..+1)

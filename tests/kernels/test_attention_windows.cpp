@@ -51,7 +51,8 @@ void expect_forward_close(const Problem& pr, double tol_out, double tol_lse) {
   reference_forward(pr.s, pr.q, pr.k, pr.v, out, lse, pr.seg_start());
   EXPECT_LT(normalised_error(got.out, out), tol_out);
   double lse_err = 0;
-  for (size_t i = 0; i < lse.size(); ++i) lse_err = std::max(lse_err, std::isnan(got.lse[i]) ? INFINITY : std::abs(got.lse[i] - lse[i]));
+  for (size_t i = 0; i < lse.size(); ++i)
+    lse_err = std::max(lse_err, std::isnan(got.lse[i]) ? INFINITY : std::abs(got.lse[i] - lse[i]));
   EXPECT_LT(lse_err, tol_lse);
 }
 
