@@ -137,7 +137,9 @@ struct RopeArgs {
 //    the position of its document's first token), or left padding in batched decoding. The
 //    caller guarantees seg_start <= the query's own position, so each row sees at least itself.
 // Key blocks outside every row's window are skipped, not masked, so packing short documents
-// costs less than dense causal attention.
+// costs less than dense causal attention. Keys of a partly seen block get probability exactly 0
+// (other documents' outputs are bitwise independent), but their values are still multiplied by
+// it: k/v rows below kv_seq must be finite (zero a cache's padding); rows past kv_seq are never read.
 struct AttentionArgs {
   DType dtype = DType::f32;
   int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
