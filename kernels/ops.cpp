@@ -1,6 +1,7 @@
 // Argument validation shared by every backend, and the Ops front door (validate, then enqueue).
 #include "kernels/ops.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -107,6 +108,7 @@ void validate(const RopeArgs& a) {
   need_pos(a.head_dim, op, "head_dim");
   need(a.head_dim % 2 == 0, op, "head_dim must be even (got " + std::to_string(a.head_dim) + ")");
   need(a.token_stride == 0 || a.token_stride >= a.heads * a.head_dim, op, "token_stride < heads*head_dim");
+  need(!a.pos || a.pos0 == 0, op, "pos0 must be 0 when pos is set (got " + std::to_string(a.pos0) + ")");
   need(a.pos0 >= 0 && a.pos0 + a.seq <= a.max_pos, op,
        "positions " + std::to_string(a.pos0) + "+" + std::to_string(a.seq) + " exceed the table's " +
            std::to_string(a.max_pos) + " rows");
@@ -136,7 +138,15 @@ void validate_attention_shape(const A& a, const char* op) {
 }  // namespace
 
 void validate(const AttentionArgs& a) {
-  validate_attention_shape(a, "attention");
+  const char* op = "attention";
+  validate_attention_shape(a, op);
+  const int64_t kv_seq = kv_seq_of(a);
+  need(a.kv_seq >= 0 && kv_seq >= a.seq, op,
+       "kv_seq " + std::to_string(a.kv_seq) + " < seq " + std::to_string(a.seq));
+  const int64_t k_stride = a.k_stride ? a.k_stride : a.n_kv_heads * a.head_dim;
+  const int64_t v_stride = a.v_stride ? a.v_stride : a.n_kv_heads * a.head_dim;
+  need(a.kv_batch_stride == 0 || a.kv_batch_stride >= kv_seq * std::max(k_stride, v_stride), op,
+       "kv_batch_stride " + std::to_string(a.kv_batch_stride) + " < kv_seq * token stride");
   need_ptr(a.out, "attention", "out");
   need_ptr(a.lse, "attention", "lse");
 }

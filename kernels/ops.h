@@ -101,29 +101,45 @@ struct NormBackwardArgs {
 
 // Rotary position embedding, in place, HF "rotate half" convention: for i < rot/2,
 //   x'[i]       = x[i]·cos - x[i + rot/2]·sin
-//   x'[i+rot/2] = x[i + rot/2]·cos + x[i]·sin,      angle = (pos0 + t) · inv_freq[i]
+//   x'[i+rot/2] = x[i + rot/2]·cos + x[i]·sin,      angle = p(b, t) · inv_freq[i]
+// where the position p(b, t) = pos0 + t, or pos[b·seq + t] when `pos` is set.
 // x: (batch, seq, heads, head_dim) with `token_stride` elements between consecutive tokens
 // (0 = heads·head_dim; lets q and k be rotated inside a fused qkv buffer). cos, sin:
 // (max_pos, head_dim/2) fp32 tables (built by the model from rope_theta and rope_scaling).
-// backward = rotation by the negative angle, applied to the gradient in place.
+// backward = rotation by the negative angle, applied to the gradient in place (same positions).
 struct RopeArgs {
   DType dtype = DType::f32;
   int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
   int64_t token_stride = 0;
-  int64_t pos0 = 0;
+  int64_t pos0 = 0;     // must be 0 when pos is set
   int64_t max_pos = 0;  // rows of the cos/sin tables; pos0 + seq must not exceed it
   void* x = nullptr;
   const float* cos = nullptr;
   const float* sin = nullptr;
   bool backward = false;
+  // (batch, seq) int32 per-token positions in runtime memory (packed documents restart at 0).
+  // Not read by validation: the caller guarantees every position is in [0, max_pos).
+  const int32_t* pos = nullptr;
 };
 
 // Causal scaled-dot-product attention with grouped-query heads (query head h reads kv head
-// h / (n_heads / n_kv_heads)). q: (batch, seq, n_heads, head_dim), k, v: (batch, seq,
+// h / (n_heads / n_kv_heads)). q: (batch, seq, n_heads, head_dim), k, v: (batch, kv_seq,
 // n_kv_heads, head_dim), each with a token stride (0 = packed) so they can live inside a fused
 // qkv buffer; out: (batch, seq, n_heads, head_dim) packed; lse: (batch, n_heads, seq) fp32,
 // the log-sum-exp of each softmax row (scaled scores), saved for backward. Softmax in fp32;
-// blocked with an online softmax, never materialising seq × seq.
+// blocked with an online softmax, never materialising seq × kv_seq.
+//
+// Which keys a query sees: query i of batch item b sits at key position kv_seq - seq + i and
+// attends key j iff  seg_start[b·seq + i] <= j <= kv_seq - seq + i  (seg_start null: 0).
+//  - kv_seq > seq: decoding with a KV cache (seq = 1 new token, kv_seq = cached length
+//    including it) or chunked prefill; the keys/values of the new tokens are the last seq rows.
+//  - seg_start: block-diagonal causal attention for packed documents (each token's seg_start =
+//    the position of its document's first token), or left padding in batched decoding. The
+//    caller guarantees seg_start <= the query's own position, so each row sees at least itself.
+// Key blocks outside every row's window are skipped, not masked, so packing short documents
+// costs less than dense causal attention. Keys of a partly seen block get probability exactly 0
+// (other documents' outputs are bitwise independent), but their values are still multiplied by
+// it: k/v rows below kv_seq must be finite (zero a cache's padding); rows past kv_seq are never read.
 struct AttentionArgs {
   DType dtype = DType::f32;
   int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
@@ -134,8 +150,14 @@ struct AttentionArgs {
   int64_t q_stride = 0, k_stride = 0, v_stride = 0;
   void* out = nullptr;
   float* lse = nullptr;
+  int64_t kv_seq = 0;  // keys/values per batch item; 0 = seq; must be >= seq
+  // Elements between batch items of k AND of v (one stride for both; a cache with capacity >
+  // kv_seq). 0 = packed: kv_seq·k_stride for k and kv_seq·v_stride for v.
+  int64_t kv_batch_stride = 0;
+  const int32_t* seg_start = nullptr;  // (batch, seq) int32 in runtime memory, or null
 };
-// dq, dk, dv have the same layouts (and strides) as q, k, v and are overwritten.
+// dq, dk, dv have the same layouts (and strides) as q, k, v and are overwritten. Keys and
+// queries are the same tokens (kv_seq = seq); seg_start as in the forward (the same array).
 struct AttentionBackwardArgs {
   DType dtype = DType::f32;
   int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
@@ -150,7 +172,15 @@ struct AttentionBackwardArgs {
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;
+  const int32_t* seg_start = nullptr;  // (batch, seq) int32 in runtime memory, or null
 };
+
+// Keys per batch item (kv_seq, 0 = seq) and elements between batch items of k and of v (0 =
+// packed); the backward's keys are its queries.
+inline int64_t kv_seq_of(const AttentionArgs& a) { return a.kv_seq ? a.kv_seq : a.seq; }
+inline int64_t kv_seq_of(const AttentionBackwardArgs& a) { return a.seq; }
+inline int64_t kv_batch_stride_of(const AttentionArgs& a) { return a.kv_batch_stride; }
+inline int64_t kv_batch_stride_of(const AttentionBackwardArgs&) { return 0; }
 
 // SwiGLU: out = silu(gate) · up, silu(g) = g / (1 + e^-g). gate, up: (rows, cols) with row
 // stride ld (0 = cols; a fused [gate | up] projection output has ld = 2·cols); out: (rows,

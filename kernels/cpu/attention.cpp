@@ -1,6 +1,8 @@
 // Causal scaled-dot-product attention with grouped-query heads on the CPU: a flash-style forward
 // (64×64 blocks, online softmax, never seq × seq) and a FlashAttention-2 backward that recomputes
 // the probabilities from the saved log-sum-exp. Tiles are converted to fp32 in per-thread scratch.
+// Each query row sees a window of keys [seg_start, its own position] (packed documents, KV-cache
+// decoding): key blocks outside a query block's windows are skipped, partial ones masked.
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -56,8 +58,12 @@ struct Geometry {
   DType dtype = DType::f32;
   int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
   int64_t group = 0;     // query heads per kv head
-  int64_t n_blocks = 0;  // ceil(seq / kBlock)
+  int64_t n_blocks = 0;  // ceil(seq / kBlock): query blocks
+  int64_t kv_seq = 0;    // keys per batch item (>= seq)
+  int64_t q_pos0 = 0;    // key position of query 0: kv_seq - seq
   int64_t q_stride = 0, k_stride = 0, v_stride = 0, o_stride = 0;
+  int64_t k_batch = 0, v_batch = 0;  // elements between batch items of k, v
+  const int32_t* seg_start = nullptr;  // (batch, seq) first key each query sees; null = 0
   float scale = 0.f;
 
   template <class A>
@@ -67,15 +73,42 @@ struct Geometry {
         q_stride(a.q_stride ? a.q_stride : a.n_heads * a.head_dim),
         k_stride(a.k_stride ? a.k_stride : a.n_kv_heads * a.head_dim),
         v_stride(a.v_stride ? a.v_stride : a.n_kv_heads * a.head_dim), o_stride(a.n_heads * a.head_dim),
-        scale(a.scale > 0.f ? a.scale : 1.f / std::sqrt(static_cast<float>(a.head_dim))) {}
+        seg_start(a.seg_start), scale(a.scale > 0.f ? a.scale : 1.f / std::sqrt(static_cast<float>(a.head_dim))) {
+    kv_seq = kv_seq_of(a);
+    q_pos0 = kv_seq - seq;
+    const int64_t kv_batch = kv_batch_stride_of(a);
+    k_batch = kv_batch ? kv_batch : kv_seq * k_stride;
+    v_batch = kv_batch ? kv_batch : kv_seq * v_stride;
+  }
 
-  // Element offsets of token t of batch b, head h.
+  // Element offsets of token t of batch b, head h (t: query index for q/o, key position for k/v).
   int64_t q_at(int64_t b, int64_t t, int64_t h) const { return (b * seq + t) * q_stride + h * head_dim; }
-  int64_t k_at(int64_t b, int64_t t, int64_t h) const { return (b * seq + t) * k_stride + h * head_dim; }
-  int64_t v_at(int64_t b, int64_t t, int64_t h) const { return (b * seq + t) * v_stride + h * head_dim; }
+  int64_t k_at(int64_t b, int64_t t, int64_t h) const { return b * k_batch + t * k_stride + h * head_dim; }
+  int64_t v_at(int64_t b, int64_t t, int64_t h) const { return b * v_batch + t * v_stride + h * head_dim; }
   int64_t o_at(int64_t b, int64_t t, int64_t h) const { return (b * seq + t) * o_stride + h * head_dim; }
   int64_t lse_at(int64_t b, int64_t h, int64_t t) const { return (b * n_heads + h) * seq + t; }
+
+  // Query t of batch b sees keys [first_key(b, t), q_pos0 + t].
+  int64_t first_key(int64_t b, int64_t t) const { return seg_start ? std::max<int64_t>(0, seg_start[b * seq + t]) : 0; }
+  // The first key any of queries [q0, q0 + nq) sees.
+  int64_t first_key(int64_t b, int64_t q0, int64_t nq) const {
+    if (!seg_start) return 0;
+    const int32_t* s = seg_start + b * seq + q0;
+    return std::max<int64_t>(0, *std::min_element(s, s + nq));
+  }
 };
+
+// Sets the scores s (nq, kBlock) of query rows q0.. against key block k0 (nk keys) to -inf where
+// the key is outside the row's window or past nk: exp then gives probability 0.
+void mask_block(const Geometry& g, int64_t b, int64_t q0, int64_t nq, int64_t k0, int64_t nk, float* s) {
+  for (int64_t i = 0; i < nq; ++i) {
+    float* row = s + i * kBlock;
+    const int64_t lo = std::clamp<int64_t>(g.first_key(b, q0 + i) - k0, 0, kBlock);
+    const int64_t hi = std::clamp<int64_t>(g.q_pos0 + q0 + i - k0 + 1, 0, nk);
+    std::fill(row, row + lo, kNegInf);
+    std::fill(row + hi, row + kBlock, kNegInf);
+  }
+}
 
 // Per-thread fp32 scratch, grown on first use and kept for the thread's life (TBB workers and
 // stream workers live as long as the process), so steady-state calls allocate nothing.
@@ -351,7 +384,7 @@ inline int64_t zigzag(int64_t i, int64_t n) { return i % 2 == 0 ? i / 2 : n - 1 
 
 // ---- forward ----------------------------------------------------------------------------------
 
-// One (batch, head, query block): online softmax over the key blocks 0..qb (causal).
+// One (batch, head, query block): online softmax over the key blocks that hold the rows' windows.
 template <class K>
 [[gnu::always_inline]] inline void forward_item(const AttentionArgs& args, const Geometry& g, int64_t b, int64_t h,
                                                 int64_t qb) {
@@ -373,19 +406,22 @@ template <class K>
   std::fill(row_max, row_max + nq, kNegInf);
   std::fill(row_sum, row_sum + nq, 0.f);
 
-  for (int64_t kb = 0; kb <= qb; ++kb) {
-    const int64_t k0 = kb * kBlock, nk = std::min(kBlock, g.seq - k0);
+  const int64_t kb_lo = g.first_key(b, q0, nq) / kBlock, kb_hi = (g.q_pos0 + q0 + nq - 1) / kBlock;
+  for (int64_t kb = kb_lo; kb <= kb_hi; ++kb) {
+    const int64_t k0 = kb * kBlock, nk = std::min(kBlock, g.kv_seq - k0);
     load_rows(args.k, g.dtype, g.k_at(b, k0, kvh), g.k_stride, nk, d, kr, d, 1.f);
     transpose_rows(kr, nk, d, kt);
     load_rows(args.v, g.dtype, g.v_at(b, k0, kvh), g.v_stride, nk, d, v, d, 1.f);
     K::matmul(s, kBlock, q, d, kt, kBlock, nq, d, kBlock, false);  // S = (scale·Q)·Kᵀ
+    mask_block(g, b, q0, nq, k0, nk, s);
     for (int64_t i = 0; i < nq; ++i) {
       float* row = s + i * kBlock;
-      const int64_t valid = kb == qb ? std::min(nk, i + 1) : nk;  // keys j <= query i
-      for (int64_t j = valid; j < kBlock; ++j) row[j] = kNegInf;
       const float m_new = std::max(row_max[i], block_max(row));
-      for (int64_t j = 0; j < kBlock; ++j) row[j] = fast_exp(row[j] - m_new);
-      const float alpha = fast_exp(row_max[i] - m_new);  // 0 on the first block (max was -inf)
+      // A row whose window starts in a later block has seen no key: its max stays -inf, and
+      // subtracting 0 keeps its probabilities (and alpha) 0 rather than NaN.
+      const float m_sub = m_new == kNegInf ? 0.f : m_new;
+      for (int64_t j = 0; j < kBlock; ++j) row[j] = fast_exp(row[j] - m_sub);
+      const float alpha = fast_exp(row_max[i] - m_sub);  // 0 on the row's first block (max was -inf)
       row_sum[i] = row_sum[i] * alpha + block_sum(row);
       row_max[i] = m_new;
       if (alpha != 1.f) {
@@ -448,19 +484,20 @@ void compute_delta(const AttentionBackwardArgs& args, const Geometry& g, float* 
   }
 }
 
-// For one block pair: p (nq, kBlock) = P = exp(S - lse) (0 where masked), ds (nq, kBlock) =
-// dS = P ∘ (dP - delta). qi = scale·Q rows, doi = dO rows, kt/vt = Kᵀ/Vᵀ zero-padded.
+// For one block pair (query rows q0.., key block k0): p (nq, kBlock) = P = exp(S - lse) (0 where
+// masked), ds (nq, kBlock) = dS = P ∘ (dP - delta). qi = scale·Q rows, doi = dO rows, kt/vt =
+// Kᵀ/Vᵀ zero-padded.
 template <class K>
-[[gnu::always_inline]] inline void block_scores(const float* qi, const float* doi, const float* kt, const float* vt,
-                                                const float* lse, const float* delta, int64_t nq, int64_t nk,
-                                                bool diagonal, int64_t d, float* p, float* ds) {
+[[gnu::always_inline]] inline void block_scores(const Geometry& g, int64_t b, int64_t q0, int64_t k0, const float* qi,
+                                                const float* doi, const float* kt, const float* vt, const float* lse,
+                                                const float* delta, int64_t nq, int64_t nk, float* p, float* ds) {
+  const int64_t d = g.head_dim;
   K::matmul(p, kBlock, qi, d, kt, kBlock, nq, d, kBlock, false);   // S = (scale·Q)·Kᵀ
   K::matmul(ds, kBlock, doi, d, vt, kBlock, nq, d, kBlock, false);  // dP = dO·Vᵀ
+  mask_block(g, b, q0, nq, k0, nk, p);
   for (int64_t i = 0; i < nq; ++i) {
     float* pr = p + i * kBlock;
     float* dr = ds + i * kBlock;
-    const int64_t valid = diagonal ? std::min(nk, i + 1) : nk;  // keys j <= query i
-    for (int64_t j = valid; j < kBlock; ++j) pr[j] = kNegInf;
     const float l = lse[i], di = delta[i];
     for (int64_t j = 0; j < kBlock; ++j) {
       pr[j] = fast_exp(pr[j] - l);
@@ -515,11 +552,12 @@ template <class K>
       const int64_t h = h0 + gi;
       for (int64_t qb = kb; qb < g.n_blocks; ++qb) {
         const int64_t q0 = qb * kBlock, nq = std::min(kBlock, T - q0);
+        if (g.first_key(b, q0, nq) >= k0 + nk) continue;  // every row's window starts after this block
         // Converting the two tiles again for every key block costs ~1/300 of the block's math.
         load_rows(args.q, g.dtype, g.q_at(b, q0, h), g.q_stride, nq, d, qi, d, g.scale);
         load_rows(args.dout, g.dtype, g.o_at(b, q0, h), g.o_stride, nq, d, doi, d, 1.f);
-        block_scores<K>(qi, doi, kt, vt, args.lse + g.lse_at(b, h, q0), delta + g.lse_at(b, h, q0), nq, nk, qb == kb,
-                        d, p, ds);
+        block_scores<K>(g, b, q0, k0, qi, doi, kt, vt, args.lse + g.lse_at(b, h, q0), delta + g.lse_at(b, h, q0), nq,
+                        nk, p, ds);
         transpose_block(p, nq, pt);
         transpose_block(ds, nq, dst);
         K::matmul(dv, d, pt, kBlock, doi, d, nk, nq, d, true);  // dV += Pᵀ·dO
@@ -535,7 +573,8 @@ template <class K>
       store_rows(args.dq, g.dtype, g.q_at(b, q_lo, h0 + gi), g.q_stride, rows, d, dq + gi * rows * d, g.scale);
 }
 
-// Pass 2 of the split schedule: dQ of one (batch, head, query block) over key blocks 0..qb.
+// Pass 2 of the split schedule: dQ of one (batch, head, query block) over the key blocks from the
+// one holding the rows' first key to qb.
 template <class K>
 [[gnu::always_inline]] inline void backward_q(const AttentionBackwardArgs& args, const Geometry& g,
                                               const float* delta, int64_t b, int64_t h, int64_t qb) {
@@ -553,12 +592,13 @@ template <class K>
   float* ds = carve.take(sq);     // (nq, kBlock)
   load_rows(args.q, g.dtype, g.q_at(b, q0, h), g.q_stride, nq, d, qi, d, g.scale);
   load_rows(args.dout, g.dtype, g.o_at(b, q0, h), g.o_stride, nq, d, doi, d, 1.f);
-  for (int64_t kb = 0; kb <= qb; ++kb) {
+  const int64_t kb_lo = g.first_key(b, q0, nq) / kBlock;
+  for (int64_t kb = kb_lo; kb <= qb; ++kb) {
     const int64_t k0 = kb * kBlock, nk = std::min(kBlock, g.seq - k0);
     load_key_block(args, g, b, kvh, k0, nk, kr, kt, vt, tmp);
-    block_scores<K>(qi, doi, kt, vt, args.lse + g.lse_at(b, h, q0), delta + g.lse_at(b, h, q0), nq, nk, qb == kb, d,
+    block_scores<K>(g, b, q0, k0, qi, doi, kt, vt, args.lse + g.lse_at(b, h, q0), delta + g.lse_at(b, h, q0), nq, nk,
                     p, ds);
-    K::matmul(dq, d, ds, kBlock, kr, d, nq, nk, d, kb > 0);  // dQ += dS·K
+    K::matmul(dq, d, ds, kBlock, kr, d, nq, nk, d, kb > kb_lo);  // dQ += dS·K
   }
   store_rows(args.dq, g.dtype, g.q_at(b, q0, h), g.q_stride, nq, d, dq, g.scale);
 }

@@ -1,6 +1,7 @@
 // CPU rotary position embedding (HF "rotate half" convention), in place on q or k, which may
-// sit inside a fused qkv buffer (token_stride). The backward is the inverse rotation (negative
-// angle) applied to the gradient in place.
+// sit inside a fused qkv buffer (token_stride), at positions pos0 + t or per-token positions
+// (packed documents). The backward is the inverse rotation (negative angle) applied to the
+// gradient in place.
 #include "kernels/cpu/act_types.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
@@ -17,7 +18,7 @@ void rope_impl(const RopeArgs& a) {
   const float sign = a.backward ? -1.f : 1.f;  // backward rotates by -angle: sin -> -sin
   parallel_simd(a.batch * seq, row_grain(heads * head_dim), [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t bt = lo; bt < hi; ++bt) {
-      const int64_t pos = a.pos0 + bt % seq;
+      const int64_t pos = a.pos ? int64_t{a.pos[bt]} : a.pos0 + bt % seq;  // pos: (batch·seq)
       const float* cos = a.cos + pos * half;  // (head_dim/2)
       const float* sin = a.sin + pos * half;
       T* tok = x + bt * token_stride;
