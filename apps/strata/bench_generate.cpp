@@ -19,11 +19,11 @@
 #include "src/infer/generator.h"
 #include "src/infer/sampler.h"
 #include "src/train/perf_model.h"
-#include "src/train/tiered_memory.h"
 
 namespace strata::app {
 
 namespace {
+using kernels::DType;
 
 struct BenchGenerateOptions {
   std::string model, preset = "llama-350m";
@@ -64,6 +64,37 @@ double read_bandwidth(uint64_t bytes) {
   for (uint64_t s : sums) all += s;
   if (all == 1) std::printf(" ");  // keeps the reads
   return static_cast<double>(bytes) / (best / 1e3) / 1e9;
+}
+
+// GB/s of weight bytes read by the decode's matrix-vector products: y (1, n) = x (1, k) · Wᵀ for
+// (n, k) weights in dtype dt, cycling through enough weight matrices (> 256 MiB) that none stays
+// in cache, as a decode step sees them. Median of 5 passes.
+double matvec_bandwidth(kernels::Runtime& rt, kernels::Stream& s, DType dt, int64_t k, int64_t n) {
+  const size_t w_bytes = static_cast<size_t>(k * n) * kernels::dtype_size(dt);
+  const int64_t count = std::max<int64_t>(2, static_cast<int64_t>((256u << 20) / w_bytes) + 1);
+  kernels::DeviceBuffer w(rt, w_bytes * static_cast<size_t>(count)), x(rt, static_cast<size_t>(k) * 4),
+      y(rt, static_cast<size_t>(n) * 4);
+  s.memset_async(w.data(), 0, w.bytes());
+  s.memset_async(x.data(), 0, x.bytes());
+  std::vector<double> each;
+  for (int rep = 0; rep < 6; ++rep) {
+    s.synchronize();
+    const auto t0 = clock::now();
+    for (int64_t i = 0; i < count; ++i) {
+      kernels::MatmulArgs m;
+      m.a = x.data();
+      m.b = static_cast<const char*>(w.data()) + static_cast<size_t>(i) * w_bytes;
+      m.c = y.data();
+      m.ab_dtype = dt;
+      m.c_dtype = dt;
+      m.m = 1, m.n = n, m.k = k;
+      m.trans_b = true;
+      rt.ops().matmul(s, m);
+    }
+    s.synchronize();
+    if (rep > 0) each.push_back(ms_since(t0));
+  }
+  return static_cast<double>(w_bytes * static_cast<size_t>(count)) / (median(each) / 1e3) / 1e9;
 }
 
 // Median ms per decode step over `steps` greedy steps after a prefill of `prompts`.
@@ -112,11 +143,7 @@ void register_bench_generate(CLI::App& bench, Run& run) {
       const ModelConfig cfg = b.model.empty() ? preset_model_config(b.preset) : read_hf_config(b.model + "/config.json");
       auto rt = kernels::make_runtime(kernels::parse_backend(b.backend));
       auto stream = rt->create_stream();
-      WeightPlacement pl;
-      pl.params = parse_offload(b.offload_params, "--offload-params");
-      pl.nvme_paths = b.nvme_paths;
-      if (!b.device_mem.empty()) pl.device_mem = offload::parse_size(b.device_mem);
-      if (!b.host_mem.empty()) pl.host_mem = offload::parse_size(b.host_mem);
+      const WeightPlacement pl = weight_placement(b.offload_params, b.nvme_paths, b.device_mem, b.host_mem);
       const GenerateShape shape{b.batch, b.prompt_tokens, b.prompt_tokens + b.new_tokens + 1};
       Generator gen(cfg, kernels::parse_dtype(b.dtype), *rt, *stream, pl, shape);
       if (b.model.empty())
@@ -140,6 +167,8 @@ void register_bench_generate(CLI::App& bench, Run& run) {
       const double decb = decode_ms(gen, std::vector<std::vector<int32_t>>(static_cast<size_t>(b.batch), prompt),
                                     b.new_tokens);
       const double bw = read_bandwidth(static_cast<uint64_t>(b.bandwidth_mib) << 20);
+      const int64_t I = cfg.intermediate_size > 0 ? cfg.intermediate_size : 4 * cfg.hidden_size;
+      const double mv = matvec_bandwidth(*rt, *stream, kernels::parse_dtype(b.dtype), cfg.hidden_size, 2 * I);
       // The training forward's FLOP count of the prompt (a third of a step's), as bench step counts.
       const Transformer counted(cfg, kernels::parse_dtype(b.dtype), 1, 1, *rt);
       const double flops = step_flops(cfg, counted.n_params(), 1, b.prompt_tokens) / 3.0;
@@ -167,6 +196,8 @@ void register_bench_generate(CLI::App& bench, Run& run) {
       j["read_bandwidth_gbs"] = bw;
       j["bandwidth_ceiling_tokens_per_s"] = ceiling;
       j["decode_b1_vs_ceiling"] = (1e3 / dec1) / ceiling;
+      j["matvec_shape"] = "1x" + std::to_string(cfg.hidden_size) + "x" + std::to_string(2 * I);
+      j["matvec_weight_gbs"] = mv;  // the fc projection's matmul at m = 1, weights streamed from RAM
       std::printf("%s\n", j.dump().c_str());
       return 0;
     };

@@ -4,14 +4,17 @@
 
 #include <algorithm>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace strata {
 struct TrainOptions;
+struct WeightPlacement;
 }
 
 namespace strata::app {
 using strata::TrainOptions;
+using strata::WeightPlacement;
 
 using Run = std::function<int()>;
 
@@ -43,5 +46,8 @@ void register_data(CLI::App& app, Run& run);
 void register_tokenize(CLI::App& app, Run& run);
 // `strata generate`: sampling with a KV cache (src/infer/).
 void register_generate(CLI::App& app, Run& run);
+// The weights' placement from generate's flags (--offload-params, --nvme-path, --device-mem, --host-mem).
+WeightPlacement weight_placement(const std::string& offload_params, const std::vector<std::string>& nvme_paths,
+                                 const std::string& device_mem, const std::string& host_mem);
 
 }  // namespace strata::app

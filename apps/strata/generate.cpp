@@ -223,11 +223,7 @@ int run_generate(const GenerateOptions& o) {
   if (o.threads > 0) kernels::cpu::set_num_threads(o.threads);
   auto rt = kernels::make_runtime(kernels::parse_backend(o.backend));
   auto stream = rt->create_stream();
-  WeightPlacement pl;
-  pl.params = parse_offload(o.offload_params, "--offload-params");
-  pl.nvme_paths = o.nvme_paths;
-  if (!o.device_mem.empty()) pl.device_mem = offload::parse_size(o.device_mem);
-  if (!o.host_mem.empty()) pl.host_mem = offload::parse_size(o.host_mem);
+  const WeightPlacement pl = weight_placement(o.offload_params, o.nvme_paths, o.device_mem, o.host_mem);
   GenerateShape shape;
   shape.batch = static_cast<int64_t>(reqs.size());
   for (const GenRequest& r : reqs) {
@@ -290,6 +286,16 @@ int run_generate(const GenerateOptions& o) {
 }
 
 }  // namespace
+
+WeightPlacement weight_placement(const std::string& offload_params, const std::vector<std::string>& nvme_paths,
+                                 const std::string& device_mem, const std::string& host_mem) {
+  WeightPlacement pl;
+  pl.params = parse_offload(offload_params, "--offload-params");
+  pl.nvme_paths = nvme_paths;
+  if (!device_mem.empty()) pl.device_mem = offload::parse_size(device_mem);
+  if (!host_mem.empty()) pl.host_mem = offload::parse_size(host_mem);
+  return pl;
+}
 
 void register_generate(CLI::App& app, Run& run) {
   auto opts = std::make_shared<GenerateOptions>();
