@@ -140,7 +140,7 @@ void validate_attention_shape(const A& a, const char* op) {
 void validate(const AttentionArgs& a) {
   const char* op = "attention";
   validate_attention_shape(a, op);
-  const int64_t kv_seq = a.kv_seq ? a.kv_seq : a.seq;
+  const int64_t kv_seq = kv_seq_of(a);
   need(a.kv_seq >= 0 && kv_seq >= a.seq, op,
        "kv_seq " + std::to_string(a.kv_seq) + " < seq " + std::to_string(a.seq));
   const int64_t k_stride = a.k_stride ? a.k_stride : a.n_kv_heads * a.head_dim;

@@ -173,6 +173,13 @@ struct AttentionBackwardArgs {
   const int32_t* seg_start = nullptr;  // (batch, seq) int32 in runtime memory, or null
 };
 
+// Keys per batch item (kv_seq, 0 = seq) and elements between batch items of k and of v (0 =
+// packed); the backward's keys are its queries.
+inline int64_t kv_seq_of(const AttentionArgs& a) { return a.kv_seq ? a.kv_seq : a.seq; }
+inline int64_t kv_seq_of(const AttentionBackwardArgs& a) { return a.seq; }
+inline int64_t kv_batch_stride_of(const AttentionArgs& a) { return a.kv_batch_stride; }
+inline int64_t kv_batch_stride_of(const AttentionBackwardArgs&) { return 0; }
+
 // SwiGLU: out = silu(gate) · up, silu(g) = g / (1 + e^-g). gate, up: (rows, cols) with row
 // stride ld (0 = cols; a fused [gate | up] projection output has ld = 2·cols); out: (rows,
 // cols) packed. Backward writes dgate, dup with the same row stride ld.

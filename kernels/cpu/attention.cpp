@@ -53,19 +53,6 @@ bool cpu_has(AttentionIsa isa) {
   return false;
 }
 
-// Keys per batch item and elements between batch items of k and v (0 = packed): the forward
-// has them, the backward's keys are its queries.
-template <class A>
-int64_t kv_seq_of(const A& a) {
-  if constexpr (requires { a.kv_seq; }) return a.kv_seq ? a.kv_seq : a.seq;
-  else return a.seq;
-}
-template <class A>
-int64_t kv_batch_stride_of(const A& a) {
-  if constexpr (requires { a.kv_batch_stride; }) return a.kv_batch_stride;
-  else return 0;
-}
-
 // One call's shape, shared by forward and backward. Strides are in elements between tokens.
 struct Geometry {
   DType dtype = DType::f32;

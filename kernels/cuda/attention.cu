@@ -3,7 +3,8 @@
 // =mma_plain overrides, see requested_impl), the backward's delta = rowsum(dO ∘ O), and the SIMT
 // kernels: one warp per query (or key) row, keys (or queries) staged through shared memory 16 at a
 // time, dot products reduced by a fixed butterfly. Every output element has one owner and a fixed
-// summation order (dK, dV over a GQA group's query heads in head order): deterministic.
+// summation order (dK, dV over a GQA group's query heads in head order): deterministic. Each
+// query sees the keys [seg_start, its position]; chunks outside a block's windows are skipped.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -32,7 +33,7 @@ __device__ void stage_rows(float* sm, const T* src, int64_t stride, int r0, int 
 }
 
 // Forward: block (row block, b·Hq + h); warp w owns query t = rb·kRows + w. Online softmax
-// over keys 0..t one key at a time, in natural-log units of the scaled scores.
+// over its keys first_key..q_pos0 + t one key at a time, in natural-log units of the scaled scores.
 template <class T>
 __global__ void __launch_bounds__(kRows * 32)
     attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
@@ -46,8 +47,9 @@ __global__ void __launch_bounds__(kRows * 32)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = rb * kRows + warp;
   const bool valid = t < T_;
-  const T* kb = k + static_cast<int64_t>(b) * T_ * g.k_stride + static_cast<int64_t>(kvh) * D;
-  const T* vb = v + static_cast<int64_t>(b) * T_ * g.v_stride + static_cast<int64_t>(kvh) * D;
+  const T* kb = k + static_cast<int64_t>(b) * g.k_batch + static_cast<int64_t>(kvh) * D;
+  const T* vb = v + static_cast<int64_t>(b) * g.v_batch + static_cast<int64_t>(kvh) * D;
+  const int pos = g.q_pos0 + t, first = valid ? g.first_key(b, t) : 0;  // keys first..pos
   float qr[kPerLane], o[kPerLane];
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
@@ -56,15 +58,16 @@ __global__ void __launch_bounds__(kRows * 32)
     o[j] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  const int last = min(T_, (rb + 1) * kRows) - 1;  // the block's last query sees keys 0..last
-  for (int k0 = 0; k0 <= last; k0 += kChunk) {
+  const int last = g.q_pos0 + min(T_, (rb + 1) * kRows) - 1;  // the block's last query sees keys ..last
+  const int k_lo = g.warp_min_first_key(b, rb * kRows, kRows) / kChunk * kChunk;
+  for (int k0 = k_lo; k0 <= last; k0 += kChunk) {
     __syncthreads();
-    stage_rows(ks, kb, g.k_stride, k0, T_, D);
-    stage_rows(vs, vb, g.v_stride, k0, T_, D);
+    stage_rows(ks, kb, g.k_stride, k0, g.kv_seq, D);
+    stage_rows(vs, vb, g.v_stride, k0, g.kv_seq, D);
     __syncthreads();
     if (!valid) continue;
-    const int n = min(kChunk, t - k0 + 1);  // keys k0 .. min(t, k0 + kChunk - 1)
-    for (int j = 0; j < n; ++j) {
+    const int n = min(kChunk, pos - k0 + 1);  // keys k0 .. min(pos, k0 + kChunk - 1)
+    for (int j = max(0, first - k0); j < n; ++j) {
       float part = 0.f;
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) {
@@ -125,8 +128,9 @@ __global__ void __launch_bounds__(kRows * 32)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = rb * kRows + warp;
   const bool valid = t < T_;
-  const T* kb = k + static_cast<int64_t>(b) * T_ * g.k_stride + static_cast<int64_t>(kvh) * D;
-  const T* vb = v + static_cast<int64_t>(b) * T_ * g.v_stride + static_cast<int64_t>(kvh) * D;
+  const T* kb = k + static_cast<int64_t>(b) * g.k_batch + static_cast<int64_t>(kvh) * D;
+  const T* vb = v + static_cast<int64_t>(b) * g.v_batch + static_cast<int64_t>(kvh) * D;
+  const int first = valid ? g.first_key(b, t) : 0;
   const int64_t stat = (static_cast<int64_t>(b) * g.n_heads + h) * T_ + t;
   const float lse_t = valid ? lse[stat] : 0.f, delta_t = valid ? delta[stat] : 0.f;
   float qr[kPerLane], dor[kPerLane], acc[kPerLane];
@@ -139,14 +143,15 @@ __global__ void __launch_bounds__(kRows * 32)
     acc[e] = 0.f;
   }
   const int last = min(T_, (rb + 1) * kRows) - 1;
-  for (int k0 = 0; k0 <= last; k0 += kChunk) {
+  const int k_lo = g.warp_min_first_key(b, rb * kRows, kRows) / kChunk * kChunk;
+  for (int k0 = k_lo; k0 <= last; k0 += kChunk) {
     __syncthreads();
     stage_rows(ks, kb, g.k_stride, k0, T_, D);
     stage_rows(vs, vb, g.v_stride, k0, T_, D);
     __syncthreads();
     if (!valid) continue;
     const int n = min(kChunk, t - k0 + 1);
-    for (int j = 0; j < n; ++j) {
+    for (int j = max(0, first - k0); j < n; ++j) {
       float ps = 0.f, pd = 0.f;
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) {
@@ -171,7 +176,8 @@ __global__ void __launch_bounds__(kRows * 32)
 }
 
 // dK, dV: block (key block, b·Hkv + kvh), warp w owns key j = kb·kRows + w, and walks the query
-// heads of its group in order, queries j..T-1 staged 16 at a time.
+// heads of its group in order, queries j..T-1 staged 16 at a time (chunks whose queries all start
+// their window after the block's keys are skipped; a query i sees key j iff first_key(i) <= j).
 template <class T>
 __global__ void __launch_bounds__(kRows * 32)
     attn_bwd_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -182,6 +188,7 @@ __global__ void __launch_bounds__(kRows * 32)
   float* dos = sm + kChunk * g.head_dim;  // (kChunk, D)
   float* ls = dos + kChunk * g.head_dim;  // (kChunk) lse
   float* ds_ = ls + kChunk;               // (kChunk) delta
+  int* fs = reinterpret_cast<int*>(ds_ + kChunk);  // (kChunk) first key of each query
   const int D = g.head_dim, T_ = g.seq;
   const int kb = blockIdx.x;  // early key blocks see the most queries: first
   const int b = blockIdx.y / g.n_kv_heads, kvh = blockIdx.y % g.n_kv_heads;
@@ -193,8 +200,8 @@ __global__ void __launch_bounds__(kRows * 32)
   for (int e = 0; e < kPerLane; ++e) {
     const int d = lane + 32 * e;
     const bool in = valid && d < D;
-    kr[e] = in ? g.scale * to_f32(k[(static_cast<int64_t>(b) * T_ + j) * g.k_stride + kvh * D + d]) : 0.f;
-    vr[e] = in ? to_f32(v[(static_cast<int64_t>(b) * T_ + j) * g.v_stride + kvh * D + d]) : 0.f;
+    kr[e] = in ? g.scale * to_f32(k[static_cast<int64_t>(b) * g.k_batch + static_cast<int64_t>(j) * g.k_stride + kvh * D + d]) : 0.f;
+    vr[e] = in ? to_f32(v[static_cast<int64_t>(b) * g.v_batch + static_cast<int64_t>(j) * g.v_stride + kvh * D + d]) : 0.f;
     dka[e] = dva[e] = 0.f;
   }
   const int first = kb * kRows;  // the block's first key: queries before it see none of its keys
@@ -205,6 +212,7 @@ __global__ void __launch_bounds__(kRows * 32)
     const float* lb = lse + (static_cast<int64_t>(b) * g.n_heads + h) * T_;
     const float* db = delta + (static_cast<int64_t>(b) * g.n_heads + h) * T_;
     for (int q0 = first; q0 < T_; q0 += kChunk) {
+      if (g.warp_min_first_key(b, q0, kChunk) >= first + kRows) continue;  // sees none of these keys
       __syncthreads();
       stage_rows(qs, qb, g.q_stride, q0, T_, D);
       stage_rows(dos, ob, g.o_stride, q0, T_, D);
@@ -212,10 +220,12 @@ __global__ void __launch_bounds__(kRows * 32)
         const int t = q0 + threadIdx.x;
         ls[threadIdx.x] = t < T_ ? lb[t] : 0.f;
         ds_[threadIdx.x] = t < T_ ? db[t] : 0.f;
+        fs[threadIdx.x] = t < T_ ? g.first_key(b, t) : 0;
       }
       __syncthreads();
       if (!valid) continue;
       for (int i = max(0, j - q0); i < kChunk && q0 + i < T_; ++i) {  // queries t >= j
+        if (fs[i] > j) continue;                                        // whose window holds j
         float ps = 0.f, pd = 0.f;
 #pragma unroll
         for (int e = 0; e < kPerLane; ++e) {
@@ -237,8 +247,9 @@ __global__ void __launch_bounds__(kRows * 32)
   for (int e = 0; e < kPerLane; ++e) {
     const int d = lane + 32 * e;
     if (d < D) {
-      dk[(static_cast<int64_t>(b) * T_ + j) * g.k_stride + kvh * D + d] = from_f32<T>(g.scale * dka[e]);
-      dv[(static_cast<int64_t>(b) * T_ + j) * g.v_stride + kvh * D + d] = from_f32<T>(dva[e]);
+      dk[static_cast<int64_t>(b) * g.k_batch + static_cast<int64_t>(j) * g.k_stride + kvh * D + d] =
+          from_f32<T>(g.scale * dka[e]);
+      dv[static_cast<int64_t>(b) * g.v_batch + static_cast<int64_t>(j) * g.v_stride + kvh * D + d] = from_f32<T>(dva[e]);
     }
   }
 }
@@ -285,7 +296,7 @@ void attention_backward_simt(const AttentionBackwardArgs& a, const AttnGeometry&
         q, k, v, dout, a.lse, delta, static_cast<T*>(a.dq), g);
     STRATA_CUDA_CHECK_LAUNCH();
     const dim3 grid_kv((g.seq + kRows - 1) / kRows, g.batch * g.n_kv_heads);
-    attn_bwd_dkdv_simt<T><<<grid_kv, kRows * 32, (2 * kChunk * g.head_dim + 2 * kChunk) * sizeof(float), s>>>(
+    attn_bwd_dkdv_simt<T><<<grid_kv, kRows * 32, (2 * kChunk * g.head_dim + 3 * kChunk) * sizeof(float), s>>>(
         q, k, v, dout, a.lse, delta, static_cast<T*>(a.dk), static_cast<T*>(a.dv), g);
     STRATA_CUDA_CHECK_LAUNCH();
   });

@@ -3,7 +3,8 @@
 // accumulator registers (the S accumulator is reused as the A operand of P·V), O(T) memory,
 // lse saved. Backward recomputes P from lse in two deterministic kernels: dQ per (query tile,
 // head) over its key tiles, and dK/dV per (key tile, kv head) over the group's query heads in
-// order. No atomics. Fragment layouts are PTX's for m16n8k16 (g = lane/4, tig = lane%4):
+// order. No atomics. Query t sees the keys [seg_start, kv_seq - seq + t]: tiles outside every
+// row's window are skipped, partial tiles masked element-wise. Fragment layouts are PTX's for m16n8k16 (g = lane/4, tig = lane%4):
 //   A (16×16, row): a0 = (g, 2tig..+1), a1 = (g+8, 2tig..), a2 = (g, 2tig+8..), a3 = (g+8, 2tig+8..)
 //   B (16×8, col):  b0 = (k 2tig..+1, n g), b1 = (k 2tig+8..+1, n g)
 //   C (16×8):       c0,c1 = (g, 2tig..+1), c2,c3 = (g+8, 2tig..+1)
@@ -198,8 +199,8 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = qt * kTile;
   const float sl = geo.scale * kLog2e;
   const T* qb = q + static_cast<int64_t>(b) * T_ * geo.q_stride + static_cast<int64_t>(h) * D;
-  const T* kb = k + static_cast<int64_t>(b) * T_ * geo.k_stride + static_cast<int64_t>(kvh) * D;
-  const T* vb = v + static_cast<int64_t>(b) * T_ * geo.v_stride + static_cast<int64_t>(kvh) * D;
+  const T* kb = k + static_cast<int64_t>(b) * geo.k_batch + static_cast<int64_t>(kvh) * D;
+  const T* vb = v + static_cast<int64_t>(b) * geo.v_batch + static_cast<int64_t>(kvh) * D;
 
   load_tile<kTile, D>(ks, qb, geo.q_stride, q0, T_);
   __syncthreads();
@@ -208,13 +209,18 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = 0; kt < D / 16; ++kt) frag_a<kLdm, T, LDS>(qf[kt], ks, warp * 16, kt * 16, lane);
 
   const int row_lo = q0 + warp * 16 + g, row_hi = row_lo + 8;
+  // Each row's keys [first, pos]; rows past the end see [0, pos] (computed, never stored).
+  const int pos_lo = geo.q_pos0 + row_lo, pos_hi = geo.q_pos0 + row_hi;
+  const int first_lo = row_lo < T_ ? geo.first_key(b, row_lo) : 0;
+  const int first_hi = row_hi < T_ ? geo.first_key(b, row_hi) : 0;
   float o[D / 8][4] = {};
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;  // l: this thread's columns only
-  const int last_key = min(T_, q0 + kTile) - 1;
-  for (int k0 = 0; k0 <= last_key; k0 += kKeyTile) {
+  const int last_key = geo.q_pos0 + min(T_, q0 + kTile) - 1;
+  const int k_lo = geo.warp_min_first_key(b, q0, kTile) / kKeyTile * kKeyTile;
+  for (int k0 = k_lo; k0 <= last_key; k0 += kKeyTile) {
     __syncthreads();  // everyone is done with the previous tiles (and the Q tile)
-    load_tile<kKeyTile, D>(ks, kb, geo.k_stride, k0, T_);
-    load_tile<kKeyTile, D>(vs, vb, geo.v_stride, k0, T_);
+    load_tile<kKeyTile, D>(ks, kb, geo.k_stride, k0, geo.kv_seq);
+    load_tile<kKeyTile, D>(vs, vb, geo.v_stride, k0, geo.kv_seq);
     __syncthreads();
 
     float s[kKeyTile / 8][4] = {};  // S = Q·Kᵀ, (16 rows, 64 keys)
@@ -233,8 +239,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int key = k0 + nt * 8 + 2 * tig + e;
-        s[nt][e] = key <= row_lo && key < T_ ? s[nt][e] * sl : -INFINITY;
-        s[nt][2 + e] = key <= row_hi && key < T_ ? s[nt][2 + e] * sl : -INFINITY;
+        s[nt][e] = key >= first_lo && key <= pos_lo && key < geo.kv_seq ? s[nt][e] * sl : -INFINITY;
+        s[nt][2 + e] = key >= first_hi && key <= pos_hi && key < geo.kv_seq ? s[nt][2 + e] * sl : -INFINITY;
         mx_lo = fmaxf(mx_lo, s[nt][e]);
         mx_hi = fmaxf(mx_hi, s[nt][2 + e]);
       }
@@ -318,8 +324,8 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
   const int q0 = qt * kTile;
   const float sl = geo.scale * kLog2e;
-  const T* kb = k + static_cast<int64_t>(b) * T_ * geo.k_stride + static_cast<int64_t>(kvh) * D;
-  const T* vb = v + static_cast<int64_t>(b) * T_ * geo.v_stride + static_cast<int64_t>(kvh) * D;
+  const T* kb = k + static_cast<int64_t>(b) * geo.k_batch + static_cast<int64_t>(kvh) * D;
+  const T* vb = v + static_cast<int64_t>(b) * geo.v_batch + static_cast<int64_t>(kvh) * D;
   load_tile<kTile, D>(qs, q + static_cast<int64_t>(b) * T_ * geo.q_stride + static_cast<int64_t>(h) * D,
                       geo.q_stride, q0, T_);
   load_tile<kTile, D>(dos, dout + static_cast<int64_t>(b) * T_ * geo.o_stride + static_cast<int64_t>(h) * D,
@@ -331,10 +337,13 @@ __global__ void __launch_bounds__(kThreads)
   const float lse_hi = row_hi < T_ ? lse[stat + row_hi] * kLog2e : INFINITY;
   const float dl_lo = row_lo < T_ ? delta[stat + row_lo] : 0.f;
   const float dl_hi = row_hi < T_ ? delta[stat + row_hi] : 0.f;
+  const int first_lo = row_lo < T_ ? geo.first_key(b, row_lo) : 0;
+  const int first_hi = row_hi < T_ ? geo.first_key(b, row_hi) : 0;
 
   float acc[D / 8][4] = {};
   const int last_key = min(T_, q0 + kTile) - 1;
-  for (int k0 = 0; k0 <= last_key; k0 += kKeyTile) {
+  const int k_lo = geo.warp_min_first_key(b, q0, kTile) / kKeyTile * kKeyTile;
+  for (int k0 = k_lo; k0 <= last_key; k0 += kKeyTile) {
     __syncthreads();
     load_tile<kKeyTile, D>(ks, kb, geo.k_stride, k0, T_);
     load_tile<kKeyTile, D>(vs, vb, geo.v_stride, k0, T_);
@@ -361,8 +370,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int key = k0 + nt * 8 + 2 * tig + e;
-        const float p_lo = key <= row_lo && key < T_ ? exp2f(s[nt][e] * sl - lse_lo) : 0.f;
-        const float p_hi = key <= row_hi && key < T_ ? exp2f(s[nt][2 + e] * sl - lse_hi) : 0.f;
+        const float p_lo = key >= first_lo && key <= row_lo && key < T_ ? exp2f(s[nt][e] * sl - lse_lo) : 0.f;
+        const float p_hi = key >= first_hi && key <= row_hi && key < T_ ? exp2f(s[nt][2 + e] * sl - lse_hi) : 0.f;
         s[nt][e] = p_lo * (dp[nt][e] - dl_lo);  // s now holds dS
         s[nt][2 + e] = p_hi * (dp[nt][2 + e] - dl_hi);
       }
@@ -396,7 +405,8 @@ __global__ void __launch_bounds__(kThreads)
 // ---- backward: dK, dV ---------------------------------------------------------------------------
 
 // Block (key tile, b·Hkv + kvh): warp w owns keys k0 + 16w + {g, g+8}, and the block walks the
-// group's query heads in order, queries k0.. in tiles of 32. Transposed scores: Sᵀ = K·Qᵀ,
+// group's query heads in order, queries k0.. in tiles of 32 (tiles whose queries all start their
+// window after the block's keys are skipped). Transposed scores: Sᵀ = K·Qᵀ,
 // Pᵀ = exp(scale·Sᵀ - lse), dPᵀ = V·dOᵀ, dSᵀ = Pᵀ∘(dPᵀ - delta), dV += Pᵀ·dO, dK += dSᵀ·Q.
 template <class T, int D, bool kLdm>
 __global__ void __launch_bounds__(kThreads)
@@ -411,15 +421,16 @@ __global__ void __launch_bounds__(kThreads)
   T* dos = qs + kQTile * LDS;              // (kQTile, LDS)
   float* ls = reinterpret_cast<float*>(dos + kQTile * LDS);  // (kQTile) lse·log2e (+inf past the end)
   float* dls = ls + kQTile;                                   // (kQTile) delta
+  int* fs = reinterpret_cast<int*>(dls + kQTile);             // (kQTile) first key of each query
   const int T_ = geo.seq;
   const int kt_block = blockIdx.x;  // early key tiles see the most queries: first
   const int b = blockIdx.y / geo.n_kv_heads, kvh = blockIdx.y % geo.n_kv_heads;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
   const int k0 = kt_block * kTile;
   const float sl = geo.scale * kLog2e;
-  load_tile<kTile, D>(ks, k + static_cast<int64_t>(b) * T_ * geo.k_stride + static_cast<int64_t>(kvh) * D,
+  load_tile<kTile, D>(ks, k + static_cast<int64_t>(b) * geo.k_batch + static_cast<int64_t>(kvh) * D,
                       geo.k_stride, k0, T_);
-  load_tile<kTile, D>(vs, v + static_cast<int64_t>(b) * T_ * geo.v_stride + static_cast<int64_t>(kvh) * D,
+  load_tile<kTile, D>(vs, v + static_cast<int64_t>(b) * geo.v_batch + static_cast<int64_t>(kvh) * D,
                       geo.v_stride, k0, T_);
   const int key_lo = k0 + warp * 16 + g, key_hi = key_lo + 8;
   float dka[D / 8][4] = {}, dva[D / 8][4] = {};
@@ -430,6 +441,7 @@ __global__ void __launch_bounds__(kThreads)
     const T* ob = dout + static_cast<int64_t>(b) * T_ * geo.o_stride + static_cast<int64_t>(h) * D;
     const int64_t stat = (static_cast<int64_t>(b) * geo.n_heads + h) * T_;
     for (int q0 = k0; q0 < T_; q0 += kQTile) {
+      if (geo.warp_min_first_key(b, q0, kQTile) >= k0 + kTile) continue;  // sees none of these keys
       __syncthreads();  // the previous query tile is no longer read
       load_tile<kQTile, D>(qs, qb, geo.q_stride, q0, T_);
       load_tile<kQTile, D>(dos, ob, geo.o_stride, q0, T_);
@@ -437,6 +449,7 @@ __global__ void __launch_bounds__(kThreads)
         const int t = q0 + threadIdx.x;
         ls[threadIdx.x] = t < T_ ? lse[stat + t] * kLog2e : INFINITY;
         dls[threadIdx.x] = t < T_ ? delta[stat + t] : 0.f;
+        fs[threadIdx.x] = t < T_ ? geo.first_key(b, t) : 0;
       }
       __syncthreads();
       float st[kQTile / 8][4] = {}, dpt[kQTile / 8][4] = {};  // (16 keys, 32 queries)
@@ -462,8 +475,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int qi = nt * 8 + 2 * tig + e, t = q0 + qi;
-          const float p_lo = t >= key_lo && key_lo < T_ ? exp2f(st[nt][e] * sl - ls[qi]) : 0.f;
-          const float p_hi = t >= key_hi && key_hi < T_ ? exp2f(st[nt][2 + e] * sl - ls[qi]) : 0.f;
+          const bool seen_lo = t >= key_lo && key_lo >= fs[qi] && key_lo < T_;
+          const bool seen_hi = t >= key_hi && key_hi >= fs[qi] && key_hi < T_;
+          const float p_lo = seen_lo ? exp2f(st[nt][e] * sl - ls[qi]) : 0.f;
+          const float p_hi = seen_hi ? exp2f(st[nt][2 + e] * sl - ls[qi]) : 0.f;
           st[nt][e] = p_lo, st[nt][2 + e] = p_hi;
           dpt[nt][e] = p_lo * (dpt[nt][e] - dls[qi]);
           dpt[nt][2 + e] = p_hi * (dpt[nt][2 + e] - dls[qi]);
@@ -487,8 +502,8 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  T* kout = dk + static_cast<int64_t>(b) * T_ * geo.k_stride + static_cast<int64_t>(kvh) * D;
-  T* vout = dv + static_cast<int64_t>(b) * T_ * geo.v_stride + static_cast<int64_t>(kvh) * D;
+  T* kout = dk + static_cast<int64_t>(b) * geo.k_batch + static_cast<int64_t>(kvh) * D;
+  T* vout = dv + static_cast<int64_t>(b) * geo.v_batch + static_cast<int64_t>(kvh) * D;
 #pragma unroll
   for (int dt = 0; dt < D / 8; ++dt) {
     const int c = dt * 8 + 2 * tig;
@@ -515,7 +530,7 @@ template <class A>
 bool supported(const A& a, const AttnGeometry& g) {
   if (a.dtype != DType::bf16 && a.dtype != DType::f16) return false;
   if (g.head_dim != 64 && g.head_dim != 128) return false;
-  if (g.q_stride % 8 || g.k_stride % 8 || g.v_stride % 8) return false;
+  if (g.q_stride % 8 || g.k_stride % 8 || g.v_stride % 8 || g.k_batch % 8 || g.v_batch % 8) return false;
   return aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && aligned16(a.out);
 }
 
@@ -547,7 +562,7 @@ void backward(const AttentionBackwardArgs& a, const AttnGeometry& g, const float
   allow_smem(attn_bwd_dq_tc<T, D, kLdm>, smem_q);
   attn_bwd_dq_tc<T, D, kLdm><<<grid_q, kThreads, smem_q, s>>>(q, k, v, dout, a.lse, delta, static_cast<T*>(a.dq), g);
   STRATA_CUDA_CHECK_LAUNCH();
-  const size_t smem_kv = (2 * kTile + 2 * kQTile) * lds<D>() * sizeof(T) + 2 * kQTile * sizeof(float);
+  const size_t smem_kv = (2 * kTile + 2 * kQTile) * lds<D>() * sizeof(T) + 3 * kQTile * sizeof(float);
   const dim3 grid_kv((g.seq + kTile - 1) / kTile, g.batch * g.n_kv_heads);
   allow_smem(attn_bwd_dkdv_tc<T, D, kLdm>, smem_kv);
   attn_bwd_dkdv_tc<T, D, kLdm><<<grid_kv, kThreads, smem_kv, s>>>(q, k, v, dout, a.lse, delta,

@@ -19,9 +19,11 @@
 #include "kernels/ops.h"
 #include "kernels/runtime.h"
 #include "tests/kernels/attention_test_util.h"
+#include "tests/kernels/layer_test_util.h"
 
 using namespace strata::kernels;
 using namespace strata::kernels::attntest;
+using strata::kernels::test::finite_diff;
 
 namespace {
 
@@ -123,23 +125,12 @@ TEST_P(AttentionWindows, PackedDocumentsBackwardMatchesFiniteDifferences) {
       for (size_t i = 0; i < out.size(); ++i) l += w[i] * out[i];
       return l;
     };
-    auto fd = [&](int which) {
-      std::vector<double> q = pr.q, k = pr.k, v = pr.v;
-      std::vector<double>& x = which == 0 ? q : which == 1 ? k : v;
-      std::vector<double> g(x.size());
-      for (size_t i = 0; i < x.size(); ++i) {
-        const double x0 = x[i];
-        x[i] = x0 + 1e-5;
-        const double lp = loss(q, k, v);
-        x[i] = x0 - 1e-5;
-        g[i] = (lp - loss(q, k, v)) / 2e-5;
-        x[i] = x0;
-      }
-      return g;
-    };
-    EXPECT_LT(normalised_error(got.dq, fd(0)), 1e-5);
-    EXPECT_LT(normalised_error(got.dk, fd(1)), 1e-5);
-    EXPECT_LT(normalised_error(got.dv, fd(2)), 1e-5);
+    const auto fd_q = finite_diff(pr.q, [&](const auto& x) { return loss(x, pr.k, pr.v); }, 1e-5);
+    const auto fd_k = finite_diff(pr.k, [&](const auto& x) { return loss(pr.q, x, pr.v); }, 1e-5);
+    const auto fd_v = finite_diff(pr.v, [&](const auto& x) { return loss(pr.q, pr.k, x); }, 1e-5);
+    EXPECT_LT(normalised_error(got.dq, fd_q), 1e-5);
+    EXPECT_LT(normalised_error(got.dk, fd_k), 1e-5);
+    EXPECT_LT(normalised_error(got.dv, fd_v), 1e-5);
   });
 }
 

@@ -167,16 +167,26 @@ TEST_P(CudaOpsTest, AddInPlaceScaleAndRope) {
     }
   DeviceBuffer dqkv = gpu.up(qkv), dcs = gpu.up(cs), dsn = gpu.up(sn);
   const size_t es = dtype_size(dtype());
-  for (bool backward : {false, true})
-    for (auto [off, heads] : {std::pair<int64_t, int64_t>{0, Hq}, {Hq * D, Hkv}}) {
-      RopeArgs r{dtype(), B, T, heads, D, stride, 5, max_pos, nullptr, nullptr, nullptr, backward};
-      RopeArgs gr = r;
-      gr.x = static_cast<char*>(dqkv.data()) + off * es, gr.cos = dcs.as<float>(), gr.sin = dsn.as<float>();
-      gpu.ops().rope(gpu.stream(), gr);
-      r.x = qkv.as<char>() + off * es, r.cos = cs.as<float>(), r.sin = sn.as<float>();
-      cpu::rope(r);
-    }
+  // pos0 = 5 (pos null), or per-token positions that restart at each 7-token packed document.
+  auto rotate = [&](int64_t pos0, const int32_t* pos, const int32_t* dpos) {
+    for (bool backward : {false, true})
+      for (auto [off, heads] : {std::pair<int64_t, int64_t>{0, Hq}, {Hq * D, Hkv}}) {
+        RopeArgs r{dtype(), B, T, heads, D, stride, pos0, max_pos, nullptr, nullptr, nullptr, backward, pos};
+        RopeArgs gr = r;
+        gr.x = static_cast<char*>(dqkv.data()) + off * es, gr.cos = dcs.as<float>(), gr.sin = dsn.as<float>();
+        gr.pos = dpos;
+        gpu.ops().rope(gpu.stream(), gr);
+        r.x = qkv.as<char>() + off * es, r.cos = cs.as<float>(), r.sin = sn.as<float>();
+        cpu::rope(r);
+      }
+  };
+  rotate(5, nullptr, nullptr);
   EXPECT_NMSE(gpu.down(dqkv, qkv), qkv, 4 * rounding_bound(dtype()), "rope forward+backward in fused qkv");
+  std::vector<int32_t> pos(B * T);
+  for (int64_t i = 0; i < B * T; ++i) pos[i] = static_cast<int32_t>(i % T % 7);
+  DeviceBuffer dpos = gpu.up_bytes(pos.data(), pos.size() * sizeof(int32_t));
+  rotate(0, pos.data(), dpos.as<int32_t>());
+  EXPECT_NMSE(gpu.down(dqkv, qkv), qkv, 8 * rounding_bound(dtype()), "rope with per-token positions");
 }
 
 TEST(CudaOps, CastMatchesCpuBitForBitOnFiniteValues) {
