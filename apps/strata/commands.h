@@ -4,14 +4,17 @@
 
 #include <algorithm>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace strata {
 struct TrainOptions;
+struct WeightPlacement;
 }
 
 namespace strata::app {
 using strata::TrainOptions;
+using strata::WeightPlacement;
 
 using Run = std::function<int()>;
 
@@ -21,6 +24,7 @@ void register_bench_io(CLI::App& bench, Run& run);
 void register_bench_offload(CLI::App& bench, Run& run);
 void register_bench_step(CLI::App& bench, Run& run);
 void register_bench_tokenizer(CLI::App& bench, Run& run);
+void register_bench_generate(CLI::App& bench, Run& run);
 
 // Median of timings (mean of the middle two for an even count; 0 for none).
 inline double median(std::vector<double> v) {
@@ -40,5 +44,10 @@ void register_inspect(CLI::App& app, Run& run);
 // `strata data`: text/conversations -> token shards with loss masks; `strata tokenize`: check a tokenizer.
 void register_data(CLI::App& app, Run& run);
 void register_tokenize(CLI::App& app, Run& run);
+// `strata generate`: sampling with a KV cache (src/infer/).
+void register_generate(CLI::App& app, Run& run);
+// The weights' placement from generate's flags (--offload-params, --nvme-path, --device-mem, --host-mem).
+WeightPlacement weight_placement(const std::string& offload_params, const std::vector<std::string>& nvme_paths,
+                                 const std::string& device_mem, const std::string& host_mem);
 
 }  // namespace strata::app

@@ -86,11 +86,13 @@ int main(int argc, char** argv) {
   strata::app::register_bench_offload(*bench, run);
   strata::app::register_bench_step(*bench, run);
   strata::app::register_bench_tokenizer(*bench, run);
+  strata::app::register_bench_generate(*bench, run);
   strata::app::register_train(app, run);
   strata::app::register_plan(app, run);
   strata::app::register_inspect(app, run);
   strata::app::register_data(app, run);
   strata::app::register_tokenize(app, run);
+  strata::app::register_generate(app, run);
 
   // A mistyped command: CLI11 would say only that a subcommand is required. Neither `strata`
   // nor `strata bench` takes anything but --help before its subcommand, so the first word that

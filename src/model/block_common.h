@@ -1,11 +1,44 @@
 // What the llama and gpt2 block recipes share: a block's weight and grad pointers by offset,
 // and causal attention over the fused qkv projection, qkv (N, QKV) holding per token
-// [q (Hq·D) | k (Hkv·D) | v (Hkv·D)]. Internal to src/model/.
+// [q (Hq·D) | k (Hkv·D) | v (Hkv·D)]; and the workspace carver. Internal to src/model/ and
+// src/infer/.
 #pragma once
 #include "src/model/linear.h"
 #include "src/model/transformer.h"
 
 namespace strata::model_detail {
+
+// Carves 64-byte aligned sub-buffers out of one allocation; run once with base = null to size it.
+struct Carver {
+  char* base = nullptr;
+  size_t off = 0;
+  void* take(size_t bytes) {
+    off = (off + 63) / 64 * 64;
+    void* p = base ? base + off : nullptr;
+    off += bytes;
+    return p;
+  }
+  float* take_f32(int64_t n) { return static_cast<float*>(take(static_cast<size_t>(n) * 4)); }
+  void* take_dt(int64_t n, DType t) { return take(static_cast<size_t>(n) * kernels::dtype_size(t)); }
+};
+
+// One block's activations for dims d (rows N = B·T) in dtype dt, carved from cv.
+inline BlockActs carve_block_acts(Carver& cv, const ModelDims& d, DType dt, bool gpt2) {
+  BlockActs a;
+  a.ln1 = cv.take_dt(d.N * d.C, dt);
+  if (gpt2) a.mean1 = cv.take_f32(d.N);
+  a.rstd1 = cv.take_f32(d.N);
+  a.qkv = cv.take_dt(d.N * d.QKV, dt);
+  a.att = cv.take_dt(d.N * d.Q, dt);
+  a.lse = cv.take_f32(d.B * d.Hq * d.T);
+  a.res_mid = cv.take_dt(d.N * d.C, dt);
+  a.ln2 = cv.take_dt(d.N * d.C, dt);
+  if (gpt2) a.mean2 = cv.take_f32(d.N);
+  a.rstd2 = cv.take_f32(d.N);
+  a.fc = cv.take_dt(d.N * d.FC, dt);
+  a.act = cv.take_dt(d.N * d.I, dt);
+  return a;
+}
 
 // The block's tensor at element offset `off` of its unit (working weights / fp32 grads);
 // null for an absent tensor (offset -1).
@@ -31,10 +64,27 @@ void set_fused_qkv(Args& args, const BlockCtx& c, const BlockActs& a) {
   args.seg_start = c.seg_start;  // documents: no token sees another document's
 }
 
-// att (N, Q) = causal softmax(q·kᵀ/√D)·v over a.qkv, saving lse (B, Hq, T).
+// att (N, Q) = causal softmax(q·kᵀ/√D)·v over a.qkv, saving lse (B, Hq, T). Decoding (c.kv):
+// the new tokens' [k | v] rows are appended to the cache first (one copy per token: they are
+// strided inside qkv), then each query sees the cached keys from its seg_start up to itself.
 inline void fused_qkv_attention(const BlockCtx& c, const BlockActs& a) {
   kernels::AttentionArgs args;
   set_fused_qkv(args, c, a);
+  if (const KvStep* kv = c.kv) {
+    const ModelDims& d = *c.dims;
+    const int64_t KV2 = 2 * d.Hkv * d.D;  // one cached token: [k | v]
+    const size_t row_bytes = static_cast<size_t>(KV2) * kernels::dtype_size(c.dtype);
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t t = 0; t < d.T; ++t)
+        c.stream->memcpy_async(at(kv->cache, ((b * kv->capacity) + kv->past + t) * KV2, c.dtype),
+                               at(a.qkv, (b * d.T + t) * d.QKV + d.Q, c.dtype), row_bytes);
+    args.k = kv->cache;
+    args.v = at(kv->cache, KV2 / 2, c.dtype);
+    args.k_stride = args.v_stride = KV2;
+    args.kv_seq = kv->past + d.T;
+    args.kv_batch_stride = kv->capacity * KV2;
+    args.seg_start = kv->seg_start;
+  }
   c.ops->attention(*c.stream, args);
 }
 

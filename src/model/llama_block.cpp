@@ -36,6 +36,10 @@ void rope(const BlockCtx& c, void* x, int64_t heads, bool backward) {
   r.cos = c.rope_cos;
   r.sin = c.rope_sin;
   r.backward = backward;
+  if (c.kv) {  // decoding: each new token at its own position (after the cache, less its padding)
+    r.pos = c.kv->pos;
+    r.max_pos = c.kv->max_pos;
+  }
   c.ops->rope(*c.stream, r);
 }
 

@@ -11,29 +11,17 @@
 #include <string>
 
 #include "kernels/cpu/parallel.h"
+#include "src/model/block_common.h"
 #include "src/model/init_normal.h"
 #include "src/model/linear.h"
 
 namespace strata {
 using model_detail::at;
+using model_detail::Carver;
 
 namespace {
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// Carves aligned sub-buffers out of one allocation; run once with base = null to size it.
-struct Carver {
-  char* base = nullptr;
-  size_t off = 0;
-  void* take(size_t bytes) {
-    off = (off + 63) / 64 * 64;
-    void* p = base ? base + off : nullptr;
-    off += bytes;
-    return p;
-  }
-  float* take_f32(int64_t n) { return static_cast<float*>(take(static_cast<size_t>(n) * 4)); }
-  void* take_dt(int64_t n, DType t) { return take(static_cast<size_t>(n) * kernels::dtype_size(t)); }
-};
 
 }  // namespace
 
@@ -241,20 +229,7 @@ void Transformer::plan_workspace(char* base) {
   const DType dt = dtype_;
   const bool gpt2 = cfg_.family == Family::gpt2;
   Carver cv{base};
-  auto plan_acts = [&](BlockActs& a) {
-    a.ln1 = cv.take_dt(d.N * d.C, dt);
-    if (gpt2) a.mean1 = cv.take_f32(d.N);
-    a.rstd1 = cv.take_f32(d.N);
-    a.qkv = cv.take_dt(d.N * d.QKV, dt);
-    a.att = cv.take_dt(d.N * d.Q, dt);
-    a.lse = cv.take_f32(d.B * d.Hq * d.T);
-    a.res_mid = cv.take_dt(d.N * d.C, dt);
-    a.ln2 = cv.take_dt(d.N * d.C, dt);
-    if (gpt2) a.mean2 = cv.take_f32(d.N);
-    a.rstd2 = cv.take_f32(d.N);
-    a.fc = cv.take_dt(d.N * d.FC, dt);
-    a.act = cv.take_dt(d.N * d.I, dt);
-  };
+  auto plan_acts = [&](BlockActs& a) { a = model_detail::carve_block_acts(cv, d, dt, gpt2); };
   acts_.assign(static_cast<size_t>(d.L), BlockActs{});
   for (int64_t l = 0; l < d.L; ++l)
     if (!ckpt_.at(l)) plan_acts(acts_[static_cast<size_t>(l)]);

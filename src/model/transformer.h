@@ -114,6 +114,18 @@ struct BlockScratch {
   void* d_act = nullptr;   // (N, I)
 };
 
+// Decoding with a KV cache (src/infer/generator.h): a block's T new tokens per batch item sit
+// after `past` cached ones. Each token's k and v rows are appended to the cache, and attention
+// reads keys and values from there. Null in training.
+struct KvStep {
+  void* cache = nullptr;               // (B, capacity, 2, Hkv, D) this layer's [k | v] per token, dtype
+  int64_t capacity = 0;                // tokens per batch item
+  int64_t past = 0;                    // tokens already cached per batch item (the same for all)
+  const int32_t* pos = nullptr;        // (B, T) each new token's position (RoPE), runtime memory
+  int64_t max_pos = 0;                 // rows of the RoPE tables
+  const int32_t* seg_start = nullptr;  // (B, T) first cache slot each new token sees (left padding), or null
+};
+
 // What a block's forward and backward need, besides its activations.
 struct BlockCtx {
   kernels::Ops* ops = nullptr;
@@ -134,6 +146,7 @@ struct BlockCtx {
   // false: the weight matrices' grads are written (dW = ...), not accumulated; the caller has
   // zeroed the block's other grads (norms, biases), which always accumulate.
   bool accumulate_grads = true;
+  const KvStep* kv = nullptr;  // forward only: decode with a KV cache instead of plain causal attention
 };
 
 // Per family: x (N, C) -> out (N, C), saving `acts`; backward: dres (N, C) holds d out on entry
@@ -184,6 +197,13 @@ class Transformer {
   int final_norm_unit() const { return static_cast<int>(1 + dims_.L); }
   int head_unit() const { return head_unit_; }
   bool tied_head() const { return head_unit_ == 0; }
+  // Where the tensors live inside their units (elements; -1 = absent): every block's, and the
+  // embedding tables', final norm's and head's.
+  const BlockLayout& block_layout() const { return layout_; }
+  struct OuterLayout {
+    int64_t wte = -1, wpe = -1, lnf_w = -1, lnf_b = -1, head = -1;
+  };
+  OuterLayout outer_layout() const { return {wte_, wpe_, lnf_w_, lnf_b_, head_}; }
 
   // Workspace: bytes, then the memory (device memory of the runtime, 4 KiB aligned, alive while
   // the model is used). bind_workspace enqueues the constant tables' upload on s.
