@@ -24,3 +24,23 @@ mkdir -p "$OUT_DIR" "$SWAP_DIR"
   --checkpoint-activations full --checkpoint-dir "$OUT_DIR/checkpoints" \
   --metrics "$OUT_DIR/metrics.jsonl" --out "$OUT_DIR/model" "$@"
 echo "metrics: $OUT_DIR/metrics.jsonl   model (HF layout): $OUT_DIR/model   checkpoint: $OUT_DIR/checkpoints"
+
+# Fine-tuning on conversations (README "Fine-tuning on conversations"): the shipped set through the
+# byte-level tokenizer and its ChatML template, packed rows with a loss mask and a held-out set,
+# then a sample from the model before and after.
+S="$BUILD_DIR/bin/strata"
+BYTES="$STRATA_ROOT/tests/text/fixtures/tokenizers/bytes"
+cp "$BYTES/tokenizer.json" "$BYTES/tokenizer_config.json" "$OUT_DIR/model/"
+rm -rf "$OUT_DIR/sft-data" "$OUT_DIR/sft-model"
+"$S" data --tokenizer "$BYTES" --in "$STRATA_ROOT/examples/sft/conversations.jsonl" --format chat --val-docs 40 \
+  --quiet --out "$OUT_DIR/sft-data"
+QUESTION="What is two plus three?"
+echo "--- before fine-tuning: $QUESTION"
+"$S" generate --model "$OUT_DIR/model" --chat --prompt "$QUESTION" --temperature 0 --max-new-tokens 40 --stop "<|im_end|>"
+echo
+"$S" train --model "$OUT_DIR/model" --data "$OUT_DIR/sft-data/train_*.bin" --val-data "$OUT_DIR/sft-data/val_*.bin" \
+  --pack on --shuffle --seq 256 --batch 4 --steps 150 --lr 1e-3 --warmup 10 --eval-every 50 --log-every 25 \
+  --metrics "$OUT_DIR/sft-metrics.jsonl" --out "$OUT_DIR/sft-model"
+echo "--- after fine-tuning: $QUESTION"
+"$S" generate --model "$OUT_DIR/sft-model" --chat --prompt "$QUESTION" --temperature 0 --max-new-tokens 40 --stop "<|im_end|>"
+echo

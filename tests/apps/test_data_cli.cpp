@@ -167,6 +167,10 @@ TEST_F(DataCli, TextShardsTrainLikePlainShards) {
     }
     return v;
   };
+  // Without their sidecars (with them, rows are built from documents: test_sft_cli.cpp) the
+  // shards are a plain llm.c stream.
+  fs::remove(strata::shard_docs_path(dir_ / "d" / "train_000000.bin"));
+  fs::remove(strata::shard_mask_path(dir_ / "d" / "train_000000.bin"));
   auto r1 = run(train + (dir_ / "m1.jsonl").string() + " --data '" + (dir_ / "d").string() + "/train_*.bin'");
   ASSERT_EQ(r1.status, 0) << r1.err;
   auto r2 = run(train + (dir_ / "m2.jsonl").string() + " --data " + (dir_ / "plain" / "tokens.bin").string());
