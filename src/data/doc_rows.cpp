@@ -132,17 +132,18 @@ void DocRowLoader::next_row(DocPosition& p, std::vector<Piece>& row, int64_t epo
   }
 }
 
+// The one rule: token j of a piece is a trained target (of slot j - 1) when it is not the
+// piece's first and its mask says so (no mask: every token).
+bool DocRowLoader::trains(const Piece& pc, int64_t j) const {
+  const auto& mask = d_->masks[static_cast<size_t>(d_->doc_shard[static_cast<size_t>(pc.doc)])];
+  return j >= 1 && j < pc.len &&
+         (mask.empty() || mask[static_cast<size_t>(d_->doc_start[static_cast<size_t>(pc.doc)] + pc.first + j)]);
+}
+
 int64_t DocRowLoader::trained_in(const std::vector<Piece>& row) const {
   int64_t n = 0;
-  for (const Piece& pc : row) {
-    const auto& mask = d_->masks[static_cast<size_t>(d_->doc_shard[static_cast<size_t>(pc.doc)])];
-    if (mask.empty()) {
-      n += pc.len - 1;
-      continue;
-    }
-    const int64_t at = d_->doc_start[static_cast<size_t>(pc.doc)] + pc.first;
-    for (int64_t j = 1; j < pc.len; ++j) n += mask[static_cast<size_t>(at + j)];
-  }
+  for (const Piece& pc : row)
+    for (int64_t j = 1; j < pc.len; ++j) n += trains(pc, j);
   return n;
 }
 
@@ -154,14 +155,12 @@ void DocRowLoader::fill_row(const std::vector<Piece>& row, int64_t r, const RowB
     const int64_t at = d_->doc_start[static_cast<size_t>(pc.doc)] + pc.first;
     d_->tokens.resize(static_cast<size_t>(pc.len));
     d_->shards[sh]->read_tokens(at, pc.len, d_->tokens.data());
-    const auto& mask = d_->masks[sh];
     for (int64_t j = 0; j < pc.len && s + j < T; ++j) {
       const int64_t i = base + s + j;
       out.inputs[i] = static_cast<int32_t>(d_->tokens[static_cast<size_t>(j)]);
       out.pos[i] = static_cast<int32_t>(j);
       out.seg[i] = static_cast<int32_t>(s);
-      const bool trained = j + 1 < pc.len && (mask.empty() || mask[static_cast<size_t>(at + j + 1)]);
-      out.targets[i] = trained ? static_cast<int32_t>(d_->tokens[static_cast<size_t>(j + 1)]) : -1;
+      out.targets[i] = trains(pc, j + 1) ? static_cast<int32_t>(d_->tokens[static_cast<size_t>(j + 1)]) : -1;
     }
     s += pc.len;
   }

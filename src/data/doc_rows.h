@@ -96,6 +96,7 @@ class DocRowLoader {
   int64_t doc_at(int64_t epoch, int64_t index) const;  // the document at `index` of epoch's order
   const std::vector<int64_t>& order(int64_t epoch) const;
   void fill_row(const std::vector<Piece>& row, int64_t r, const RowBatch& out);
+  bool trains(const Piece& pc, int64_t j) const;
   int64_t trained_in(const std::vector<Piece>& row) const;
 
   std::unique_ptr<Data> d_;

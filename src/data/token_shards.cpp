@@ -243,6 +243,12 @@ void DataLoader::next(int32_t* inputs, int32_t* targets) {
   pos_ += step;
 }
 
+int64_t DataLoader::windows_per_pass() const {
+  int64_t n = 0;  // next() moves on when pos + window + 1 passes the shard's end
+  for (const auto& s : shards_) n += (s->n_tokens() - 1) / tokens_per_step();
+  return n;
+}
+
 void DataLoader::reset() {
   shard_ = 0;
   pos_ = 0;

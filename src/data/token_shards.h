@@ -51,6 +51,8 @@ class DataLoader {
   int64_t position() const { return pos_; }
   void seek(int64_t shard_index, int64_t position);
   int64_t tokens_per_step() const { return batch_ * seq_ * world_; }  // global micro-batch
+  // Micro-batches in one pass over every shard from the first window (as next() walks them).
+  int64_t windows_per_pass() const;
 
  private:
   std::vector<std::unique_ptr<TokenShard>> shards_;

@@ -141,17 +141,8 @@ Generator::Generator(const ModelConfig& cfg, DType dtype, kernels::Runtime& rt, 
   for (auto& o : open_) o = std::make_unique<Open>();
   carve(*buf_, static_cast<char*>(mgr_->home_data(ws_block)), c, dtype, shape);
 
-  if (c.family != Family::gpt2) {  // RoPE tables (2, capacity, D/2), as Transformer builds them
-    const std::vector<float> inv = rope_inv_freq(c);
-    const int64_t half = d.D / 2, P = shape.capacity;
-    buf_->rope_host.resize(static_cast<size_t>(2 * P * half));
-    for (int64_t t = 0; t < P; ++t)
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = static_cast<float>(t) * inv[static_cast<size_t>(i)];
-        buf_->rope_host[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(static_cast<double>(angle)));
-        buf_->rope_host[static_cast<size_t>((P + t) * half + i)] =
-            static_cast<float>(std::sin(static_cast<double>(angle)));
-      }
+  if (c.family != Family::gpt2) {  // RoPE tables (2, capacity, D/2), as the training workspace's
+    buf_->rope_host = rope_tables(c, shape.capacity);
     s_.memcpy_async(buf_->rope, buf_->rope_host.data(), buf_->rope_host.size() * sizeof(float));
     s_.synchronize();
   }

@@ -150,4 +150,17 @@ std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
   return inv;
 }
 
+std::vector<float> rope_tables(const ModelConfig& cfg, int64_t positions) {
+  const std::vector<float> inv = rope_inv_freq(cfg);
+  const auto half = static_cast<int64_t>(inv.size());
+  std::vector<float> table(static_cast<size_t>(2 * positions * half));
+  for (int64_t t = 0; t < positions; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(t) * inv[static_cast<size_t>(i)];
+      table[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      table[static_cast<size_t>((positions + t) * half + i)] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  return table;
+}
+
 }  // namespace strata

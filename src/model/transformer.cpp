@@ -272,16 +272,9 @@ void Transformer::bind_workspace(kernels::Stream& s, void* base) {
     for (int64_t i = 0; i < d.N; ++i) pos[i] = static_cast<int32_t>(i % d.T);
     s.memcpy_async(pos_ids_, constants_.data(), constants_.size());
   } else {
-    const std::vector<float> inv = rope_inv_freq(cfg_);
-    const int64_t half = d.D / 2;
-    constants_.resize(static_cast<size_t>(2 * d.T * half) * sizeof(float));
-    auto* table = reinterpret_cast<float*>(constants_.data());
-    for (int64_t t = 0; t < d.T; ++t)
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = static_cast<float>(t) * inv[static_cast<size_t>(i)];
-        table[t * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-        table[(d.T + t) * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-      }
+    const std::vector<float> table = rope_tables(cfg_, d.T);
+    constants_.resize(table.size() * sizeof(float));
+    std::memcpy(constants_.data(), table.data(), constants_.size());
     s.memcpy_async(rope_, constants_.data(), constants_.size());
   }
 }

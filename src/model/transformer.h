@@ -158,6 +158,9 @@ void gpt2_block_backward(const BlockCtx& ctx, const void* x, const BlockActs& ac
 
 // RoPE inverse frequencies exactly as HF computes them in fp32 (default and "llama3" scaling).
 std::vector<float> rope_inv_freq(const ModelConfig& cfg);
+// The RoPE tables of positions [0, positions): (2, positions, D/2) cos then sin of fp32
+// t · inv_freq, as HF computes them (the training workspace and the generator's cache).
+std::vector<float> rope_tables(const ModelConfig& cfg, int64_t positions);
 
 // The model as per-unit phases on the op set. It owns no parameter memory: every phase is handed
 // the units it reads (working weights, dtype) and writes (fp32 grads), acquired by whoever

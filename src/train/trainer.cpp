@@ -183,7 +183,6 @@ struct Trainer::Impl {
   std::unique_ptr<DocRowLoader> docs;  // rows from documents
   std::unique_ptr<DataLoader> val_loader;  // --val-data: a stream, or
   std::unique_ptr<DocRowLoader> val_docs;  // documents
-  int64_t val_windows = 0;                 // a stream's micro-batches in one pass
   // Per micro-batch: inputs, targets, then with documents positions and segment starts (N each).
   int64_t arrays = 2;
   std::vector<int32_t> host_tokens;   // (accum, arrays, N)
@@ -545,7 +544,6 @@ void validate_options(const TrainOptions& o) {
                                             "supports (at most 2^31 - 1); use a smaller --batch and --grad-accum",
                                             o.batch, o.seq, bt));
   const int64_t per_step = checked_mul(bt, o.grad_accum, "--batch x --seq x --grad-accum");
-  checked_mul(per_step, int64_t{2 * sizeof(int32_t)}, "step token buffer bytes");
   checked_mul(per_step, int64_t{4 * sizeof(int32_t)}, "step token buffer bytes");
   checked_mul(per_step, o.steps, "tokens in the run (--batch x --seq x --grad-accum x --steps)");
   // Learning rates and AdamW: finite, in range. Beyond 1e6 no learning rate means anything (and
@@ -873,8 +871,6 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   } else if (!r.val_files.empty()) {
     m.val_loader =
         std::make_unique<DataLoader>(r.val_files, o.batch, o.seq, m.sh.rank, m.sh.world, m.cfg.vocab_size);
-    const int64_t window = o.batch * o.seq * m.sh.world;
-    for (const fs::path& f : r.val_files) m.val_windows += (TokenShard::open(f)->n_tokens() - 1) / window;
   }
   m.arrays = token_arrays(r);
 
@@ -1145,7 +1141,7 @@ Trainer::EvalStats Trainer::evaluate() {
   m.flush();
   if (m.val_docs) m.val_docs->seek({});
   if (m.val_loader) m.val_loader->reset();
-  const int64_t batches = o.eval_batches > 0 ? o.eval_batches : m.val_docs ? INT64_MAX : m.val_windows;
+  const int64_t batches = o.eval_batches > 0 ? o.eval_batches : m.val_docs ? INT64_MAX : m.val_loader->windows_per_pass();
   std::vector<int32_t> host(static_cast<size_t>(m.arrays * n));
   std::vector<float> losses(static_cast<size_t>(n));
   EvalStats ev;
@@ -1305,13 +1301,16 @@ int Trainer::run(std::FILE* rank0_out) {
     const EvalStats ev = evaluate();
     last_eval = m.steps_done;
     last_val = ev.loss;
-    print(fmt::format("eval {:>{}}/{} | val loss {:.4f} | ppl {:.2f} | {} tokens in {} batches | {:.1f} ms\n",
-                      m.steps_done, std::to_string(o.steps).size(), o.steps, ev.loss, std::exp(ev.loss), ev.tokens,
-                      ev.batches, ev.ms));
     return ev;
+  };
+  const auto print_eval = [&](const EvalStats& ev) {
+    print(fmt::format("eval {:>{}}/{} | val loss {:.4f} | ppl {:.2f} | {} tokens in {} batches | {:.1f} ms\n",
+                      last_eval, std::to_string(o.steps).size(), o.steps, ev.loss, std::exp(ev.loss), ev.tokens,
+                      ev.batches, ev.ms));
   };
   if (has_validation()) {
     const EvalStats ev = validate();
+    print_eval(ev);
     if (m.metrics.get() >= 0 && m.steps_done == 0) {
       nlohmann::json j;
       j["step"] = 0;
@@ -1387,7 +1386,7 @@ int Trainer::run(std::FILE* rank0_out) {
     if (m.metrics.get() >= 0) {
       nlohmann::json j;
       j["step"] = st.step;
-      j["loss"] = std::isfinite(st.loss) || st.trained_tokens > 0 ? nlohmann::json(st.loss) : nlohmann::json(nullptr);
+      j["loss"] = st.trained_tokens > 0 ? nlohmann::json(st.loss) : nlohmann::json(nullptr);
       j["trained_tokens"] = st.trained_tokens;
       if (ev) {
         j["val_loss"] = std::isfinite(ev->loss) ? nlohmann::json(ev->loss) : nlohmann::json(nullptr);
@@ -1439,6 +1438,7 @@ int Trainer::run(std::FILE* rank0_out) {
                         : st.skipped ? fmt::format(" | fp16 overflow: step skipped, loss scale {:g}", m.scaler.scale())
                                      : ""));
     }
+    if (ev) print_eval(*ev);
     if (st.diverged)
       throw std::runtime_error(fmt::format(
           "step {}: loss {} and grad norm {}: the run diverged (not finite); {}nothing was saved to --out; lower "
@@ -1448,7 +1448,7 @@ int Trainer::run(std::FILE* rank0_out) {
           m.placement.update_in_backward() ? "" : "the step was not applied and "));
   }
   m.flush();  // the last step's update
-  if (has_validation() && last_eval != m.steps_done) validate();  // (resumed at the end, or stopped)
+  if (has_validation() && last_eval != m.steps_done) print_eval(validate());  // (not reached in the loop)
   if (!o.checkpoint_dir.empty() && m.last_checkpoint_step != m.steps_done) {
     const std::string path = save_checkpoint();
     print(fmt::format("checkpoint {}\n", path));
@@ -1561,15 +1561,13 @@ void Trainer::save(const std::string& out_dir) const {
   }
   m.mem->begin_step(TieredMemory::Program::aside);
   try {
-    // The tokenizer of --model (or of the checkpoint resumed) goes along: `strata generate`
-    // and `strata data` read the saved directory as they read the one it was trained from.
-    // (Read before the save replaces anything, so --out may be --model with --overwrite-model.)
+    // The tokenizer of --model goes along: `strata generate` and `strata data` read the saved
+    // directory as they read the one it was trained from. (Read before the save replaces
+    // anything, so --out may be --model with --overwrite-model.)
     std::vector<fs::path> tokenizer;
-    for (const fs::path& from : {fs::path(m.o.model), m.resumed_from}) {
-      if (from.empty() || !tokenizer.empty()) continue;
+    if (!m.o.model.empty())
       for (const char* name : kTokenizerFiles)
-        if (fs::is_regular_file(from / name)) tokenizer.push_back(from / name);
-    }
+        if (fs::is_regular_file(fs::path(m.o.model) / name)) tokenizer.push_back(fs::path(m.o.model) / name);
     save_hf_model(out_dir, c, tensors, 5ull << 30, tokenizer);
   } catch (...) {
     m.mem->end_step();  // every fill releases what it acquired

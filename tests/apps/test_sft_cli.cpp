@@ -15,6 +15,7 @@
 
 #include "cli_test_util.h"
 #include "src/data/doc_shards.h"
+#include "src/data/token_shards.h"
 
 namespace fs = std::filesystem;
 using strata::test::CliResult;
@@ -193,6 +194,50 @@ TEST_F(SftCli, EpochsSetTheNumberOfSteps) {
   const int64_t rows = std::stoll(r.out.substr(at + 10));
   const int64_t steps = (rows + 3) / 4;
   EXPECT_NE(r.out.find((std::string("done: ") += std::to_string(steps)) += " steps"), std::string::npos) << r.out;
+}
+
+// The trainer end to end: the same documents one per row, packed two to a row, or one per row
+// with twice the padding give the same masked mean loss and the same gradient norm (weights held
+// still by --lr 0). This fails if the trainer does not hand the rows' positions and segments to
+// the model (packed documents would see each other) or divides by anything but the trained count
+// (padding would shrink the gradient).
+TEST_F(SftCli, PackingAndPaddingChangeNeitherLossNorGradient) {
+  {
+    strata::ShardSetWriter w(dir_, "fixed", 1 << 20, 1);
+    for (uint32_t d = 0; d < 8; ++d) {
+      std::vector<uint32_t> ids(17);
+      std::vector<uint8_t> mask(17);
+      for (uint32_t i = 0; i < 17; ++i) ids[i] = (d * 37 + i * 11) % 200 + 20, mask[i] = (d + i) % 3 != 0;
+      w.add_document(ids.data(), mask.data(), ids.size());
+    }
+    w.finish();
+  }
+  const std::string common = "train --model " + (dir_ / "tiny").string() + " --data " + (dir_ / "fixed_*.bin").string() +
+                             " --threads 1 --lr 0 --steps 2 ";
+  ASSERT_EQ(run(common + "--seq 33 --batch 4 --pack off" + outputs("rows")).status, 0);
+  ASSERT_EQ(run(common + "--seq 33 --batch 2 --pack on" + outputs("packed")).status, 0);  // 17 + 17 = 34 slots
+  ASSERT_EQ(run(common + "--seq 64 --batch 4 --pack off" + outputs("padded")).status, 0);
+  const auto ref = metrics("rows");
+  ASSERT_EQ(ref.size(), 2u);
+  for (const std::string tag : {"packed", "padded"}) {
+    const auto m = metrics(tag);
+    ASSERT_EQ(m.size(), 2u) << tag;
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(m[i]["trained_tokens"], ref[i]["trained_tokens"]) << tag;
+      EXPECT_LT(rel(m[i]["loss"].get<double>(), ref[i]["loss"].get<double>()), 1e-5) << tag << " step " << i + 1;
+      EXPECT_LT(rel(m[i]["grad_norm"].get<double>(), ref[i]["grad_norm"].get<double>()), 1e-4) << tag << " step " << i + 1;
+    }
+  }
+}
+
+// Held-out shards without document offsets are a stream: by default every window of one pass.
+TEST_F(SftCli, StreamValidationCoversOnePass) {
+  std::vector<uint32_t> ids(3 * 2 * 64 + 10);  // three windows of B·T = 128 tokens (+1), and a rest
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint32_t>(i * 7 % 256);
+  strata::write_token_shard(dir_ / "plain_val.bin", ids, 1);
+  const CliResult r = run(train(1) + "--val-data " + (dir_ / "plain_val.bin").string() + outputs("sv"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("384 tokens in 3 batches"), std::string::npos) << r.out;
 }
 
 TEST_F(SftCli, FlagsThatNeedDocumentsAndNothingToTrain) {
