@@ -34,7 +34,7 @@ cp "$BYTES/tokenizer.json" "$BYTES/tokenizer_config.json" "$OUT_DIR/model/"
 rm -rf "$OUT_DIR/sft-data" "$OUT_DIR/sft-model"
 "$S" data --tokenizer "$BYTES" --in "$STRATA_ROOT/examples/sft/conversations.jsonl" --format chat --val-docs 40 \
   --quiet --out "$OUT_DIR/sft-data"
-QUESTION="What is two plus three?"
+QUESTION="What is the opposite of warm?"
 echo "--- before fine-tuning: $QUESTION"
 "$S" generate --model "$OUT_DIR/model" --chat --prompt "$QUESTION" --temperature 0 --max-new-tokens 40 --stop "<|im_end|>"
 echo

@@ -175,6 +175,13 @@ int run_generate(const GenerateOptions& o) {
   add_eos_ids(dir / "config.json", eos);
   add_eos_ids(dir / "generation_config.json", eos);
   if (side.text && side.text->eos_id) eos.push_back(static_cast<int32_t>(*side.text->eos_id));
+  // A --stop that is a special token (a chat template's end of turn, e.g. <|im_end|>) ends the
+  // item when that token is sampled: the printed text skips special tokens, so it would never
+  // contain the stop text.
+  if (side.text)
+    for (const std::string& s : o.stops)
+      if (const auto id = side.text->tokenizer.token_to_id(s); id && side.text->tokenizer.is_special(*id))
+        eos.push_back(static_cast<int32_t>(*id));
 
   // The requests: one prompt, or one per line of --batch-file.
   std::vector<GenRequest> reqs;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packing's gain (issue "Train on conversations"): trained targets per second of `strata train`
 # with documents of mixed length (30-600 tokens, uniform, byte-level) at --seq 2048, one document
-# per row (--pack off) against packed rows (--pack on), on the embedded default model (CPU).
+# per row (--pack off) against packed rows (--pack on), on the embedded default model's shape
+# (byte-level llama, 8 x 512) with 2048 positions (random init; CPU).
 # Usage: bench/sft/pack_bench.sh [BUILD_DIR] [STEPS]. Prints one JSON line per run and the ratio.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -23,9 +24,16 @@ with open(sys.argv[1], "w") as f:
             text += r.choice(words) + " "
         f.write(json.dumps({"text": text[:n]}) + "\n")
 PY
+mkdir -p "$WORK/model"
+cat > "$WORK/model/config.json" <<'JSON'
+{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 512,
+ "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
+ "intermediate_size": 1408, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+ "tie_word_embeddings": false, "hidden_act": "silu"}
+JSON
 "$S" data --tokenizer "$ROOT/tests/text/fixtures/tokenizers/bytes" --in "$WORK/docs.jsonl" --out "$WORK/data" --quiet
 for pack in off on; do
-  "$S" train --data "$WORK/data/train_*.bin" --seq 2048 --batch 1 --steps "$STEPS" --warmup 1 --pack "$pack" \
+  "$S" train --model "$WORK/model" --data "$WORK/data/train_*.bin" --seq 2048 --batch 1 --steps "$STEPS" --warmup 1 --pack "$pack" \
     --metrics "$WORK/$pack.jsonl" >/dev/null
   # Steps after the first: trained targets over their wall time.
   python3 - "$WORK/$pack.jsonl" "$pack" <<'PY'
