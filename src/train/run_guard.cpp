@@ -18,9 +18,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "src/checkpoint/hf.h"
+#include "src/checkpoint/train_checkpoint.h"
 #include "src/comm/communicator.h"
 #include "src/model/config.h"
-#include "src/train/trainer.h"
+#include "src/train/options.h"
 
 namespace strata {
 namespace fs = std::filesystem;
@@ -239,56 +241,6 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-std::vector<std::pair<std::string, std::string>> option_values(const TrainOptions& o) {
-  // Doubles as the shortest text that reads back as the same double: two ranks given 1e-3 and
-  // 0.001 agree, 1e-3 and 1.0000001e-3 do not.
-  const auto exact = [](double v) { return fmt::format("{}", v); };
-  return {
-      {"--model", o.model},
-      {"--preset", o.preset},
-      {"--data", o.data},
-      {"--pack", o.pack},
-      {"--shuffle", o.shuffle ? "true" : "false"},
-      {"--epochs", std::to_string(o.epochs)},
-      {"--val-data", o.val_data},
-      {"--eval-every", std::to_string(o.eval_every)},
-      {"--eval-batches", std::to_string(o.eval_batches)},
-      {"--backend", o.backend},
-      {"--dtype", o.dtype},
-      {"--batch", std::to_string(o.batch)},
-      {"--seq", std::to_string(o.seq)},
-      {"--grad-accum", std::to_string(o.grad_accum)},
-      {"--steps", std::to_string(o.steps)},
-      {"--lr", exact(o.lr)},
-      {"--lr-schedule", o.lr_schedule},
-      {"--warmup", std::to_string(o.warmup)},
-      {"--min-lr", exact(o.min_lr)},
-      {"--weight-decay", exact(o.weight_decay)},
-      {"--beta1", exact(o.beta1)},
-      {"--beta2", exact(o.beta2)},
-      {"--eps", exact(o.eps)},
-      {"--grad-clip", exact(o.grad_clip)},
-      {"--loss-scale", exact(o.loss_scale)},
-      {"--seed", std::to_string(o.seed)},
-      {"--metrics", o.metrics},
-      {"--out", o.out},
-      {"--overwrite-model", o.overwrite_model ? "true" : "false"},
-      {"--log-every", std::to_string(o.log_every)},
-      {"--offload-params", o.offload_params},
-      {"--offload-grads", o.offload_grads},
-      {"--offload-optimizer", o.offload_optimizer},
-      {"--offload-activations", o.offload_activations},
-      {"--checkpoint-activations", o.checkpoint_activations},
-      {"--device-mem", o.device_mem},
-      {"--host-mem", o.host_mem},
-      {"--checkpoint-dir", o.checkpoint_dir},
-      {"--checkpoint-every", std::to_string(o.checkpoint_every)},
-      {"--keep", std::to_string(o.keep)},
-      {"--resume", o.resume},
-      {"--zero-stage", std::to_string(o.zero_stage)},
-  };
-}
-
 namespace {
 
 uint64_t fnv1a(const std::string& s, uint64_t h = 0xcbf29ce484222325ull) {
@@ -364,6 +316,35 @@ std::string new_run_id() {
   const uint64_t v = (static_cast<uint64_t>(rd()) << 32 ^ rd()) ^ t * 0x9e3779b97f4a7c15ull ^
                      static_cast<uint64_t>(::getpid()) << 17;
   return fmt::format("{:016x}", v);
+}
+
+PathLock guard_run_outputs(const TrainOptions& o, const RunPaths& reads, const std::string& run_id) {
+  check_run_paths(o, reads);
+  if (!o.checkpoint_dir.empty()) {
+    const std::vector<std::string> others = checkpoints_of_other_runs(o.checkpoint_dir, run_id, reads.resume.empty());
+    if (!others.empty()) {
+      std::string list;
+      for (size_t i = 0; i < others.size() && i < 3; ++i) list += (i ? ", " : "") + others[i];
+      if (others.size() > 3) list += fmt::format(" and {} more", others.size() - 3);
+      throw std::runtime_error(
+          "--checkpoint-dir " + o.checkpoint_dir + " holds checkpoints of another run (" + list + "); " +
+          (reads.resume.empty() ? "continue that run with --resume auto, or give this run another --checkpoint-dir"
+                                : "give this run a --checkpoint-dir of its own") +
+          " (strata never writes over or rotates away another run's checkpoints)");
+    }
+  }
+  if (o.out.empty()) return {};
+  // Locked first (the lock file sits beside --out), then the save's own rules, so a finished run
+  // is never lost at the end; they also clear what dead runs left beside it.
+  std::error_code ec;
+  std::filesystem::create_directories(dir_lock_file(o.out).parent_path(), ec);
+  PathLock lock = PathLock::acquire(dir_lock_file(o.out), "--out " + o.out, /*remove_on_release=*/true);
+  try {
+    check_hf_save_target(o.out);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("--out ") + e.what());  // the messages start with the path
+  }
+  return lock;
 }
 
 }  // namespace strata

@@ -62,13 +62,16 @@ struct RunPaths {
 };
 void check_run_paths(const TrainOptions& o, const RunPaths& reads);
 
+// Rank 0 of a run, before it writes anything: check_run_paths; --checkpoint-dir (already locked)
+// must hold no other run's checkpoints than run `run_id`'s (a fresh run: none, reads.resume
+// empty); --out is locked and may be replaced by a save. Returns the lock on --out (none
+// without --out); throws naming the flag and the fix.
+PathLock guard_run_outputs(const TrainOptions& o, const RunPaths& reads, const std::string& run_id);
+
 // An existing --metrics file may only be a strata metrics file (JSON lines, each an object with
 // an integer "step"): anything else is refused, never appended to. Absent or empty is fine.
 void check_metrics_file(const std::filesystem::path& metrics);
 
-// Every flag whose value must agree across the ranks of a job, by name, as the value would be
-// typed ("--steps", "100"). The same list prints the header's copy-pasteable flags line.
-std::vector<std::pair<std::string, std::string>> option_values(const TrainOptions& o);
 // A shell word: quoted only when it needs to be.
 std::string shell_quote(const std::string& s);
 

@@ -79,4 +79,15 @@ void clear_stop_request() {
   g_checkpoint.store(false);
 }
 
+const char* stop_signal_name(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGPIPE: return "a write error on stdout";
+    case SIGUSR2: return "SIGUSR2 (a stop relayed by the launcher)";
+    default: return "a signal";
+  }
+}
+
 }  // namespace strata

@@ -19,6 +19,8 @@ int stop_requested();
 void request_stop(int sig);
 // True once after each SIGUSR1: a checkpoint was asked for.
 bool take_checkpoint_request();
+// What stopped the run, for its last line: "SIGTERM", "a write error on stdout" (SIGPIPE), ...
+const char* stop_signal_name(int sig);
 // Tests: forget a request.
 void clear_stop_request();
 

@@ -19,6 +19,7 @@
 
 #include "offload/planner.h"
 #include "offload/size.h"
+#include "src/train/faults.h"
 #include "src/train/step_driver.h"
 
 namespace strata {
@@ -74,19 +75,15 @@ uint64_t host_memory_available() {
 
 std::string gib(uint64_t b) { return offload::format_size(b); }
 
-// Fault injection for the CLI tests: STRATA_TEST_IO_FAULT=read:N (or write:N) fails the N-th
-// NVMe piece of that kind with EIO, as a failing disk would; flip:N flips one bit in the swap
-// file(s) under the N-th written piece once it is on disk, as silent corruption would (the
+// Fault injection for the CLI tests (src/train/faults.h): io-read:N (or io-write:N) fails the
+// N-th NVMe piece of that kind with EIO, as a failing disk would; io-flip:N flips one bit in the
+// swap file(s) under the N-th written piece once it is on disk, as silent corruption would (the
 // checksums, not this hook, must then catch it). `files` is filled in once the swap exists.
 io::EngineOptions engine_options(std::shared_ptr<const std::vector<std::string>> files) {
   io::EngineOptions eo;
-  const char* spec = std::getenv("STRATA_TEST_IO_FAULT");
-  if (!spec || !*spec) return eo;
-  const std::string text(spec);
-  const size_t colon = text.find(':');
-  if (colon == std::string::npos) return eo;
-  const std::string kind = text.substr(0, colon);
-  const int64_t nth = std::stoll(text.substr(colon + 1));
+  const std::string& kind = faults().io;
+  if (kind.empty()) return eo;
+  const int64_t nth = faults().io_nth;
   auto seen = std::make_shared<std::atomic<int64_t>>(0);
   if (kind == "flip") {
     eo.completion_hook = [nth, seen, files](io::IoOp o, uint64_t offset, uint64_t length, int64_t result) -> int64_t {

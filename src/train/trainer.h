@@ -11,73 +11,10 @@
 #include <vector>
 
 #include "src/model/config.h"
+#include "src/train/options.h"
 #include "src/train/tiered_memory.h"
 
 namespace strata {
-
-// Every knob of a training run; each is a `strata train` flag of the same name.
-// The defaults are the demo: the embedded model on the embedded corpus for about a minute.
-struct TrainOptions {
-  std::string model;           // HF model directory ("" = the embedded default config)
-  std::string preset;          // named config instead of --model (benches): gpt2-124m, default
-  std::string data;            // token-shard glob ("" = the embedded byte-level corpus)
-  // Shards with document offsets (NAME.docs, from `strata data`) make rows from documents
-  // (src/data/doc_rows.h): one per row, cut to seq + 1 tokens and padded ("off"), or packed
-  // first-fit with attention kept inside each document ("on"). Their loss masks (NAME.mask)
-  // decide which targets are trained. Shards without them are a stream, cut as llm.c does.
-  std::string pack = "off";    // off | on
-  bool shuffle = false;        // documents permuted from --seed once per epoch
-  int64_t epochs = 0;          // > 0: stop after this many passes over the documents (or --steps)
-  std::string val_data;        // held-out shards: mean masked loss ("" = no validation)
-  int64_t eval_every = 0;      // validate every n steps (0: at the start and the end only)
-  int64_t eval_batches = 0;    // micro-batches per validation (0: the whole held-out set)
-  bool synthetic_data = false; // benches: fixed random tokens instead of data
-  std::string backend = "cpu";
-  std::string dtype = "fp32";  // working weights/activations: fp32 | bf16 | fp16
-  int64_t batch = 4;           // B: sequences per micro-batch
-  int64_t seq = 128;           // T: tokens per sequence
-  int64_t grad_accum = 1;      // micro-batches per optimizer step
-  int64_t steps = 100;         // optimizer steps (0 with --epochs: as many as the epochs take)
-  double lr = 2e-3;            // peak learning rate
-  std::string lr_schedule = "cosine";  // constant | cosine
-  int64_t warmup = 5;          // linear warmup steps
-  double min_lr = 2e-4;        // cosine floor
-  double weight_decay = 0.1;   // AdamW, 2-D tensors only
-  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double grad_clip = 1.0;      // global L2 norm; 0 = off
-  // Where nothing waits for the global norm (grad_clip 0, no fp16 loss scaler; stages 0-1), run
-  // each unit's AdamW in the backward as its gradient becomes final (Placement::
-  // update_in_backward()). The same math either way; false keeps the update in the next forward.
-  bool update_in_backward = true;
-  double loss_scale = 65536;   // fp16: the dynamic loss scaler's starting scale
-  uint64_t seed = 1337;        // random init (models without weights) and synthetic data
-  std::string metrics;         // JSONL file, one object per optimizer step ("" = none)
-  std::string out;             // save the final model here, HF layout ("" = don't)
-  bool overwrite_model = false;  // --out may be the input --model (replaced by the trained one)
-  int64_t log_every = 1;       // progress line every n steps (and the first and last)
-  int threads = 0;             // CPU compute threads (0 = all available cores)
-  // Placement (DESIGN.md "One training step"): none = the compute device, cpu = pinned host
-  // RAM, nvme = swap files under --nvme-path. Budgets "" = what the plan needs.
-  std::string offload_params = "none";      // working weights (compute dtype)
-  std::string offload_grads = "none";       // fp32 gradients
-  std::string offload_optimizer = "none";   // fp32 master + AdamW m, v
-  std::string offload_activations = "none"; // kept inputs of checkpointed blocks
-  std::string checkpoint_activations = "none";  // none | full | every:N
-  std::vector<std::string> nvme_paths;      // swap directories (one per SSD)
-  std::string device_mem;                   // device budget, e.g. 24G
-  std::string host_mem;                     // pinned host budget
-  // Training checkpoints (src/checkpoint/train_checkpoint.h): every n steps, at the end and
-  // when a signal stops the run; the newest `keep` are kept. resume: a checkpoint, a
-  // checkpoint directory, or "auto" (the newest under checkpoint_dir; a fresh start if none).
-  std::string checkpoint_dir;
-  int64_t checkpoint_every = 0;             // 0 = only at the end and on SIGINT/SIGTERM
-  int64_t keep = 2;
-  std::string resume;
-  // ZeRO stage across the ranks of an mpirun job (src/train/run_memory.h Sharding): 0 = data
-  // parallel (grads all-reduced), 1 = optimizer state sharded, 2 = grads sharded too, 3 = working
-  // weights sharded too (gathered per unit when used).
-  int zero_stage = 0;
-};
 
 // What one optimizer step did (also one line of --metrics).
 struct StepStats {

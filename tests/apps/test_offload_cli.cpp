@@ -75,7 +75,7 @@ class OffloadCli : public ::testing::Test {
 TEST_F(OffloadCli, ReadErrorMidRunIsOneLineAndKeepsOut) {
   const std::string before = save_earlier_model();
   const Result r = run("train " + nvme_args() + "--steps 4 --out " + (dir_ / "model").string(),
-                       "STRATA_TEST_IO_FAULT=read:60");
+                       "STRATA_FAULT=${STRATA_FAULT:+$STRATA_FAULT,}io-read:60");
   expect_one_line_error(r, "read ");
   EXPECT_NE(r.err.find("Input/output error"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("step 1/4"), std::string::npos) << "the fault should hit mid-run:\n" << r.out;
@@ -85,7 +85,7 @@ TEST_F(OffloadCli, ReadErrorMidRunIsOneLineAndKeepsOut) {
 TEST_F(OffloadCli, WriteErrorMidRunIsOneLineAndKeepsOut) {
   const std::string before = save_earlier_model();
   const Result r = run("train " + nvme_args() + "--steps 4 --out " + (dir_ / "model").string(),
-                       "STRATA_TEST_IO_FAULT=write:60");
+                       "STRATA_FAULT=${STRATA_FAULT:+$STRATA_FAULT,}io-write:60");
   EXPECT_NE(r.out.find("step 1/4"), std::string::npos) << "the fault should hit mid-run:\n" << r.out;
   expect_one_line_error(r, "write ");
   EXPECT_EQ(slurp(dir_ / "model" / "model.safetensors"), before);
@@ -98,7 +98,7 @@ TEST_F(OffloadCli, WriteErrorMidRunIsOneLineAndKeepsOut) {
 TEST_F(OffloadCli, BitFlipOnNvmeMidRunIsReportedNotTrainedOn) {
   const std::string before = save_earlier_model();
   const Result r = run("train " + nvme_args() + "--steps 4 --out " + (dir_ / "model").string(),
-                       "STRATA_TEST_IO_FAULT=flip:60");
+                       "STRATA_FAULT=${STRATA_FAULT:+$STRATA_FAULT,}io-flip:60");
   EXPECT_NE(r.out.find("step 1/4"), std::string::npos) << "the flip should hit mid-run:\n" << r.out;
   expect_one_line_error(r, "checksum mismatch reading swap file ");
   EXPECT_NE(r.err.find("/swap at byte offset "), std::string::npos) << r.err;

@@ -386,7 +386,7 @@ TEST_F(ZeroCli, AFailingRankStopsTheJobNamingIt) {
 // A rank killed in the middle of a step (SIGKILL, as a crashed node) stops the job.
 TEST_F(ZeroCli, AKilledRankStopsTheJob) {
   const auto t0 = std::chrono::steady_clock::now();
-  CliResult r = run(2, tiny(2, 50) + "--zero-stage 1", "STRATA_TEST_KILL=1:3", "kill");
+  CliResult r = run(2, tiny(2, 50) + "--zero-stage 1", "STRATA_FAULT=kill:1:3", "kill");
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(r.status, 0) << r.out << r.err;
   EXPECT_LT(s, 30) << "the job took " << s << " s to stop";

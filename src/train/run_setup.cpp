@@ -1,0 +1,247 @@
+// Options into a resolved run, and the plan of a run that is never allocated (`strata plan`).
+#include "src/train/run_setup.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+
+#include "offload/size.h"
+#include "src/checkpoint/hf.h"
+#include "src/checkpoint/train_checkpoint.h"
+#include "src/data/doc_rows.h"
+#include "src/data/doc_shards.h"
+#include "src/data/token_shards.h"
+#include "src/train/trainer.h"
+
+namespace strata {
+namespace fs = std::filesystem;
+
+namespace {
+
+bool has_weights(const fs::path& dir) {
+  if (fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json")) return true;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") return true;
+  return false;
+}
+
+// A weight file of a format strata does not read (PyTorch pickles, GGUF, TF, Flax, ONNX), or
+// "" when there is none: a directory holding one must not silently train from random init.
+std::string unreadable_weight_file(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string ext = it->path().extension().string();
+    if (ext == ".pt" || ext == ".pth" || ext == ".ckpt" || ext == ".gguf" || ext == ".h5" || ext == ".msgpack" ||
+        ext == ".onnx" || (ext == ".bin" && name.rfind("pytorch_model", 0) == 0) ||
+        name == "pytorch_model.bin.index.json")
+      return name;
+  }
+  return "";
+}
+
+uint64_t parse_size_flag(const std::string& text, const std::string& flag) {
+  try {
+    const uint64_t v = offload::parse_size(text);
+    if (v == 0) throw std::invalid_argument("must be positive");
+    // A bare number is bytes: below 1 KiB it is a forgotten unit (no budget is that small).
+    if (v < 1024 && text.find_first_not_of("0123456789. ") == std::string::npos)
+      throw std::invalid_argument(fmt::format("{} bytes: did you mean {}G?", v, text));
+    return v;
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(flag + " '" + text + "': " + e.what() + " (a size such as 512M, 8G, 1.5T)");
+  }
+}
+
+// Which shards make rows from documents; refuses flags that need documents on a stream, and a
+// stream whose shards carry loss masks (a mask without document offsets is not what `strata
+// data` writes, and training every target of it would ignore the mask).
+bool data_has_documents(const std::vector<fs::path>& files, const std::string& flag) {
+  const bool docs = shards_have_documents(files);
+  if (!docs)
+    for (const fs::path& f : files)
+      if (fs::exists(shard_mask_path(f)))
+        throw std::runtime_error(flag + " " + f.string() + ": has a loss mask (" + shard_mask_path(f).filename().string() +
+                                 ") but no document offsets (" + shard_docs_path(f).filename().string() +
+                                 "); write the data set with `strata data`");
+  return docs;
+}
+
+}  // namespace
+
+ResolvedRun resolve_run(const TrainOptions& o) {
+  ResolvedRun r;
+  r.dtype = kernels::parse_dtype(o.dtype);
+  r.backend = kernels::parse_backend(o.backend);
+  if (!kernels::backend_trains(r.backend))
+    throw std::invalid_argument("--backend " + o.backend +
+                                ": the CUDA op set is not built yet (only the CUDA runtime is); use --backend cpu");
+  r.schedule = parse_lr_schedule(o.lr_schedule);
+  r.ckpt = parse_checkpointing(o.checkpoint_activations);
+  Placement& pl = r.placement;
+  pl.params = parse_offload(o.offload_params, "--offload-params");
+  pl.grads = parse_offload(o.offload_grads, "--offload-grads");
+  pl.optimizer = parse_offload(o.offload_optimizer, "--offload-optimizer");
+  pl.activations = parse_offload(o.offload_activations, "--offload-activations");
+  if (pl.activations != offload::Tier::device && !r.ckpt.any())
+    throw std::invalid_argument("--offload-activations " + o.offload_activations +
+                                " moves the kept inputs of checkpointed blocks: it needs --checkpoint-activations "
+                                "full or every:N");
+  pl.nvme_paths = o.nvme_paths;
+  pl.norm_free = o.update_in_backward && o.grad_clip <= 0 && r.dtype != DType::f16;
+  if (pl.uses_nvme() && pl.nvme_paths.empty())
+    throw std::invalid_argument("an --offload-* flag is nvme but no --nvme-path DIR was given (a directory on the SSD "
+                                "for swap files)");
+  if (!o.device_mem.empty()) pl.device_mem = parse_size_flag(o.device_mem, "--device-mem");
+  if (!o.host_mem.empty()) pl.host_mem = parse_size_flag(o.host_mem, "--host-mem");
+
+  // Model config: --model DIR, --preset NAME or the embedded default.
+  if (!o.model.empty()) {
+    const fs::path dir(o.model);
+    std::error_code ec;
+    const fs::file_status st = fs::status(dir, ec);
+    if (ec == std::errc::too_many_symbolic_link_levels)
+      throw std::runtime_error("--model " + o.model + ": a loop of symbolic links; point it at the model directory");
+    if (!fs::exists(st)) throw std::runtime_error("--model " + o.model + ": does not exist");
+    if (!fs::is_directory(st))
+      throw std::runtime_error("--model " + o.model + ": not a directory (a Hugging Face model directory: config.json "
+                               "and *.safetensors)");
+    if (!fs::exists(dir / "config.json")) throw std::runtime_error("--model " + o.model + ": no config.json in it");
+    r.cfg = read_hf_config(dir / "config.json");
+    r.load_weights = has_weights(dir);
+    if (const std::string other = unreadable_weight_file(dir); !r.load_weights && !other.empty())
+      throw std::runtime_error("--model " + o.model + ": its weights are in " + other +
+                               ", a format strata does not read (it reads safetensors: model.safetensors, or "
+                               "model-0000k-of-0000n.safetensors with model.safetensors.index.json); convert them, "
+                               "e.g. with transformers' save_pretrained(dir, safe_serialization=True)");
+    r.model_source = o.model + (r.load_weights ? " (safetensors)" : " (config only: random init)");
+  } else if (!o.preset.empty()) {
+    r.cfg = preset_model_config(o.preset);
+    r.model_source = "preset " + o.preset + " (random init)";
+  } else {
+    r.cfg = default_model_config();
+    r.model_source = "embedded default (random init)";
+  }
+  r.cfg.validate();
+  if (!o.resume.empty()) {
+    r.resume = find_resume_checkpoint(o.resume, o.checkpoint_dir);
+    if (!r.resume.empty()) {
+      // The model is the checkpoint's; a --model or --preset given again must describe it.
+      ModelConfig saved = read_hf_config(r.resume / "config.json");
+      ModelConfig given = r.cfg;
+      given.torch_dtype = saved.torch_dtype;
+      if ((!o.model.empty() || !o.preset.empty()) && !(given == saved))
+        throw std::invalid_argument("--resume " + r.resume.string() + ": the checkpoint's model (config.json) differs from " +
+                                    (o.model.empty() ? "--preset " + o.preset : "--model " + o.model) +
+                                    "; resume with the model it was trained from");
+      r.cfg = saved;
+      r.cfg.validate();
+      r.load_weights = true;
+      r.model_source = r.resume.string() + " (training checkpoint)";
+    }
+  }
+  if (o.seq > r.cfg.max_position_embeddings)
+    throw std::invalid_argument("--seq " + std::to_string(o.seq) + " exceeds the model's max_position_embeddings (" +
+                                std::to_string(r.cfg.max_position_embeddings) + ")");
+  if (!o.data.empty() && !o.synthetic_data) {
+    r.data_files = expand_glob(o.data);
+    r.documents = data_has_documents(r.data_files, "--data");
+  }
+  if (!o.val_data.empty()) {
+    r.val_files = expand_glob(o.val_data);
+    r.val_documents = data_has_documents(r.val_files, "--val-data");
+  }
+  if (!r.documents && (o.pack != "off" || o.shuffle || o.epochs > 0)) {
+    const std::string flag = o.pack != "off" ? "--pack on" : o.shuffle ? "--shuffle" : "--epochs";
+    throw std::invalid_argument(flag + " works on documents: " +
+                                (o.data.empty() ? std::string("the embedded corpus is a token stream")
+                                                : "--data " + o.data + " has no document offsets (NAME.docs)") +
+                                "; write the data with `strata data` (it records where each document starts)");
+  }
+  return r;
+}
+
+RunPaths run_reads(const TrainOptions& o, const ResolvedRun& r) {
+  RunPaths reads;
+  reads.resume = r.resume;
+  if (!o.model.empty()) {
+    reads.model_dir = o.model;
+    std::error_code ec;
+    for (fs::directory_iterator it(o.model, ec), end; !ec && it != end; it.increment(ec))
+      reads.model_files.push_back(it->path());
+  }
+  reads.data_files = r.data_files;
+  reads.data_files.insert(reads.data_files.end(), r.val_files.begin(), r.val_files.end());
+  return reads;
+}
+
+int64_t token_arrays(const ResolvedRun& r) { return r.documents || r.val_documents ? 4 : 2; }
+size_t token_buffer_bytes(const TrainOptions& o, int64_t arrays) {
+  return (static_cast<size_t>(o.grad_accum * arrays * o.batch * o.seq) * sizeof(int32_t) + 63) / 64 * 64;
+}
+size_t step_buffer_bytes(const TrainOptions& o, const ResolvedRun& r, size_t n_units) {
+  return token_buffer_bytes(o, token_arrays(r)) + n_units * sizeof(double);
+}
+
+uint64_t comm_bytes_per_step(const Transformer& model, const Sharding& sh, int64_t grad_accum) {
+  if (sh.world <= 1) return 0;
+  const double part = static_cast<double>(sh.world - 1) / sh.world;
+  const double esz = static_cast<double>(kernels::dtype_size(model.dtype()));
+  double b = 0;
+  for (const Unit& u : model.units()) {
+    const double n = static_cast<double>(u.numel);
+    const double accum = static_cast<double>(grad_accum);
+    if (sh.stage <= 1) b += 2 * part * n * 4;                        // grads all-reduced
+    if (sh.stage == 1 || sh.stage == 2) b += part * n * esz;         // new weights all-gathered
+    if (sh.stage >= 2) b += part * n * 4 * accum;                    // grads reduce-scattered
+    if (sh.stage >= 3) b += part * n * esz * accum;                  // gathered for the forward
+  }
+  // Stage 3 gathers each block again for its backward (the final norm and the head are used
+  // once, forward and backward in one phase; a tied head is the embedding, still gathered).
+  if (sh.stage >= 3)
+    for (int64_t l = 0; l < model.dims().L; ++l)
+      b += part * static_cast<double>(model.units()[static_cast<size_t>(model.block_unit(l))].numel) * esz *
+           static_cast<double>(grad_accum);
+  return static_cast<uint64_t>(b);
+}
+
+namespace {
+// One rank of a `world`-rank run, sized for planning: its model on a CPU runtime (shapes only, no
+// device needed) and its placement with this rank's sharding.
+struct SizedRun {
+  ResolvedRun r;
+  std::unique_ptr<kernels::Runtime> rt = kernels::make_runtime(kernels::Backend::cpu);
+  Transformer model;
+  size_t step_buffers;
+  SizedRun(const TrainOptions& o, int world)
+      : r((validate_options(o), resolve_run(o))),
+        model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world),
+        step_buffers(step_buffer_bytes(o, r, model.units().size())) {
+    r.placement.sharding = Sharding{o.zero_stage, world, 0};
+  }
+};
+}  // namespace
+
+RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
+  if (world < 1) throw std::invalid_argument("--world must be at least 1, got " + std::to_string(world));
+  const SizedRun run(o, world);
+  RunPlan p;
+  p.memory = TieredMemory::plan(run.model, run.r.backend, run.r.placement, o.grad_accum, run.step_buffers, minimums);
+  p.cfg = run.r.cfg;
+  p.n_params = run.model.n_params();
+  p.tokens_per_step = o.batch * o.seq * o.grad_accum * world;
+  p.world = world;
+  p.update_in_backward = run.r.placement.update_in_backward();
+  p.comm_bytes = comm_bytes_per_step(run.model, run.r.placement.sharding, o.grad_accum);
+  return p;
+}
+
+offload::StepTimeline estimate_run(const TrainOptions& o, const RunPlan& p, const StepCosts& costs) {
+  const SizedRun run(o, p.world);
+  return TieredMemory::estimate(run.model, run.r.backend, run.r.placement, o.grad_accum, run.step_buffers,
+                                p.memory.budget, costs);
+}
+
+}  // namespace strata

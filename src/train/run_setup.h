@@ -1,0 +1,51 @@
+// A run's options resolved into what they determine before any data or memory: validated
+// flags, the model config and where it comes from, precision, placement, the data's shards.
+// Shared by the Trainer and `strata plan` (plan_run, estimate_run in trainer.h).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kernels/runtime.h"
+#include "src/model/config.h"
+#include "src/model/transformer.h"
+#include "src/optim/schedule.h"
+#include "src/train/options.h"
+#include "src/train/run_guard.h"
+#include "src/train/tiered_memory.h"
+
+namespace strata {
+
+struct ResolvedRun {
+  ModelConfig cfg;
+  std::string model_source;
+  bool load_weights = false;
+  DType dtype = DType::f32;
+  kernels::Backend backend = kernels::Backend::cpu;
+  LrSchedule schedule = LrSchedule::cosine;
+  Checkpointing ckpt;
+  Placement placement;  // without its sharding (the ranks are not known here)
+  std::filesystem::path resume;  // the checkpoint to continue from (empty: a fresh start)
+  std::vector<std::filesystem::path> data_files, val_files;  // --data, --val-data shards
+  bool documents = false;      // --data has document offsets: rows from documents
+  bool val_documents = false;  // --val-data has
+};
+
+// Resolves `o` (validated: validate_options); throws one line naming the flag and the fix.
+// Reads config.json of --model or of the checkpoint --resume names (which must be found already:
+// the Trainer locks --checkpoint-dir first).
+ResolvedRun resolve_run(const TrainOptions& o);
+
+// What the run reads (model files, data and held-out shards, the checkpoint it resumes), to be
+// kept apart from what it writes (run_guard.h).
+RunPaths run_reads(const TrainOptions& o, const ResolvedRun& r);
+
+// Per micro-batch: inputs and targets, and with documents (training or held-out) positions and
+// segment starts.
+int64_t token_arrays(const ResolvedRun& r);
+// The step buffers beside the model: the micro-batches' tokens, then one fp64 per unit.
+size_t token_buffer_bytes(const TrainOptions& o, int64_t arrays);
+size_t step_buffer_bytes(const TrainOptions& o, const ResolvedRun& r, size_t n_units);
+
+}  // namespace strata

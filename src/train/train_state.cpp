@@ -1,0 +1,332 @@
+// A run's state in and out: the weights into their tiers at the start (init or load), a pending
+// update applied on its own (flush), the HF save, training checkpoints and their restore.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "kernels/cpu/parallel.h"
+#include "kernels/dtype.h"
+#include "src/checkpoint/hf.h"
+#include "src/checkpoint/train_checkpoint.h"
+#include "src/train/trainer_impl.h"
+
+namespace strata {
+namespace fs = std::filesystem;
+
+namespace {
+
+// dst (n, dtype) = src (n, fp32), round to nearest even, on the host.
+void cast_on_host(const float* src, void* dst, int64_t n, DType dt) {
+  if (dt == DType::f32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+    return;
+  }
+  auto* d = static_cast<uint16_t*>(dst);
+  kernels::cpu::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) d[i] = dt == DType::bf16 ? kernels::f32_to_bf16(src[i]) : kernels::f32_to_f16(src[i]);
+  });
+}
+
+}  // namespace
+
+// Applies a pending optimizer step on its own (the run is over, or a checkpoint or save needs
+// the updated weights): an aside of the memory manager, outside the step's program.
+void Trainer::Impl::flush() {
+  if (!pending) return;
+  mem->begin_step(TieredMemory::Program::update);
+  driver->optimizer(pending->st, pending->apply);
+  mem->end_step();
+  stream->synchronize();
+  opt_stream().synchronize();
+  pending.reset();
+}
+
+// Every unit's master weights (random init or the checkpoint), its working weights and zeroed
+// AdamW state, written unit by unit straight to the tiers they live in. Each block's write home
+// starts as soon as it is filled (write_back), so the writes overlap the next units' work; the
+// moments of a fresh start are zeroed without writing them (on NVMe: a range the swap file
+// records as zeros). Returns once every byte is home.
+void Trainer::Impl::init_weights(bool load_weights) {
+  std::unique_ptr<HfCheckpoint> ckpt, optim;
+  if (!resumed_from.empty()) {
+    ckpt = HfCheckpoint::open(resumed_from);
+    optim = HfCheckpoint::open_file(resumed_from / "optimizer.safetensors");
+  } else if (load_weights) {
+    ckpt = HfCheckpoint::open(o.model);
+  }
+  const bool aliased = mem->master_is_weights();
+  // Sharded (stage >= 1): each unit is built whole in `full`, and this rank keeps its shard.
+  const bool sharded = sh.sharded_optimizer();
+  std::vector<float> full;
+  if (sharded) {
+    int64_t most = 0;
+    for (const Unit& unit : model->units()) most = std::max(most, unit.numel);
+    full.resize(static_cast<size_t>(most));
+  }
+  mem->begin_step(TieredMemory::Program::aside);
+  if (!optim)  // first, while no write is in flight (TieredMemory::zero)
+    for (size_t u = 0; u < model->units().size(); ++u) mem->zero(Role::adam, static_cast<int>(u));
+  for (size_t ui = 0; ui < model->units().size(); ++ui) {
+    const int u = static_cast<int>(ui);
+    const Unit& unit = model->units()[ui];
+    const int64_t n = sharded ? sh.shard(unit.numel) : unit.numel, lo = sharded ? sh.rank * n : 0;
+    float* master = static_cast<float*>(mem->acquire(Role::master, u, offload::Mode::write, Side::host));
+    float* src = sharded ? full.data() : master;
+    if (ckpt)
+      model->load_unit(u, *ckpt, src);
+    else
+      model->init_unit(u, o.seed, src);
+    if (!aliased) {  // stage 3: the weights block is this rank's shard
+      void* w = mem->acquire(Role::weights, u, offload::Mode::write, Side::host);
+      if (sh.sharded_weights())
+        cast_on_host(src + lo, w, n, dtype);
+      else
+        cast_on_host(src, w, unit.numel, dtype);
+      mem->release(Role::weights, u);
+      mem->write_back(Role::weights, u);
+    }
+    if (sharded) std::memcpy(master, src + lo, static_cast<size_t>(n) * 4);
+    mem->release(Role::master, u);
+    mem->write_back(Role::master, u);
+    if (!optim) continue;
+    // m then v, each over the unit's padded length (sharded: this rank's part of it).
+    void* adam = mem->acquire(Role::adam, u, offload::Mode::write, Side::host);
+    std::memset(adam, 0, static_cast<size_t>(n) * 8);
+    for (int half = 0; half < 2; ++half) {
+      float* dst = static_cast<float*>(adam) + half * n;
+      float* whole = sharded ? full.data() : dst;
+      if (sharded) std::fill(full.begin(), full.begin() + unit.numel, 0.f);
+      for (int pi : unit.params) {
+        const ParamInfo& p = model->params()[static_cast<size_t>(pi)];
+        optim->read_into(half == 0 ? exp_avg_name(p.name) : exp_avg_sq_name(p.name), p.shape, whole + p.unit_offset,
+                         DType::f32);
+      }
+      if (sharded) std::memcpy(dst, full.data() + lo, static_cast<size_t>(n) * 4);
+    }
+    mem->release(Role::adam, u);
+    mem->write_back(Role::adam, u);
+  }
+  mem->end_step();
+  mem->drain();  // the start-up includes the writes: the weights are in their tiers
+}
+
+
+// What a checkpoint records besides tensors: enough to continue bit for bit.
+nlohmann::json Trainer::Impl::state_json() const {
+  nlohmann::json j;
+  j["trainer"] = {{"steps_done", steps_done}, {"skipped_steps", skipped_steps}, {"tokens", tokens_done},
+                  {"trained_tokens", trained_done}};
+  j["loss_scaler"] = {{"enabled", scaler.enabled()}, {"scale", scaler.scale()}, {"good_steps", scaler.good_steps()}};
+  j["data"] = data->position();
+  j["n_params"] = model->n_params();
+  j["flags"] = options_json(o);
+  j["run_id"] = run_id;
+  return j;
+}
+
+void Trainer::Impl::restore_state(const nlohmann::json& man) {
+  const std::string where = (resumed_from / "trainer.json").string();
+  try {
+    const auto& t = man.at("trainer");
+    steps_done = t.at("steps_done").get<int64_t>();
+    skipped_steps = t.at("skipped_steps").get<int64_t>();
+    tokens_done = t.at("tokens").get<int64_t>();
+    trained_done = t.value("trained_tokens", int64_t{0});
+    if (steps_done < 0 || skipped_steps < 0 || skipped_steps > steps_done || tokens_done < 0)
+      throw std::runtime_error("inconsistent step counts");
+    const auto& ls = man.at("loss_scaler");
+    // The scaler's own invariants: a power of two in [1, 2^99], a non-negative count.
+    const double scale = ls.at("scale").get<double>();
+    const int64_t good = ls.at("good_steps").get<int64_t>();
+    if (!(scale >= 1 && scale <= 0x1p99 && std::exp2(std::round(std::log2(scale))) == scale))
+      throw std::runtime_error(fmt::format("loss_scaler.scale {}: must be a power of 2 in [1, 2^99]", scale));
+    if (good < 0 || good > INT32_MAX) throw std::runtime_error(fmt::format("loss_scaler.good_steps {}: out of range", good));
+    if (ls.at("enabled").get<bool>() == scaler.enabled()) scaler.restore(static_cast<float>(scale), static_cast<int>(good));
+    if (man.at("n_params").get<int64_t>() != model->n_params()) throw std::runtime_error("parameter count differs");
+    data->restore(man, o.data);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(where + ": malformed trainer state: " + e.what());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(where + ": " + e.what());
+  }
+  if (steps_done >= o.steps)
+    throw std::invalid_argument("--resume " + resumed_from.string() + ": the checkpoint is at step " +
+                                std::to_string(steps_done) + " and --steps is " + std::to_string(o.steps) +
+                                ": nothing left to train (raise --steps)");
+  last_checkpoint_step = steps_done;
+  // What the user changed since the checkpoint's run (allowed; shown in the header).
+  const nlohmann::json now = options_json(o);
+  if (man.contains("flags") && man["flags"].is_object())
+    for (const auto& [k, v] : man["flags"].items())
+      if (now.contains(k) && now[k] != v) {
+        std::string flag = k;
+        std::replace(flag.begin(), flag.end(), '_', '-');
+        resume_changes.push_back(fmt::format("--{} {} (was {})", flag, now[k].dump(), v.dump()));
+      }
+}
+
+std::vector<float> Trainer::Impl::gather_unit(Role role, int u, int64_t offset) {
+  const Unit& unit = model->units()[static_cast<size_t>(u)];
+  const int64_t n = sh.shard(unit.numel);
+  std::vector<float> whole(static_cast<size_t>(unit.numel));
+  const float* src = static_cast<const float*>(mem->acquire(role, u, offload::Mode::read, Side::host));
+  comm->all_gather(src + offset, whole.data(), static_cast<size_t>(n), DType::f32, *stream);
+  stream->synchronize();
+  mem->release(role, u);
+  if (sh.rank != 0) std::vector<float>().swap(whole);
+  return whole;
+}
+
+namespace {
+
+// A tensor's fp32 bytes, checked finite on the way: a last update can overflow (a diverging
+// run whose loss was still finite), and such weights never become a save or a checkpoint.
+void copy_finite(void* dst, const float* src, size_t bytes, const std::string& what) {
+  std::memcpy(dst, src, bytes);
+  const float* f = static_cast<const float*>(dst);
+  for (size_t i = 0; i < bytes / 4; ++i)
+    if (!std::isfinite(f[i])) throw std::runtime_error(what + " (element " + std::to_string(i) + ")");
+}
+
+// A save callback for one tensor: `bytes` from element `offset` of a unit's `role` block,
+// acquired on the host side of an aside for the copy only, non-finite values refused (`what`).
+std::function<void(void*)> fill_from_block(TieredMemory* mem, Role role, int unit, int64_t offset, size_t bytes,
+                                           std::string what) {
+  return [mem, role, unit, offset, bytes, what = std::move(what)](void* dst) {
+    const float* src = static_cast<const float*>(mem->acquire(role, unit, offload::Mode::read, Side::host));
+    try {
+      copy_finite(dst, src + offset, bytes, what);
+    } catch (...) {
+      mem->release(role, unit);
+      throw;
+    }
+    mem->release(role, unit);
+  };
+}
+
+// The same from host memory that outlives the save (a unit gathered from every rank's shard).
+std::function<void(void*)> fill_from_host(const float* src, size_t bytes, std::string what) {
+  return [src, bytes, what = std::move(what)](void* dst) { copy_finite(dst, src, bytes, what); };
+}
+
+}  // namespace
+
+// The master weights, unit by unit from wherever they live, through the save's per-tensor
+// callbacks: no more than one tensor's bytes are staged at once. Sharded (stage >= 1): every
+// rank sends its shards and rank 0 holds the whole model's master weights for the save (so
+// rank 0 needs 4 bytes per parameter of host RAM beyond its pools). Collective: every rank
+// calls it; rank 0 alone writes.
+void Trainer::save(const std::string& out_dir) const {
+  Impl& m = *impl_;
+  ModelConfig c = m.cfg;
+  c.torch_dtype = "float32";
+  m.flush();  // a pending update belongs to the weights being saved
+  m.stream->synchronize();
+  m.opt_stream().synchronize();
+  std::vector<std::vector<float>> whole;  // [unit] the gathered master (sharded runs, rank 0)
+  if (m.sh.sharded_optimizer()) {
+    m.mem->begin_step(TieredMemory::Program::aside);
+    for (size_t u = 0; u < m.model->units().size(); ++u) whole.push_back(m.gather_unit(Role::master, static_cast<int>(u), 0));
+    m.mem->end_step();
+  }
+  if (m.sh.rank != 0) return;
+  std::vector<TensorToSave> tensors;
+  TieredMemory* mem = m.mem.get();
+  const std::string diverged = "the weights are not finite: the run diverged; nothing was saved";
+  for (const ParamInfo& p : m.model->params()) {
+    const size_t bytes = static_cast<size_t>(p.numel) * 4;
+    const int unit = p.unit;
+    const int64_t off = p.unit_offset;
+    tensors.push_back({p.name, p.shape, DType::f32,
+                       whole.empty() ? fill_from_block(mem, Role::master, unit, off, bytes, diverged)
+                                     : fill_from_host(whole[static_cast<size_t>(unit)].data() + off, bytes, diverged)});
+  }
+  m.mem->begin_step(TieredMemory::Program::aside);
+  try {
+    // The tokenizer of --model goes along: `strata generate` and `strata data` read the saved
+    // directory as they read the one it was trained from. (Read before the save replaces
+    // anything, so --out may be --model with --overwrite-model.)
+    std::vector<fs::path> tokenizer;
+    if (!m.o.model.empty())
+      for (const char* name : kTokenizerFiles)
+        if (fs::is_regular_file(fs::path(m.o.model) / name)) tokenizer.push_back(fs::path(m.o.model) / name);
+    save_hf_model(out_dir, c, tensors, 5ull << 30, tokenizer);
+  } catch (...) {
+    m.mem->end_step();  // every fill releases what it acquired
+    throw;
+  }
+  m.mem->end_step();
+}
+
+int64_t Trainer::steps_done() const { return impl_->steps_done; }
+
+// The whole training state after the last step (its pending update applied first), each
+// tensor streamed from wherever its unit lives: at most one unit's block is staged at a time.
+// Sharded (stage >= 1): rank 0 gathers every unit's master, m and v first (12 bytes per
+// parameter of host RAM) and writes them unsharded by name, so a checkpoint does not depend on
+// the world size it was written at. Collective: every rank calls it; rank 0 alone writes (the
+// others return "").
+std::string Trainer::save_checkpoint() {
+  Impl& m = *impl_;
+  if (m.o.checkpoint_dir.empty()) throw std::logic_error("save_checkpoint without --checkpoint-dir");
+  m.flush();
+  std::vector<std::array<std::vector<float>, 3>> whole;  // [unit] {master, m, v} (sharded, rank 0)
+  if (m.sh.sharded_optimizer()) {
+    m.mem->begin_step(TieredMemory::Program::aside);
+    for (size_t ui = 0; ui < m.model->units().size(); ++ui) {
+      const int u = static_cast<int>(ui);
+      const int64_t n = m.sh.shard(m.model->units()[ui].numel);
+      std::array<std::vector<float>, 3> parts;
+      parts[0] = m.gather_unit(Role::master, u, 0);
+      parts[1] = m.gather_unit(Role::adam, u, 0);
+      parts[2] = m.gather_unit(Role::adam, u, n);
+      whole.push_back(std::move(parts));
+    }
+    m.mem->end_step();
+  }
+  if (m.sh.rank != 0) {
+    m.last_checkpoint_step = m.steps_done;
+    return "";
+  }
+  TrainCheckpointContent c;
+  c.cfg = m.cfg;
+  c.cfg.torch_dtype = "float32";
+  c.state = m.state_json();
+  TieredMemory* mem = m.mem.get();
+  for (const ParamInfo& p : m.model->params()) {
+    const size_t bytes = static_cast<size_t>(p.numel) * 4;
+    const int unit = p.unit;
+    const int64_t off = p.unit_offset;
+    const int64_t unit_numel = m.model->units()[static_cast<size_t>(unit)].numel;
+    // A last update that overflowed never becomes a checkpoint (rotation would then drop the
+    // good ones): the run stops instead, the previous checkpoint kept.
+    const std::string diverged =
+        "'" + p.name + "' is not finite: the run diverged; no checkpoint written, the previous one is kept";
+    auto from = [&](Role role, int64_t offset, int part) {
+      return whole.empty() ? fill_from_block(mem, role, unit, offset, bytes, diverged)
+                           : fill_from_host(whole[static_cast<size_t>(unit)][static_cast<size_t>(part)].data() + off,
+                                            bytes, diverged);
+    };
+    c.model.push_back({p.name, p.shape, DType::f32, from(Role::master, off, 0)});
+    c.optimizer.push_back({exp_avg_name(p.name), p.shape, DType::f32, from(Role::adam, off, 1)});
+    c.optimizer.push_back({exp_avg_sq_name(p.name), p.shape, DType::f32, from(Role::adam, unit_numel + off, 2)});
+  }
+  m.mem->begin_step(TieredMemory::Program::aside);
+  fs::path path;
+  try {
+    path = write_train_checkpoint(m.o.checkpoint_dir, m.steps_done, c, static_cast<int>(std::min<int64_t>(m.o.keep, 1 << 30)));
+  } catch (...) {
+    m.mem->end_step();
+    throw;
+  }
+  m.mem->end_step();
+  m.last_checkpoint_step = m.steps_done;
+  return path.string();
+}
+
+}  // namespace strata

@@ -1,0 +1,102 @@
+// Trainer::Impl: the state of a run, shared by the files that make up the trainer, one concern
+// each: trainer.cpp (set-up, one step, validation), run_loop.cpp (the run: steps, checkpoints
+// on schedule and on signals, summary, save), run_setup.cpp (options into a resolved run:
+// model, data, precision, placement; `strata plan`), train_state.cpp (state in and out: init,
+// save, checkpoint, restore), report.cpp (header, progress lines, --metrics) and
+// batch_source.cpp (where the rows come from).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "kernels/runtime.h"
+#include "src/comm/communicator.h"
+#include "src/model/transformer.h"
+#include "src/optim/adamw.h"
+#include "src/optim/schedule.h"
+#include "src/train/batch_source.h"
+#include "src/train/report.h"
+#include "src/train/run_guard.h"
+#include "src/train/step_driver.h"
+#include "src/train/tiered_memory.h"
+#include "src/train/trainer.h"
+
+namespace strata {
+
+struct Trainer::Impl {
+  TrainOptions o;
+  ModelConfig cfg;
+  std::string model_source;  // for the header
+  std::string data_source;   // ... and what the rows are made of
+  DType dtype = DType::f32;
+  kernels::Backend backend = kernels::Backend::cpu;
+  Placement placement;
+  std::unique_ptr<Communicator> comm;  // the job's ranks (local: one rank, no MPI)
+  Sharding sh;                         // this rank's part of every unit (ZeRO stage)
+  std::unique_ptr<kernels::Runtime> rt;
+  std::unique_ptr<kernels::Stream> stream;
+  std::unique_ptr<kernels::Stream> comm_stream;  // world > 1: the collectives of a step
+  std::unique_ptr<kernels::Runtime> cpu_rt;      // CUDA runs with the optimizer on the CPU
+  std::unique_ptr<kernels::Stream> cpu_stream;
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<TieredMemory> mem;
+  std::unique_ptr<StepDriver> driver;
+  AdamWConfig adamw;
+  LossScaler scaler{false};
+  LrScheduleConfig sched;
+  std::unique_ptr<BatchSource> data;  // the training rows
+  std::unique_ptr<BatchSource> val;   // --val-data (null: no validation)
+  // Per micro-batch: inputs, targets, then with documents positions and segment starts (N each).
+  int64_t arrays = 2;
+  std::vector<int32_t> host_tokens;   // (accum, arrays, N)
+  std::vector<float> host_losses;     // (accum, N)
+  std::vector<double> host_norm2;     // (units) Σ g² per unit
+  int32_t* dev_tokens = nullptr;      // same layout as host_tokens, in the step buffers
+  int64_t trained_done = 0;           // trained targets so far (all ranks)
+  double* dev_norm2 = nullptr;        // (units)
+  MetricsFile metrics;                // --metrics (rank 0)
+  int64_t steps_done = 0;
+  int64_t tokens_done = 0;
+  int64_t skipped_steps = 0;          // fp16 overflows: AdamW's step count does not advance
+  double startup_s = 0;
+  double weights_s = 0;  // of startup_s: initialising or loading the weights into their tiers
+  offload::OffloadStats last_stats;   // cumulative, at the end of the previous step
+  double last_stall = 0;
+  // The last step's optimizer step, carried out inside the next step's forward (or by flush()).
+  std::optional<PendingUpdate> pending;
+  std::filesystem::path resumed_from;  // the checkpoint this run continued (empty: a fresh start)
+  std::string run_id;                  // this run's identity (trainer.json): rotation removes only its own
+  PathLock checkpoint_lock, out_lock;  // rank 0: held for the life of the run (run_guard.h)
+  std::vector<std::string> resume_changes;  // flags that differ from the checkpoint's run
+  int64_t last_checkpoint_step = -1;
+
+  int64_t N() const { return o.batch * o.seq; }
+  kernels::Stream& opt_stream() { return cpu_stream ? *cpu_stream : *stream; }
+  double busy_ms() const { return stream->busy_ms() + (cpu_stream ? cpu_stream->busy_ms() : 0); }
+  // Communication: all the comm stream ran (collectives, and the sums and copies that finish a
+  // reduce-scatter) plus collectives run on other streams.
+  double comm_ms() const {
+    const double on_comm = comm_stream ? comm_stream->busy_ms() : 0;
+    return on_comm + comm->busy_ms() - (comm_stream ? comm->busy_ms(comm_stream.get()) : 0);
+  }
+  // Communication compute waited for: collectives run on the compute stream itself (outside
+  // steps) plus the driver's waits for the comm stream's.
+  double exposed_ms() const { return comm->busy_ms(stream.get()) + (driver ? driver->exposed_ms() : 0); }
+
+  // train_state.cpp
+  void init_weights(bool load_weights);
+  void flush();
+  // The whole of unit u's `role` block from every rank's shard (elements [offset, offset + S)
+  // of each rank's block, S = the shard size), in rank order. Collective: every rank calls it in
+  // the same order; rank 0 gets numel elements, the others an empty vector.
+  std::vector<float> gather_unit(Role role, int u, int64_t offset);
+  nlohmann::json state_json() const;
+  void restore_state(const nlohmann::json& manifest);
+};
+
+}  // namespace strata
