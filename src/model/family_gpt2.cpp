@@ -1,7 +1,12 @@
-// The GPT-2 block: pre-LayerNorm, fused c_attn (q|k|v) with bias, causal multi-head attention,
-// c_proj; pre-LayerNorm MLP c_fc -> GELU (gelu_new = tanh approximation) -> c_proj. Weights keep
-// HF's Conv1D (in, out) layout, so matmuls use the transpose flags instead of a copy on load.
+// The GPT-2 family's recipe: its tensors, and its block: pre-LayerNorm, fused c_attn (q|k|v)
+// with bias, causal multi-head attention, c_proj; pre-LayerNorm MLP c_fc -> GELU (gelu_new =
+// tanh approximation) -> c_proj. Weights keep HF's Conv1D (in, out) layout, so
+// matmuls use the transpose flags instead of a copy on load.
+#include <stdexcept>
+#include <string>
+
 #include "src/model/block_common.h"
+#include "src/model/family.h"
 #include "src/model/linear.h"
 #include "src/model/transformer.h"
 
@@ -18,8 +23,6 @@ using model_detail::wptr;
 namespace {
 
 bool tanh_gelu(const BlockCtx& c) { return c.cfg->activation != "gelu"; }  // gelu_new, gelu_pytorch_tanh
-
-}  // namespace
 
 void gpt2_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, void* out) {
   const ModelDims& d = *c.dims;
@@ -86,5 +89,62 @@ void gpt2_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, v
                              .dy = sc.d_c, .mean = a.mean1, .rstd = a.rstd1, .dx = dres,
                              .dweight = gptr(c, p.ln1_w), .dbias = gptr(c, p.ln1_b), .accumulate = true});
 }
+
+// Multi-head attention (every head has its own k and v); fc is c_fc alone.
+void dims(const ModelConfig& c, ModelDims& d) {
+  d.Hkv = c.n_heads;
+  d.FC = d.I;
+  if (d.Q != d.C) throw std::invalid_argument("gpt2: n_head must divide n_embd (head_dim is not configurable)");
+}
+
+bool tied_head(const ModelConfig&) { return true; }
+
+void embed_tensors(const ModelConfig& c, const ModelDims& d, const AddTensor& add, OuterLayout& o) {
+  o.wte = add("transformer.wte.weight", {d.V, d.C}, InitKind::normal);
+  o.wpe = add("transformer.wpe.weight", {c.max_position_embeddings, d.C}, InitKind::normal);
+}
+
+// HF's Conv1D layouts, (in, out): c_attn (C, 3C), c_proj (C, C), c_fc (C, 4C), mlp.c_proj (4C, C).
+BlockLayout block_tensors(const ModelConfig&, const ModelDims& d, int64_t layer, const AddTensor& add) {
+  const std::string h = "transformer.h." + std::to_string(layer) + ".";
+  BlockLayout b;
+  b.ln1_w = add(h + "ln_1.weight", {d.C}, InitKind::ones);
+  b.ln1_b = add(h + "ln_1.bias", {d.C}, InitKind::zeros);
+  b.qkv_w = add(h + "attn.c_attn.weight", {d.C, d.QKV}, InitKind::normal);
+  b.qkv_b = add(h + "attn.c_attn.bias", {d.QKV}, InitKind::zeros);
+  b.o_w = add(h + "attn.c_proj.weight", {d.Q, d.C}, InitKind::normal);
+  b.o_b = add(h + "attn.c_proj.bias", {d.C}, InitKind::zeros);
+  b.ln2_w = add(h + "ln_2.weight", {d.C}, InitKind::ones);
+  b.ln2_b = add(h + "ln_2.bias", {d.C}, InitKind::zeros);
+  b.fc_w = add(h + "mlp.c_fc.weight", {d.C, d.I}, InitKind::normal);
+  b.fc_b = add(h + "mlp.c_fc.bias", {d.I}, InitKind::zeros);
+  b.proj_w = add(h + "mlp.c_proj.weight", {d.I, d.C}, InitKind::normal);
+  b.proj_b = add(h + "mlp.c_proj.bias", {d.C}, InitKind::zeros);
+  return b;
+}
+
+void final_norm_tensors(const ModelConfig&, const ModelDims& d, const AddTensor& add, OuterLayout& o) {
+  o.lnf_w = add("transformer.ln_f.weight", {d.C}, InitKind::ones);
+  o.lnf_b = add("transformer.ln_f.bias", {d.C}, InitKind::zeros);
+}
+
+}  // namespace
+
+// extern: the registry (family.cpp) names it; a namespace-scope const is file-local otherwise.
+extern const FamilyRecipe kGpt2Recipe;
+const FamilyRecipe kGpt2Recipe{
+    .description = "LayerNorm, learned positions, GELU",
+    .norm = NormKind::layer,
+    .positions = PositionKind::learned,
+    .optional_prefix = "transformer.",
+    .dims = dims,
+    .tied_head = tied_head,
+    .head_name = "",
+    .embed_tensors = embed_tensors,
+    .block_tensors = block_tensors,
+    .final_norm_tensors = final_norm_tensors,
+    .block_forward = gpt2_block_forward,
+    .block_backward = gpt2_block_backward,
+};
 
 }  // namespace strata
