@@ -1,11 +1,10 @@
 // FamilyRecipe: everything that differs between model families, one constant table per family
-// (src/model/family_<name>.cpp), so the Transformer and the Generator call through a recipe
-// instead of testing which family they run.
+// (src/model/family_<name>.cpp), so the config checks, the Transformer and the Generator call
+// through a recipe instead of testing which family they run.
 //
 // A new family is one new file, family_<name>.cpp defining its recipe (plus any kernels its
-// block needs), and four existing files:
+// block needs), and three existing files:
 //   src/model/config.h            its Family enumerator
-//   src/model/config.cpp          its config checks and parameter count
 //   src/model/family.cpp          its registry entry (family_recipe)
 //   src/checkpoint/hf_config.cpp  reading and writing its config.json
 // Internal to src/model/ and src/infer/.
@@ -50,6 +49,11 @@ struct FamilyRecipe {
   // the Hub often omit "transformer.".
   std::string_view optional_prefix;
 
+  // The family's part of ModelConfig::validate (after the checks every family shares); throws
+  // std::invalid_argument naming the field.
+  void (*validate)(const ModelConfig& cfg);
+  // ModelConfig::n_params: parameters as HF counts them (a tied head once), overflow checked.
+  int64_t (*n_params)(const ModelConfig& cfg);
   // Sets d.Hkv and d.FC from cfg (d.Hq, D, Q and I are set); throws std::invalid_argument when
   // the shapes do not fit the family.
   void (*dims)(const ModelConfig& cfg, ModelDims& d);
@@ -74,5 +78,9 @@ struct FamilyRecipe {
 
 // The recipe of a family (the registry in family.cpp).
 const FamilyRecipe& family_recipe(Family family);
+
+// ModelConfig's checks, for the families' validate: throws std::invalid_argument
+// "model config: <field>: <why>" unless ok (config.cpp).
+void require_config(bool ok, const char* field, const std::string& why);
 
 }  // namespace strata

@@ -1,10 +1,11 @@
-// The GPT-2 family's recipe: its tensors, and its block: pre-LayerNorm, fused c_attn (q|k|v)
-// with bias, causal multi-head attention, c_proj; pre-LayerNorm MLP c_fc -> GELU (gelu_new =
-// tanh approximation) -> c_proj. Weights keep HF's Conv1D (in, out) layout, so
+// The GPT-2 family's recipe: its config rules and tensors, and its block: pre-LayerNorm, fused
+// c_attn (q|k|v) with bias, causal multi-head attention, c_proj; pre-LayerNorm MLP c_fc -> GELU
+// (gelu_new = tanh approximation) -> c_proj. Weights keep HF's Conv1D (in, out) layout, so
 // matmuls use the transpose flags instead of a copy on load.
 #include <stdexcept>
 #include <string>
 
+#include "src/checked.h"
 #include "src/model/block_common.h"
 #include "src/model/family.h"
 #include "src/model/linear.h"
@@ -90,6 +91,30 @@ void gpt2_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, v
                              .dweight = gptr(c, p.ln1_w), .dbias = gptr(c, p.ln1_b), .accumulate = true});
 }
 
+void validate(const ModelConfig& c) {
+  require_config(c.model_type == "gpt2", "model_type", "family gpt2 needs model_type gpt2, got '" + c.model_type + "'");
+  require_config(c.activation == "gelu_new" || c.activation == "gelu_pytorch_tanh" || c.activation == "gelu",
+                 "activation_function", "expected gelu_new, gelu_pytorch_tanh or gelu, got '" + c.activation + "'");
+  require_config(c.n_kv_heads == c.n_heads, "n_head", "gpt2 has no grouped-query attention");
+  require_config(c.effective_head_dim() * c.n_heads == c.hidden_size, "head_dim", "gpt2 needs n_embd / n_head");
+  require_config(c.tie_word_embeddings, "tie_word_embeddings", "gpt2's LM head is always tied to wte");
+  require_config(c.rope_scaling.type.empty(), "rope_scaling", "gpt2 has no rotary embeddings");
+}
+
+int64_t n_params(const ModelConfig& c) {
+  // Checked: the fields come from config.json, and a count that wraps would size buffers wrong.
+  auto mul = [](int64_t a, int64_t b) { return checked_mul(a, b, "model config: parameter count"); };
+  auto add = [](int64_t a, int64_t b) { return checked_add(a, b, "model config: parameter count"); };
+  const int64_t V = c.vocab_size, C = c.hidden_size, L = c.n_layers, F = c.intermediate_size;
+  // wte, wpe; per block ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj; ln_f; head tied to wte.
+  int64_t per_layer = add(mul(mul(C, 3), C), mul(3, C));  // c_attn
+  per_layer = add(per_layer, add(mul(C, C), C));          // attn.c_proj
+  per_layer = add(per_layer, add(mul(C, F), F));          // c_fc
+  per_layer = add(per_layer, add(mul(F, C), C));          // mlp.c_proj
+  per_layer = add(per_layer, mul(4, C));                  // ln_1, ln_2
+  return add(add(add(mul(V, C), mul(c.max_position_embeddings, C)), mul(L, per_layer)), mul(2, C));
+}
+
 // Multi-head attention (every head has its own k and v); fc is c_fc alone.
 void dims(const ModelConfig& c, ModelDims& d) {
   d.Hkv = c.n_heads;
@@ -137,6 +162,8 @@ const FamilyRecipe kGpt2Recipe{
     .norm = NormKind::layer,
     .positions = PositionKind::learned,
     .optional_prefix = "transformer.",
+    .validate = validate,
+    .n_params = n_params,
     .dims = dims,
     .tied_head = tied_head,
     .head_name = "",

@@ -1,11 +1,12 @@
-// The llama family's recipe (llama, mistral, qwen2): its tensors, and its block: pre-RMSNorm,
-// fused q/k/v projection with optional bias, RoPE, causal GQA attention, output projection;
-// pre-RMSNorm SwiGLU MLP. Forward and backward written out op by op (llm.c style), plus HF's
-// RoPE inverse frequencies and tables.
+// The llama family's recipe (llama, mistral, qwen2): its config rules and tensors, and its
+// block: pre-RMSNorm, fused q/k/v projection with optional bias, RoPE, causal GQA attention,
+// output projection; pre-RMSNorm SwiGLU MLP. Forward and backward written out op by op (llm.c
+// style), plus HF's RoPE inverse frequencies and tables.
 #include <cmath>
 #include <stdexcept>
 #include <string>
 
+#include "src/checked.h"
 #include "src/model/block_common.h"
 #include "src/model/family.h"
 #include "src/model/linear.h"
@@ -168,6 +169,49 @@ std::vector<float> rope_tables(const ModelConfig& cfg, int64_t positions) {
 
 namespace {
 
+void validate(const ModelConfig& c) {
+  require_config(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2", "model_type",
+                 "family llama needs model_type llama, mistral or qwen2, got '" + c.model_type + "'");
+  require_config(c.activation == "silu", "hidden_act", "expected silu, got '" + c.activation + "'");
+  require_config(c.rope_theta > 0 && std::isfinite(c.rope_theta), "rope_theta", "must be positive and finite");
+  require_config(c.effective_head_dim() % 2 == 0, "head_dim", "rotary embeddings need an even head_dim");
+  if (c.model_type == "llama") {
+    require_config(c.o_bias == c.attention_bias, "attention_bias", "llama puts biases on q, k, v and o together");
+  } else if (c.model_type == "qwen2") {
+    require_config(c.attention_bias && !c.o_bias, "attention_bias", "qwen2 has q/k/v biases and no o bias");
+    require_config(!c.mlp_bias, "mlp_bias", "qwen2 has no MLP biases");
+  } else {  // mistral
+    require_config(!c.attention_bias && !c.o_bias, "attention_bias", "mistral has no attention biases");
+    require_config(!c.mlp_bias, "mlp_bias", "mistral has no MLP biases");
+  }
+  const RopeScaling& rs = c.rope_scaling;
+  if (!rs.type.empty()) {
+    require_config(rs.type == "llama3", "rope_scaling", "type '" + rs.type + "' is not supported (only llama3)");
+    require_config(rs.factor > 0 && std::isfinite(rs.factor), "rope_scaling.factor", "must be positive and finite");
+    require_config(rs.low_freq_factor > 0 && rs.high_freq_factor > rs.low_freq_factor &&
+                       std::isfinite(rs.high_freq_factor),
+                   "rope_scaling.high_freq_factor", "must be finite and greater than low_freq_factor > 0");
+    require_config(rs.original_max_position_embeddings > 0, "rope_scaling.original_max_position_embeddings",
+                   "must be positive");
+  }
+}
+
+int64_t n_params(const ModelConfig& c) {
+  // Checked: the fields come from config.json, and a count that wraps would size buffers wrong.
+  auto mul = [](int64_t a, int64_t b) { return checked_mul(a, b, "model config: parameter count"); };
+  auto add = [](int64_t a, int64_t b) { return checked_add(a, b, "model config: parameter count"); };
+  const int64_t V = c.vocab_size, C = c.hidden_size, L = c.n_layers, F = c.intermediate_size;
+  const int64_t D = c.effective_head_dim();
+  const int64_t q = mul(c.n_heads, D), kv = mul(c.n_kv_heads, D);
+  int64_t attn = add(add(mul(C, q), mul(mul(2, C), kv)), mul(q, C));
+  if (c.attention_bias) attn = add(attn, add(q, mul(2, kv)));
+  if (c.o_bias) attn = add(attn, C);
+  int64_t mlp = mul(mul(3, C), F);
+  if (c.mlp_bias) mlp = add(mlp, add(mul(2, F), C));
+  const int64_t per_layer = add(add(attn, mlp), mul(2, C));  // + input_layernorm, post_attention_layernorm
+  return add(add(add(mul(V, C), mul(L, per_layer)), C), c.tie_word_embeddings ? 0 : mul(V, C));
+}
+
 // GQA: Hkv key/value heads; fc is gate and up stacked.
 void dims(const ModelConfig& c, ModelDims& d) {
   d.Hkv = c.n_kv_heads;
@@ -222,6 +266,8 @@ const FamilyRecipe kLlamaRecipe{
     .norm = NormKind::rms,
     .positions = PositionKind::rope,
     .optional_prefix = "",
+    .validate = validate,
+    .n_params = n_params,
     .dims = dims,
     .tied_head = tied_head,
     .head_name = "lm_head.weight",
