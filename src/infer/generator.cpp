@@ -16,6 +16,7 @@
 #include "kernels/ops.h"
 #include "offload/manager.h"
 #include "src/model/block_common.h"
+#include "src/model/family.h"
 
 namespace strata {
 using kernels::DType;
@@ -39,7 +40,7 @@ struct Generator::Buffers {
   int32_t* ids = nullptr;   // (B, T) this forward's tokens
   int32_t* pos = nullptr;   // (B, T) their positions
   int32_t* seg = nullptr;   // (B, T) first visible cache slot
-  float* rope = nullptr;    // (2, capacity, D/2) cos then sin (llama)
+  float* rope = nullptr;    // (2, capacity, D/2) cos then sin (PositionKind::rope)
   std::vector<void*> kv;    // per layer (B, capacity, 2, Hkv, D)
   std::vector<float> rope_host;
 };
@@ -51,14 +52,12 @@ struct Generator::Open {
 namespace {
 
 // Sizes (base null) or places the workspace.
-size_t carve(Generator::Buffers& b, char* base, const ModelConfig& cfg, DType dt, const GenerateShape& sh) {
-  (void)sh;
+size_t carve(Generator::Buffers& b, char* base, const FamilyRecipe& recipe, DType dt, const GenerateShape& sh) {
   const ModelDims& d = b.dims;
-  const bool gpt2 = cfg.family == Family::gpt2;
   Carver cv{base};
   b.x = cv.take_dt(d.N * d.C, dt);
   b.y = cv.take_dt(d.N * d.C, dt);
-  b.acts = model_detail::carve_block_acts(cv, d, dt, gpt2);
+  b.acts = recipe.carve_acts(cv, d, dt);
   b.scratch.tmp_c = cv.take_dt(d.N * d.C, dt);
   b.last = cv.take_dt(d.B * d.C, dt);
   b.lnf = cv.take_dt(d.B * d.C, dt);
@@ -68,7 +67,7 @@ size_t carve(Generator::Buffers& b, char* base, const ModelConfig& cfg, DType dt
   b.ids = static_cast<int32_t*>(cv.take(static_cast<size_t>(d.N) * 4));
   b.pos = static_cast<int32_t*>(cv.take(static_cast<size_t>(d.N) * 4));
   b.seg = static_cast<int32_t*>(cv.take(static_cast<size_t>(d.N) * 4));
-  b.rope = gpt2 ? nullptr : cv.take_f32(2 * sh.capacity * (d.D / 2));
+  b.rope = recipe.positions == PositionKind::rope ? cv.take_f32(2 * sh.capacity * (d.D / 2)) : nullptr;
   b.kv.resize(static_cast<size_t>(d.L));
   for (auto& k : b.kv) k = cv.take_dt(d.B * sh.capacity * 2 * d.Hkv * d.D, dt);
   return (cv.off + offload::kAlign - 1) / offload::kAlign * offload::kAlign;
@@ -94,7 +93,7 @@ Generator::Generator(const ModelConfig& cfg, DType dtype, kernels::Runtime& rt, 
   d.B = shape.batch;
   d.T = shape.max_prompt;
   d.N = d.B * d.T;
-  const size_t ws = carve(*buf_, nullptr, c, dtype, shape);
+  const size_t ws = carve(*buf_, nullptr, model_.recipe(), dtype, shape);
 
   // Budgets: all weights where they live, plus room on the compute tier for the unit in use
   // and the next one (prefetched) when they live elsewhere.
@@ -139,9 +138,9 @@ Generator::Generator(const ModelConfig& cfg, DType dtype, kernels::Runtime& rt, 
   mgr_->set_schedule(std::move(sched));
   open_.resize(units.size());
   for (auto& o : open_) o = std::make_unique<Open>();
-  carve(*buf_, static_cast<char*>(mgr_->home_data(ws_block)), c, dtype, shape);
+  carve(*buf_, static_cast<char*>(mgr_->home_data(ws_block)), model_.recipe(), dtype, shape);
 
-  if (c.family != Family::gpt2) {  // RoPE tables (2, capacity, D/2), as the training workspace's
+  if (model_.recipe().positions == PositionKind::rope) {  // RoPE tables (2, capacity, D/2), as the training workspace's
     buf_->rope_host = rope_tables(c, shape.capacity);
     s_.memcpy_async(buf_->rope, buf_->rope_host.data(), buf_->rope_host.size() * sizeof(float));
     s_.synchronize();
@@ -280,7 +279,8 @@ const std::vector<float>& Generator::forward(const std::vector<int32_t>& ids, in
   s_.memcpy_async(bf.pos, host_pos_.data(), n4);
   s_.memcpy_async(bf.seg, host_seg_.data(), n4);
   kernels::Ops& ops = rt_.ops();
-  const Transformer::OuterLayout o = model_.outer_layout();
+  const FamilyRecipe& recipe = model_.recipe();
+  const OuterLayout& o = model_.outer_layout();
   mgr_->begin_step();
 
   // x (N, C) = wte[ids] (+ wpe[pos])
@@ -317,10 +317,7 @@ const std::vector<float>& Generator::forward(const std::vector<int32_t>& ids, in
   for (int64_t l = 0; l < d.L; ++l) {
     kv.cache = bf.kv[static_cast<size_t>(l)];
     c.w = acquire(model_.block_unit(l));
-    if (cfg.family == Family::gpt2)
-      gpt2_block_forward(c, x, bf.acts, y);
-    else
-      llama_block_forward(c, x, bf.acts, y);
+    recipe.block_forward(c, x, bf.acts, y);
     release(model_.block_unit(l));
     std::swap(x, y);
   }
@@ -332,10 +329,7 @@ const std::vector<float>& Generator::forward(const std::vector<int32_t>& ids, in
   kernels::NormArgs nf{.dtype = dt, .rows = B, .cols = d.C, .eps = static_cast<float>(cfg.norm_eps), .x = bf.last,
                        .weight = at(wf, o.lnf_w, dt), .bias = o.lnf_b >= 0 ? at(wf, o.lnf_b, dt) : nullptr,
                        .y = bf.lnf, .mean = bf.lnf_mean, .rstd = bf.lnf_rstd};
-  if (cfg.family == Family::gpt2)
-    ops.layernorm(s_, nf);
-  else
-    ops.rmsnorm(s_, nf);
+  recipe.norm_forward(ops, s_, nf);
   release(model_.final_norm_unit());
   const void* wh = acquire(model_.head_unit());
   kernels::MatmulArgs mm;  // logits (B, V) = lnf · Wheadᵀ, fp32

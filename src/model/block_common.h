@@ -1,5 +1,5 @@
-// What the llama and gpt2 block recipes share: a block's weight and grad pointers by offset,
-// and causal attention over the fused qkv projection, qkv (N, QKV) holding per token
+// What the family recipes' blocks share: a block's weight and grad pointers by offset, and
+// causal attention over the fused qkv projection, qkv (N, QKV) holding per token
 // [q (Hq·D) | k (Hkv·D) | v (Hkv·D)]; and the workspace carver. Internal to src/model/ and
 // src/infer/.
 #pragma once
@@ -21,24 +21,6 @@ struct Carver {
   float* take_f32(int64_t n) { return static_cast<float*>(take(static_cast<size_t>(n) * 4)); }
   void* take_dt(int64_t n, DType t) { return take(static_cast<size_t>(n) * kernels::dtype_size(t)); }
 };
-
-// One block's activations for dims d (rows N = B·T) in dtype dt, carved from cv.
-inline BlockActs carve_block_acts(Carver& cv, const ModelDims& d, DType dt, bool gpt2) {
-  BlockActs a;
-  a.ln1 = cv.take_dt(d.N * d.C, dt);
-  if (gpt2) a.mean1 = cv.take_f32(d.N);
-  a.rstd1 = cv.take_f32(d.N);
-  a.qkv = cv.take_dt(d.N * d.QKV, dt);
-  a.att = cv.take_dt(d.N * d.Q, dt);
-  a.lse = cv.take_f32(d.B * d.Hq * d.T);
-  a.res_mid = cv.take_dt(d.N * d.C, dt);
-  a.ln2 = cv.take_dt(d.N * d.C, dt);
-  if (gpt2) a.mean2 = cv.take_f32(d.N);
-  a.rstd2 = cv.take_f32(d.N);
-  a.fc = cv.take_dt(d.N * d.FC, dt);
-  a.act = cv.take_dt(d.N * d.I, dt);
-  return a;
-}
 
 // The block's tensor at element offset `off` of its unit (working weights / fp32 grads);
 // null for an absent tensor (offset -1).

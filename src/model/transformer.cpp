@@ -9,9 +9,11 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "kernels/cpu/parallel.h"
 #include "src/model/block_common.h"
+#include "src/model/family.h"
 #include "src/model/init_normal.h"
 #include "src/model/linear.h"
 
@@ -50,7 +52,7 @@ std::string checkpointing_name(const Checkpointing& c) {
 
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
                          Checkpointing ckpt, int64_t logits_chunk_bytes, int shard_world)
-    : cfg_(cfg), dtype_(dtype), rt_(rt), ckpt_(ckpt) {
+    : cfg_(cfg), recipe_(family_recipe(cfg.family)), dtype_(dtype), rt_(rt), ckpt_(ckpt) {
   if (shard_world < 1) throw std::invalid_argument("shard_world must be >= 1, got " + std::to_string(shard_world));
   cfg_.validate();
   if (batch <= 0) throw std::invalid_argument("batch must be positive, got " + std::to_string(batch));
@@ -67,14 +69,11 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int
   d.L = cfg_.n_layers;
   d.V = cfg_.vocab_size;
   d.Hq = cfg_.n_heads;
-  d.Hkv = cfg_.family == Family::gpt2 ? cfg_.n_heads : cfg_.n_kv_heads;
   d.D = cfg_.effective_head_dim();
   d.Q = d.Hq * d.D;
-  d.QKV = (d.Hq + 2 * d.Hkv) * d.D;
   d.I = cfg_.intermediate_size > 0 ? cfg_.intermediate_size : 4 * d.C;
-  d.FC = cfg_.family == Family::gpt2 ? d.I : 2 * d.I;
-  if (cfg_.family == Family::gpt2 && d.Q != d.C)
-    throw std::invalid_argument("gpt2: n_head must divide n_embd (head_dim is not configurable)");
+  recipe_.dims(cfg_, d);  // Hkv, FC
+  d.QKV = (d.Hq + 2 * d.Hkv) * d.D;
   // LM-head chunks: at most logits_chunk_bytes of logits at once, split evenly so each chunk's
   // matmuls stay large. Each chunk re-reads and re-writes the fp32 head gradient (V, C), so
   // fewer, larger chunks are cheaper; bf16 runs keep logits in bf16 (half the bytes per row),
@@ -92,11 +91,10 @@ Transformer::~Transformer() = default;
 
 void Transformer::build_layout(int shard_world) {
   const ModelDims& d = dims_;
-  const bool gpt2 = cfg_.family == Family::gpt2;
   int64_t flat = 0;
   auto begin_unit = [&](std::string name) { units_.push_back(Unit{std::move(name), flat, 0, 0, {}, {}, {}}); };
   // Adds a tensor to the current unit; returns its offset relative to the unit's start.
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, char init) -> int64_t {
+  const AddTensor add = [&](const std::string& name, std::vector<int64_t> shape, InitKind init) -> int64_t {
     Unit& u = units_.back();
     ParamInfo p;
     p.name = name;
@@ -107,8 +105,8 @@ void Transformer::build_layout(int shard_world) {
     p.unit_offset = u.n_real;
     p.offset = u.offset + u.n_real;
     p.decay = p.shape.size() == 2;
-    p.ones = init == '1';
-    p.zeros = init == '0';
+    p.ones = init == InitKind::ones;
+    p.zeros = init == InitKind::zeros;
     u.n_real += p.numel;
     u.params.push_back(static_cast<int>(params_.size()));
     params_.push_back(p);
@@ -120,77 +118,28 @@ void Transformer::build_layout(int shard_world) {
     flat += u.numel;
   };
 
-  const std::string pre = gpt2 ? "transformer." : "model.";
   begin_unit("embed");
-  if (gpt2) {
-    wte_ = add(pre + "wte.weight", {d.V, d.C}, 'n');
-    wpe_ = add(pre + "wpe.weight", {cfg_.max_position_embeddings, d.C}, 'n');
-  } else {
-    wte_ = add(pre + "embed_tokens.weight", {d.V, d.C}, 'n');
-  }
+  recipe_.embed_tensors(cfg_, d, add, outer_);
   end_unit();
 
   for (int64_t l = 0; l < d.L; ++l) {
     begin_unit("block." + std::to_string(l));
-    BlockLayout b;
-    if (gpt2) {
-      const std::string h = pre + "h." + std::to_string(l) + ".";
-      b.ln1_w = add(h + "ln_1.weight", {d.C}, '1');
-      b.ln1_b = add(h + "ln_1.bias", {d.C}, '0');
-      b.qkv_w = add(h + "attn.c_attn.weight", {d.C, d.QKV}, 'n');
-      b.qkv_b = add(h + "attn.c_attn.bias", {d.QKV}, '0');
-      b.o_w = add(h + "attn.c_proj.weight", {d.Q, d.C}, 'n');
-      b.o_b = add(h + "attn.c_proj.bias", {d.C}, '0');
-      b.ln2_w = add(h + "ln_2.weight", {d.C}, '1');
-      b.ln2_b = add(h + "ln_2.bias", {d.C}, '0');
-      b.fc_w = add(h + "mlp.c_fc.weight", {d.C, d.I}, 'n');
-      b.fc_b = add(h + "mlp.c_fc.bias", {d.I}, '0');
-      b.proj_w = add(h + "mlp.c_proj.weight", {d.I, d.C}, 'n');
-      b.proj_b = add(h + "mlp.c_proj.bias", {d.C}, '0');
-    } else {
-      const std::string h = pre + "layers." + std::to_string(l) + ".";
-      const int64_t kv = d.Hkv * d.D;
-      b.ln1_w = add(h + "input_layernorm.weight", {d.C}, '1');
-      b.qkv_w = add(h + "self_attn.q_proj.weight", {d.Q, d.C}, 'n');  // q, k, v stacked = fused qkv
-      add(h + "self_attn.k_proj.weight", {kv, d.C}, 'n');
-      add(h + "self_attn.v_proj.weight", {kv, d.C}, 'n');
-      if (cfg_.attention_bias) {
-        b.qkv_b = add(h + "self_attn.q_proj.bias", {d.Q}, '0');
-        add(h + "self_attn.k_proj.bias", {kv}, '0');
-        add(h + "self_attn.v_proj.bias", {kv}, '0');
-      }
-      b.o_w = add(h + "self_attn.o_proj.weight", {d.C, d.Q}, 'n');
-      if (cfg_.o_bias) b.o_b = add(h + "self_attn.o_proj.bias", {d.C}, '0');
-      b.ln2_w = add(h + "post_attention_layernorm.weight", {d.C}, '1');
-      b.fc_w = add(h + "mlp.gate_proj.weight", {d.I, d.C}, 'n');  // gate, up stacked = fused (2I, C)
-      add(h + "mlp.up_proj.weight", {d.I, d.C}, 'n');
-      if (cfg_.mlp_bias) {
-        b.fc_b = add(h + "mlp.gate_proj.bias", {d.I}, '0');
-        add(h + "mlp.up_proj.bias", {d.I}, '0');
-      }
-      b.proj_w = add(h + "mlp.down_proj.weight", {d.C, d.I}, 'n');
-      if (cfg_.mlp_bias) b.proj_b = add(h + "mlp.down_proj.bias", {d.C}, '0');
-    }
+    const BlockLayout b = recipe_.block_tensors(cfg_, d, l, add);
     if (l == 0) layout_ = b;
     end_unit();
   }
 
   begin_unit("final_norm");
-  if (gpt2) {
-    lnf_w_ = add(pre + "ln_f.weight", {d.C}, '1');
-    lnf_b_ = add(pre + "ln_f.bias", {d.C}, '0');
-  } else {
-    lnf_w_ = add(pre + "norm.weight", {d.C}, '1');
-  }
+  recipe_.final_norm_tensors(cfg_, d, add, outer_);
   end_unit();
 
-  if (!gpt2 && !cfg_.tie_word_embeddings) {
+  if (!recipe_.tied_head(cfg_)) {
     begin_unit("lm_head");
-    head_ = add("lm_head.weight", {d.V, d.C}, 'n');
+    outer_.head = add(std::string(recipe_.head_name), {d.V, d.C}, InitKind::normal);
     head_unit_ = static_cast<int>(units_.size() - 1);
     end_unit();
   } else {
-    head_ = wte_;  // tied
+    outer_.head = outer_.wte;
     head_unit_ = 0;
   }
   n_flat_ = flat;
@@ -206,7 +155,7 @@ void Transformer::build_layout(int shard_world) {
   for (size_t ui = 0; ui < units_.size(); ++ui) {
     Unit& u = units_[ui];
     std::vector<std::pair<int64_t, int64_t>> by_matmul;  // (unit offset, numel)
-    if (static_cast<int>(ui) == head_unit_) by_matmul.emplace_back(head_, d.V * d.C);
+    if (static_cast<int>(ui) == head_unit_) by_matmul.emplace_back(outer_.head, d.V * d.C);
     if (ui >= 1 && static_cast<int64_t>(ui) <= d.L)
       by_matmul.insert(by_matmul.end(), {{layout_.qkv_w, d.QKV * d.C},
                                          {layout_.o_w, d.C * d.Q},
@@ -227,9 +176,8 @@ void Transformer::build_layout(int shard_world) {
 void Transformer::plan_workspace(char* base) {
   const ModelDims& d = dims_;
   const DType dt = dtype_;
-  const bool gpt2 = cfg_.family == Family::gpt2;
   Carver cv{base};
-  auto plan_acts = [&](BlockActs& a) { a = model_detail::carve_block_acts(cv, d, dt, gpt2); };
+  auto plan_acts = [&](BlockActs& a) { a = recipe_.carve_acts(cv, d, dt); };
   acts_.assign(static_cast<size_t>(d.L), BlockActs{});
   for (int64_t l = 0; l < d.L; ++l)
     if (!ckpt_.at(l)) plan_acts(acts_[static_cast<size_t>(l)]);
@@ -252,7 +200,7 @@ void Transformer::plan_workspace(char* base) {
   logits_ = cv.take_dt(d.chunk_rows * d.V, logits_dtype_);
   dlogits_lp_ = dt == DType::f16 ? cv.take_dt(d.chunk_rows * d.V, dt) : nullptr;
   losses_ = cv.take_f32(d.N);
-  if (gpt2)
+  if (recipe_.positions == PositionKind::learned)
     pos_ids_ = static_cast<int32_t*>(cv.take(static_cast<size_t>(d.N) * sizeof(int32_t)));
   else
     rope_ = cv.take_f32(2 * d.T * (d.D / 2));
@@ -264,9 +212,9 @@ void Transformer::bind_workspace(kernels::Stream& s, void* base) {
   plan_workspace(static_cast<char*>(base));
   bound_ = true;
   const ModelDims& d = dims_;
-  // Constants: gpt2 position ids (N): t for row b·T + t; llama RoPE tables (2, T, D/2): cos/sin
+  // Constants: learned positions' ids (N): t for row b·T + t; RoPE tables (2, T, D/2): cos/sin
   // of fp32 t · inv_freq, as HF computes them. Uploaded from a host copy the model keeps alive.
-  if (cfg_.family == Family::gpt2) {
+  if (recipe_.positions == PositionKind::learned) {
     constants_.resize(static_cast<size_t>(d.N) * sizeof(int32_t));
     auto* pos = reinterpret_cast<int32_t*>(constants_.data());
     for (int64_t i = 0; i < d.N; ++i) pos[i] = static_cast<int32_t>(i % d.T);
@@ -316,8 +264,9 @@ void Transformer::load_unit(int u, const HfCheckpoint& ckpt, float* master) cons
   for (int pi : unit.params) {
     const ParamInfo& p = params_[static_cast<size_t>(pi)];
     std::string name = p.name;
-    // gpt2 checkpoints on the Hub often omit the "transformer." prefix.
-    if (!ckpt.find(name) && name.rfind("transformer.", 0) == 0 && ckpt.find(name.substr(12))) name = name.substr(12);
+    const std::string_view prefix = recipe_.optional_prefix;
+    if (!prefix.empty() && !ckpt.find(name) && name.rfind(prefix, 0) == 0 && ckpt.find(name.substr(prefix.size())))
+      name = name.substr(prefix.size());
     ckpt.read_into(name, p.shape, master + p.unit_offset, DType::f32);
   }
   std::fill(master + unit.n_real, master + unit.numel, 0.f);
@@ -357,20 +306,17 @@ void Transformer::embed_forward(kernels::Stream& s, const int32_t* ids, const vo
   const ModelDims& d = dims_;
   const DType dt = dtype_;
   kernels::Ops& ops = rt_.ops();
-  ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = d.V, .ids = ids, .table = at(w, wte_, dt),
+  ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = d.V, .ids = ids, .table = at(w, outer_.wte, dt),
                     .out = x0});
-  if (wpe_ >= 0)
+  if (outer_.wpe >= 0)
     ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = cfg_.max_position_embeddings,
-                      .ids = doc_pos_ ? doc_pos_ : pos_ids_, .table = at(w, wpe_, dt), .out = x0, .accumulate = true});
+                      .ids = doc_pos_ ? doc_pos_ : pos_ids_, .table = at(w, outer_.wpe, dt), .out = x0,
+                      .accumulate = true});
 }
 
 void Transformer::block_forward(kernels::Stream& s, int64_t layer, const void* w, const void* x, void* y) {
   assert(bound_);
-  const BlockCtx c = block_ctx(s, layer, w, nullptr);
-  if (cfg_.family == Family::gpt2)
-    gpt2_block_forward(c, x, acts_for(layer), y);
-  else
-    llama_block_forward(c, x, acts_for(layer), y);
+  recipe_.block_forward(block_ctx(s, layer, w, nullptr), x, acts_for(layer), y);
 }
 
 void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w_fn, const void* w_head_unit,
@@ -378,11 +324,10 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
   assert(bound_);
   const ModelDims& d = dims_;
   const DType dt = dtype_;
-  const bool gpt2 = cfg_.family == Family::gpt2;
   const bool backward = g_fn != nullptr;
   kernels::Ops& ops = rt_.ops();
   const float eps = static_cast<float>(cfg_.norm_eps);
-  const void* w_head = at(w_head_unit, head_, dt);
+  const void* w_head = at(w_head_unit, outer_.head, dt);
   if (backward && first) {  // this step's first writes of these units' grads
     zero_ranges(s, units_[static_cast<size_t>(final_norm_unit())].accum_only, g_fn);
     zero_ranges(s, units_[static_cast<size_t>(head_unit_)].accum_only, g_head_unit);
@@ -390,12 +335,10 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
 
   // lnf (N, C) = final norm of the last residual
   kernels::NormArgs nf{.dtype = dt, .rows = d.N, .cols = d.C, .eps = eps, .x = final_res_,
-                       .weight = at(w_fn, lnf_w_, dt), .bias = lnf_b_ >= 0 ? at(w_fn, lnf_b_, dt) : nullptr,
-                       .y = lnf_, .mean = lnf_mean_, .rstd = lnf_rstd_};
-  if (gpt2)
-    ops.layernorm(s, nf);
-  else
-    ops.rmsnorm(s, nf);
+                       .weight = at(w_fn, outer_.lnf_w, dt),
+                       .bias = outer_.lnf_b >= 0 ? at(w_fn, outer_.lnf_b, dt) : nullptr, .y = lnf_, .mean = lnf_mean_,
+                       .rstd = lnf_rstd_};
+  recipe_.norm_forward(ops, s, nf);
 
   // LM head + cross-entropy, chunk_rows rows at a time: logits (R, V) = lnf[r] · Wheadᵀ.
   for (int64_t r0 = 0; r0 < d.N; r0 += d.chunk_rows) {
@@ -436,7 +379,7 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
     kernels::MatmulArgs dw;
     dw.a = dl;
     dw.b = at(static_cast<const void*>(lnf_), r0 * d.C, dt);
-    dw.c = g_head_unit + head_;
+    dw.c = g_head_unit + outer_.head;
     dw.ab_dtype = dt;
     dw.c_dtype = DType::f32;
     dw.m = d.V;
@@ -450,32 +393,21 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
 
   // dres (N, C) = final norm backward (overwrites)
   kernels::NormBackwardArgs nb{.dtype = dt, .rows = d.N, .cols = d.C, .x = final_res_,
-                               .weight = at(w_fn, lnf_w_, dt), .dy = dlnf_, .mean = lnf_mean_, .rstd = lnf_rstd_,
-                               .dx = dres_, .dweight = g_fn + lnf_w_, .dbias = lnf_b_ >= 0 ? g_fn + lnf_b_ : nullptr};
-  if (gpt2)
-    ops.layernorm_backward(s, nb);
-  else
-    ops.rmsnorm_backward(s, nb);
+                               .weight = at(w_fn, outer_.lnf_w, dt), .dy = dlnf_, .mean = lnf_mean_,
+                               .rstd = lnf_rstd_, .dx = dres_, .dweight = g_fn + outer_.lnf_w,
+                               .dbias = outer_.lnf_b >= 0 ? g_fn + outer_.lnf_b : nullptr};
+  recipe_.norm_backward(ops, s, nb);
 }
 
 void Transformer::block_backward(kernels::Stream& s, int64_t layer, const void* w, const void* x, float* g,
                                  bool first) {
   assert(bound_);
-  const bool gpt2 = cfg_.family == Family::gpt2;
   if (first) zero_ranges(s, units_[static_cast<size_t>(block_unit(layer))].accum_only, g);
   BlockCtx c = block_ctx(s, layer, w, g);
   const BlockActs& a = acts_for(layer);
-  if (ckpt_.at(layer)) {  // recompute the activations this block did not keep
-    if (gpt2)
-      gpt2_block_forward(c, x, a, recompute_out_);
-    else
-      llama_block_forward(c, x, a, recompute_out_);
-  }
+  if (ckpt_.at(layer)) recipe_.block_forward(c, x, a, recompute_out_);  // the activations it did not keep
   c.accumulate_grads = !first;
-  if (gpt2)
-    gpt2_block_backward(c, x, a, dres_);
-  else
-    llama_block_backward(c, x, a, dres_);
+  recipe_.block_backward(c, x, a, dres_);
 }
 
 void Transformer::embed_backward(kernels::Stream& s, const int32_t* ids, float* g, bool first) {
@@ -485,10 +417,10 @@ void Transformer::embed_backward(kernels::Stream& s, const int32_t* ids, float* 
   kernels::Ops& ops = rt_.ops();
   if (first && !tied_head()) zero_ranges(s, units_[0].accum_only, g);
   ops.embedding_backward(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = d.V, .ids = ids, .dout = dres_,
-                             .dtable = g + wte_});
-  if (wpe_ >= 0)
+                             .dtable = g + outer_.wte});
+  if (outer_.wpe >= 0)
     ops.embedding_backward(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = cfg_.max_position_embeddings,
-                               .ids = doc_pos_ ? doc_pos_ : pos_ids_, .dout = dres_, .dtable = g + wpe_});
+                               .ids = doc_pos_ ? doc_pos_ : pos_ids_, .dout = dres_, .dtable = g + outer_.wpe});
 }
 
 void Transformer::grad_sum_squares(kernels::Stream& s, int u, const float* g, double* out) const {

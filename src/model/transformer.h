@@ -1,7 +1,8 @@
-// The decoder-only transformer (llama/mistral/qwen2 and gpt2 families) as units of flat
-// parameter buffers (DESIGN.md "The unit of movement") and per-unit phases with an explicit
-// llm.c-style forward and backward per block. The model sees units, never a whole-model buffer:
-// whoever sequences a step hands each phase the units it needs, from wherever they live.
+// The decoder-only transformer as units of flat parameter buffers (DESIGN.md "The unit of
+// movement") and per-unit phases with an explicit llm.c-style forward and backward per block,
+// whose family (llama/mistral/qwen2, gpt2) is a recipe (src/model/family.h). The model sees
+// units, never a whole-model buffer: whoever sequences a step hands each phase the units it
+// needs, from wherever they live.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -70,12 +71,16 @@ Checkpointing parse_checkpointing(const std::string& text);
 std::string checkpointing_name(const Checkpointing& c);
 
 // Where each tensor of a block lives, in elements from the start of its unit (-1 = absent).
-// llama: qkv_w is HF's q_proj, k_proj, v_proj stacked ((Hq+2·Hkv)·D, C); fc_w is gate_proj then
-// up_proj (2·I, C); proj_w is down_proj (C, I); all (out, in). gpt2: HF's Conv1D layouts,
-// (in, out): c_attn (C, 3C), c_proj (C, C), c_fc (C, 4C), mlp.c_proj (4C, C).
+// qkv_w is the fused q|k|v projection, fc_w the MLP's first (llama: gate and up stacked) and
+// proj_w its second; each family's block_tensors says how its HF tensors map onto these.
 struct BlockLayout {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, o_w = -1, o_b = -1;
   int64_t ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, proj_w = -1, proj_b = -1;
+};
+
+// Where the embedding tables, final norm and head live inside their units (elements; -1 = absent).
+struct OuterLayout {
+  int64_t wte = -1, wpe = -1, lnf_w = -1, lnf_b = -1, head = -1;
 };
 
 // Derived sizes of one model at one batch shape.
@@ -92,14 +97,14 @@ struct ModelDims {
 // Saved activations of one block (pointers into the activation arena). Stats are fp32.
 struct BlockActs {
   void* ln1 = nullptr;      // (N, C)
-  float* mean1 = nullptr;   // (N) gpt2 only
+  float* mean1 = nullptr;   // (N) LayerNorm only
   float* rstd1 = nullptr;   // (N)
   void* qkv = nullptr;      // (N, QKV), q and k after RoPE
   void* att = nullptr;      // (N, Q)
   float* lse = nullptr;     // (B, Hq, T)
   void* res_mid = nullptr;  // (N, C) residual after attention
   void* ln2 = nullptr;      // (N, C)
-  float* mean2 = nullptr;   // (N) gpt2 only
+  float* mean2 = nullptr;   // (N) LayerNorm only
   float* rstd2 = nullptr;   // (N)
   void* fc = nullptr;       // (N, FC) llama: [gate | up]; gpt2: pre-GELU
   void* act = nullptr;      // (N, I) llama: SwiGLU out; gpt2: GELU out
@@ -136,7 +141,7 @@ struct BlockCtx {
   const void* w = nullptr;  // the block's unit in the working weights (dtype)
   float* g = nullptr;       // the block's unit in the fp32 grads
   const BlockLayout* layout = nullptr;
-  const float* rope_cos = nullptr;  // (T, D/2), llama only
+  const float* rope_cos = nullptr;  // (T, D/2), RoPE families only
   const float* rope_sin = nullptr;
   // Rows built from documents (Transformer::set_documents): per token its position and the
   // first position its attention may see; null: positions 0..T-1 and plain causal attention.
@@ -149,12 +154,7 @@ struct BlockCtx {
   const KvStep* kv = nullptr;  // forward only: decode with a KV cache instead of plain causal attention
 };
 
-// Per family: x (N, C) -> out (N, C), saving `acts`; backward: dres (N, C) holds d out on entry
-// and d x on exit; parameter grads accumulate into ctx.g (see BlockCtx::accumulate_grads).
-void llama_block_forward(const BlockCtx& ctx, const void* x, const BlockActs& acts, void* out);
-void llama_block_backward(const BlockCtx& ctx, const void* x, const BlockActs& acts, void* dres);
-void gpt2_block_forward(const BlockCtx& ctx, const void* x, const BlockActs& acts, void* out);
-void gpt2_block_backward(const BlockCtx& ctx, const void* x, const BlockActs& acts, void* dres);
+struct FamilyRecipe;
 
 // RoPE inverse frequencies exactly as HF computes them in fp32 (default and "llama3" scaling).
 std::vector<float> rope_inv_freq(const ModelConfig& cfg);
@@ -185,6 +185,8 @@ class Transformer {
   Transformer& operator=(const Transformer&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
+  // What differs per family (src/model/family.h): tensors, block, norm, positions, description.
+  const FamilyRecipe& recipe() const { return recipe_; }
   const ModelDims& dims() const { return dims_; }
   DType dtype() const { return dtype_; }
   const Checkpointing& checkpointing() const { return ckpt_; }
@@ -203,10 +205,7 @@ class Transformer {
   // Where the tensors live inside their units (elements; -1 = absent): every block's, and the
   // embedding tables', final norm's and head's.
   const BlockLayout& block_layout() const { return layout_; }
-  struct OuterLayout {
-    int64_t wte = -1, wpe = -1, lnf_w = -1, lnf_b = -1, head = -1;
-  };
-  OuterLayout outer_layout() const { return {wte_, wpe_, lnf_w_, lnf_b_, head_}; }
+  const OuterLayout& outer_layout() const { return outer_; }
 
   // Workspace: bytes, then the memory (device memory of the runtime, 4 KiB aligned, alive while
   // the model is used). bind_workspace enqueues the constant tables' upload on s.
@@ -264,6 +263,7 @@ class Transformer {
   void zero_ranges(kernels::Stream& s, const std::vector<UnitRange>& r, float* g) const;
 
   ModelConfig cfg_;
+  const FamilyRecipe& recipe_;
   DType dtype_;
   ModelDims dims_;
   kernels::Runtime& rt_;
@@ -273,8 +273,7 @@ class Transformer {
   BlockLayout layout_;  // same relative layout for every block
   int head_unit_ = 0;
   int64_t n_flat_ = 0;
-  // Offsets within their units (-1 = absent).
-  int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
+  OuterLayout outer_;
 
   size_t workspace_bytes_ = 0;
   bool bound_ = false;
@@ -291,8 +290,8 @@ class Transformer {
   void* logits_ = nullptr;       // (chunk_rows, V) logits / dlogits in logits_dtype_
   void* dlogits_lp_ = nullptr;   // (chunk_rows, V) fp16 dlogits (fp16 runs only)
   float* losses_ = nullptr;      // (N)
-  float* rope_ = nullptr;        // (2, T, D/2) cos then sin (llama)
-  int32_t* pos_ids_ = nullptr;   // (N) position of each row (gpt2)
+  float* rope_ = nullptr;        // (2, T, D/2) cos then sin (PositionKind::rope)
+  int32_t* pos_ids_ = nullptr;   // (N) position of each row (PositionKind::learned)
   const int32_t* doc_pos_ = nullptr;  // set_documents
   const int32_t* doc_seg_ = nullptr;
   std::vector<char> constants_;  // host copy of the rope table / position ids, uploaded at bind

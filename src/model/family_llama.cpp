@@ -1,10 +1,14 @@
-// The llama-family block (llama, mistral, qwen2): pre-RMSNorm, fused q/k/v projection with
-// optional bias, RoPE, causal GQA attention, output projection; pre-RMSNorm SwiGLU MLP. Forward
-// and backward written out op by op (llm.c style), plus HF's RoPE inverse frequencies.
+// The llama family's recipe (llama, mistral, qwen2): its config rules and tensors, and its
+// block: pre-RMSNorm, fused q/k/v projection with optional bias, RoPE, causal GQA attention,
+// output projection; pre-RMSNorm SwiGLU MLP. Forward and backward written out op by op (llm.c
+// style), plus HF's RoPE inverse frequencies and tables.
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
+#include "src/checked.h"
 #include "src/model/block_common.h"
+#include "src/model/family.h"
 #include "src/model/linear.h"
 #include "src/model/transformer.h"
 
@@ -42,8 +46,6 @@ void rope(const BlockCtx& c, void* x, int64_t heads, bool backward) {
   }
   c.ops->rope(*c.stream, r);
 }
-
-}  // namespace
 
 void llama_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, void* out) {
   const ModelDims& d = *c.dims;
@@ -116,6 +118,8 @@ void llama_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, 
                            .accumulate = true});
 }
 
+}  // namespace
+
 // HF transformers' ROPE_INIT_FUNCTIONS["default"] and ["llama3"], in fp32 as torch computes them.
 std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
   const int64_t D = cfg.effective_head_dim();
@@ -162,5 +166,116 @@ std::vector<float> rope_tables(const ModelConfig& cfg, int64_t positions) {
     }
   return table;
 }
+
+namespace {
+
+void validate(const ModelConfig& c) {
+  require_config(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2", "model_type",
+                 "family llama needs model_type llama, mistral or qwen2, got '" + c.model_type + "'");
+  require_config(c.activation == "silu", "hidden_act", "expected silu, got '" + c.activation + "'");
+  require_config(c.rope_theta > 0 && std::isfinite(c.rope_theta), "rope_theta", "must be positive and finite");
+  require_config(c.effective_head_dim() % 2 == 0, "head_dim", "rotary embeddings need an even head_dim");
+  if (c.model_type == "llama") {
+    require_config(c.o_bias == c.attention_bias, "attention_bias", "llama puts biases on q, k, v and o together");
+  } else if (c.model_type == "qwen2") {
+    require_config(c.attention_bias && !c.o_bias, "attention_bias", "qwen2 has q/k/v biases and no o bias");
+    require_config(!c.mlp_bias, "mlp_bias", "qwen2 has no MLP biases");
+  } else {  // mistral
+    require_config(!c.attention_bias && !c.o_bias, "attention_bias", "mistral has no attention biases");
+    require_config(!c.mlp_bias, "mlp_bias", "mistral has no MLP biases");
+  }
+  const RopeScaling& rs = c.rope_scaling;
+  if (!rs.type.empty()) {
+    require_config(rs.type == "llama3", "rope_scaling", "type '" + rs.type + "' is not supported (only llama3)");
+    require_config(rs.factor > 0 && std::isfinite(rs.factor), "rope_scaling.factor", "must be positive and finite");
+    require_config(rs.low_freq_factor > 0 && rs.high_freq_factor > rs.low_freq_factor &&
+                       std::isfinite(rs.high_freq_factor),
+                   "rope_scaling.high_freq_factor", "must be finite and greater than low_freq_factor > 0");
+    require_config(rs.original_max_position_embeddings > 0, "rope_scaling.original_max_position_embeddings",
+                   "must be positive");
+  }
+}
+
+int64_t n_params(const ModelConfig& c) {
+  // Checked: the fields come from config.json, and a count that wraps would size buffers wrong.
+  auto mul = [](int64_t a, int64_t b) { return checked_mul(a, b, "model config: parameter count"); };
+  auto add = [](int64_t a, int64_t b) { return checked_add(a, b, "model config: parameter count"); };
+  const int64_t V = c.vocab_size, C = c.hidden_size, L = c.n_layers, F = c.intermediate_size;
+  const int64_t D = c.effective_head_dim();
+  const int64_t q = mul(c.n_heads, D), kv = mul(c.n_kv_heads, D);
+  int64_t attn = add(add(mul(C, q), mul(mul(2, C), kv)), mul(q, C));
+  if (c.attention_bias) attn = add(attn, add(q, mul(2, kv)));
+  if (c.o_bias) attn = add(attn, C);
+  int64_t mlp = mul(mul(3, C), F);
+  if (c.mlp_bias) mlp = add(mlp, add(mul(2, F), C));
+  const int64_t per_layer = add(add(attn, mlp), mul(2, C));  // + input_layernorm, post_attention_layernorm
+  return add(add(add(mul(V, C), mul(L, per_layer)), C), c.tie_word_embeddings ? 0 : mul(V, C));
+}
+
+// GQA: Hkv key/value heads; fc is gate and up stacked.
+void dims(const ModelConfig& c, ModelDims& d) {
+  d.Hkv = c.n_kv_heads;
+  d.FC = 2 * d.I;
+}
+
+bool tied_head(const ModelConfig& c) { return c.tie_word_embeddings; }
+
+void embed_tensors(const ModelConfig&, const ModelDims& d, const AddTensor& add, OuterLayout& o) {
+  o.wte = add("model.embed_tokens.weight", {d.V, d.C}, InitKind::normal);
+}
+
+// All (out, in). qkv_w is q_proj, k_proj, v_proj stacked ((Hq+2·Hkv)·D, C); fc_w is gate_proj
+// then up_proj (2·I, C); proj_w is down_proj (C, I).
+BlockLayout block_tensors(const ModelConfig& c, const ModelDims& d, int64_t layer, const AddTensor& add) {
+  const std::string h = "model.layers." + std::to_string(layer) + ".";
+  const int64_t kv = d.Hkv * d.D;
+  BlockLayout b;
+  b.ln1_w = add(h + "input_layernorm.weight", {d.C}, InitKind::ones);
+  b.qkv_w = add(h + "self_attn.q_proj.weight", {d.Q, d.C}, InitKind::normal);  // q, k, v stacked = fused qkv
+  add(h + "self_attn.k_proj.weight", {kv, d.C}, InitKind::normal);
+  add(h + "self_attn.v_proj.weight", {kv, d.C}, InitKind::normal);
+  if (c.attention_bias) {
+    b.qkv_b = add(h + "self_attn.q_proj.bias", {d.Q}, InitKind::zeros);
+    add(h + "self_attn.k_proj.bias", {kv}, InitKind::zeros);
+    add(h + "self_attn.v_proj.bias", {kv}, InitKind::zeros);
+  }
+  b.o_w = add(h + "self_attn.o_proj.weight", {d.C, d.Q}, InitKind::normal);
+  if (c.o_bias) b.o_b = add(h + "self_attn.o_proj.bias", {d.C}, InitKind::zeros);
+  b.ln2_w = add(h + "post_attention_layernorm.weight", {d.C}, InitKind::ones);
+  b.fc_w = add(h + "mlp.gate_proj.weight", {d.I, d.C}, InitKind::normal);  // gate, up stacked = fused (2I, C)
+  add(h + "mlp.up_proj.weight", {d.I, d.C}, InitKind::normal);
+  if (c.mlp_bias) {
+    b.fc_b = add(h + "mlp.gate_proj.bias", {d.I}, InitKind::zeros);
+    add(h + "mlp.up_proj.bias", {d.I}, InitKind::zeros);
+  }
+  b.proj_w = add(h + "mlp.down_proj.weight", {d.C, d.I}, InitKind::normal);
+  if (c.mlp_bias) b.proj_b = add(h + "mlp.down_proj.bias", {d.C}, InitKind::zeros);
+  return b;
+}
+
+void final_norm_tensors(const ModelConfig&, const ModelDims& d, const AddTensor& add, OuterLayout& o) {
+  o.lnf_w = add("model.norm.weight", {d.C}, InitKind::ones);
+}
+
+}  // namespace
+
+// extern: the registry (family.cpp) names it; a namespace-scope const is file-local otherwise.
+extern const FamilyRecipe kLlamaRecipe;
+const FamilyRecipe kLlamaRecipe{
+    .description = "RMSNorm, RoPE, SwiGLU",
+    .norm = NormKind::rms,
+    .positions = PositionKind::rope,
+    .optional_prefix = "",
+    .validate = validate,
+    .n_params = n_params,
+    .dims = dims,
+    .tied_head = tied_head,
+    .head_name = "lm_head.weight",
+    .embed_tensors = embed_tensors,
+    .block_tensors = block_tensors,
+    .final_norm_tensors = final_norm_tensors,
+    .block_forward = llama_block_forward,
+    .block_backward = llama_block_backward,
+};
 
 }  // namespace strata
