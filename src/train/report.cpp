@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "kernels/dtype.h"
+#include "src/model/family.h"
 #include "src/train/trainer_impl.h"
 
 namespace strata {
@@ -245,13 +246,12 @@ void Trainer::print_header(std::FILE* out) const {
   const TrainOptions& o = m.o;
   const ModelConfig& c = m.cfg;
   const ModelDims& d = m.model->dims();
-  const bool gpt2 = c.family == Family::gpt2;
   fmt::print(out, "strata train\n");
   fmt::print(out, "  model      {}\n", m.model_source);
   fmt::print(out, "             {} ({}): {} layers, hidden {}, {} heads ({} kv) x {}, mlp {}, vocab {}, max pos {}{}\n",
-             c.model_type, gpt2 ? "LayerNorm, learned positions, GELU" : "RMSNorm, RoPE, SwiGLU", d.L, d.C, d.Hq,
+             c.model_type, m.model->recipe().description, d.L, d.C, d.Hq,
              d.Hkv, d.D, d.I, d.V, c.max_position_embeddings,
-             gpt2 || c.tie_word_embeddings ? ", tied head" : ", untied head");
+             m.model->tied_head() ? ", tied head" : ", untied head");
   fmt::print(out, "  params     {} ({} units)\n", human_count(static_cast<double>(m.model->n_params())),
              m.model->units().size());
   fmt::print(out, "  data       {}\n", m.data_source);
