@@ -7,11 +7,19 @@
 #include <exception>
 #include <stdexcept>
 
+#include "src/zero/unit_table.h"
+
 namespace strata {
 using offload::Mode;
 
 StepDriver::StepDriver(Transformer& model, RunMemory& mem, Sharding sh, Communicator* comm)
     : model_(model), mem_(mem), sh_(sh), comm_(comm) {
+  const Sharding& t = mem_.units().sharding();
+  if (t.stage != sh.stage || t.world != sh.world || t.rank != sh.rank)
+    throw std::logic_error("StepDriver: sharding (stage " + std::to_string(sh.stage) + ", rank " +
+                           std::to_string(sh.rank) + " of " + std::to_string(sh.world) +
+                           ") is not the memory's (stage " + std::to_string(t.stage) + ", rank " +
+                           std::to_string(t.rank) + " of " + std::to_string(t.world) + ")");
   if (mem_.dry() || !overlap()) return;
   kernels::Runtime* rt = mem_.runtime(Side::compute);
   if (!rt) return;
@@ -101,13 +109,12 @@ void StepDriver::prepare(size_t i) {
   // Stage 3: every rank's shard, in rank order, into the slot's whole-unit buffer once compute
   // is done with the slot's previous unit. The shard block is released once the gather has
   // read it (in the comm stream's order).
-  const Unit& unit = model_.units()[static_cast<size_t>(x.unit)];
   void* whole = mem_.gathered(x.slot);
   compute([&] { mem_.stream(Side::comm).wait(*slot_free_ev_[static_cast<size_t>(x.slot)]); });
   const void* w = mem_.acquire(Role::weights, x.unit, Mode::read, Side::comm);
   compute([&] {
     kernels::Stream& c = mem_.stream(Side::comm);
-    comm_->all_gather(w, whole, static_cast<size_t>(sh_.shard(unit.numel)), model_.dtype(), c);
+    comm_->all_gather(w, whole, static_cast<size_t>(mem_.units()[x.unit].weights.n), model_.dtype(), c);
     c.record(*gathered_ev_[static_cast<size_t>(x.slot)]);
   });
   mem_.release(Role::weights, x.unit);
@@ -149,6 +156,14 @@ void StepDriver::forward(const int32_t* ids, const int32_t* targets) {
   drop_head_weights();
   drop_weights(fn);
   end_pass();
+}
+
+void StepDriver::micro_batch(const MicroBatch& mb, const int32_t* ids, const int32_t* targets, float grad_scale,
+                             double* norm2, const PendingUpdate* pending, const AdamWStep* now) {
+  if ((mb.pending_update && !pending) || (mb.update_in_backward && !now))
+    throw std::logic_error("StepDriver: micro-batch " + std::to_string(mb.index) + " runs an update that was not given");
+  forward_backward(ids, targets, grad_scale, mb.first, mb.last, norm2, mb.pending_update ? pending : nullptr,
+                   mb.update_in_backward ? now : nullptr);
 }
 
 void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, float grad_scale, bool first, bool last,
@@ -329,9 +344,9 @@ void StepDriver::reduce_grads_async(int u, float* g, double* norm2) {
   mem_.handoff(Role::grads, u, Side::comm);
   compute([&] {
     kernels::Stream& c = mem_.stream(Side::comm);
-    const Unit& unit = model_.units()[static_cast<size_t>(u)];
-    comm_->all_reduce(g, g, static_cast<size_t>(unit.numel), DType::f32, c);
-    const int64_t S = sh_.shard(unit.numel), lo = sh_.rank * S, hi = std::min(lo + S, unit.n_real);
+    const UnitEntry& e = mem_.units()[u];
+    comm_->all_reduce(g, g, static_cast<size_t>(e.grads.n), DType::f32, c);
+    const int64_t lo = e.shards.dp.offset, hi = std::min(lo + e.shards.dp.shard, e.n_real);
     if (hi > lo) mem_.ops(Side::comm).sum_squares(c, {.dtype = DType::f32, .n = hi - lo, .x = g + lo, .out = norm2});
   });
 }
@@ -352,8 +367,8 @@ void StepDriver::reduce_scatter_async(int u, int slot, Mode gmode, bool first, b
 // added to the shard grads block; on the last micro-batch the shard's Σ g² goes to *norm2.
 void StepDriver::shard_grads(kernels::Stream& s, int u, float* whole, float* shard, bool first, bool last,
                              double* norm2) {
-  const Unit& unit = model_.units()[static_cast<size_t>(u)];
-  const int64_t S = sh_.shard(unit.numel), lo = sh_.rank * S;
+  const UnitEntry& e = mem_.units()[u];
+  const int64_t S = e.shards.dp.shard, lo = e.shards.dp.offset;
   float* mine = whole + lo;
   kernels::Ops& ops = mem_.ops(Side::comm);
   comm_->reduce_scatter(whole, mine, static_cast<size_t>(S), DType::f32, s);  // in place
@@ -361,7 +376,7 @@ void StepDriver::shard_grads(kernels::Stream& s, int u, float* whole, float* sha
     s.memcpy_async(shard, mine, static_cast<size_t>(S) * 4);
   else
     ops.add(s, {.dtype = DType::f32, .n = S, .a = shard, .b = mine, .out = shard});
-  const int64_t n = std::min(S, unit.n_real - lo);
+  const int64_t n = std::min(S, e.n_real - lo);
   if (last && n > 0) ops.sum_squares(s, {.dtype = DType::f32, .n = n, .x = shard, .out = norm2});
 }
 
@@ -376,15 +391,14 @@ kernels::Event* StepDriver::update_unit(int u, const AdamWStep& st, bool apply) 
   const DType dt = m.dtype();
   const size_t esz = kernels::dtype_size(dt);
   const Unit& unit = m.units()[static_cast<size_t>(u)];
-  // This rank's part of the unit: [lo, lo + n). Unsharded: the whole unit. Sharded (stage >= 1):
-  // master and AdamW state hold only the shard (m then v, each n long), the grads all of the
-  // unit (stage 1) or the shard (stages 2, 3); the new working weights of every shard are then
-  // all-gathered into the whole weights block (stages 1, 2) on the comm stream, or the weights
-  // block is the shard (stage 3: gathered when a phase uses the unit).
-  const bool sharded = sh_.sharded_optimizer();
-  const int64_t n = sharded ? sh_.shard(unit.numel) : unit.numel;
-  const int64_t lo = sharded ? sh_.rank * n : 0;
-  const bool gather = sharded && !sh_.sharded_weights();
+  const UnitEntry& e = mem_.units()[u];
+  // This rank's part of the unit: the master's elements [lo, lo + n), with the AdamW state
+  // over the same elements; the grads and weights blocks hold e.grads and e.weights of the
+  // unit. Where the update writes only part of a whole weights block, every rank's new part is
+  // then all-gathered into it on the comm stream (stages 1, 2); stage 3's weights block is the
+  // shard itself (gathered when a phase uses the unit).
+  const int64_t n = e.master.n, lo = e.master.lo;
+  const bool gather = e.gathers_after_update();
   float* master = static_cast<float*>(mem_.acquire(Role::master, u, Mode::read_write, Side::optimizer));
   float* adam = static_cast<float*>(mem_.acquire(Role::adam, u, Mode::read_write, Side::optimizer));
   const float* g = static_cast<const float*>(mem_.acquire(Role::grads, u, Mode::read, Side::optimizer));
@@ -392,13 +406,14 @@ kernels::Event* StepDriver::update_unit(int u, const AdamWStep& st, bool apply) 
   // other ranks' shards by the all-gather; stage 3: the block is this rank's shard).
   void* w = aliased ? nullptr : mem_.acquire(Role::weights, u, Mode::write, Side::optimizer);
   // ws: element lo of the unit's working weights
-  char* ws = w ? static_cast<char*>(w) + (gather ? static_cast<size_t>(lo) * esz : 0) : nullptr;
+  char* ws = w ? static_cast<char*>(w) + static_cast<size_t>(lo - e.weights.lo) * esz : nullptr;
   compute([&] {
     kernels::Stream& s = mem_.stream(Side::optimizer);
     kernels::Ops& ops = mem_.ops(Side::optimizer);
-    float* mm = adam;
-    float* vv = adam + n;
-    const float* gs = sh_.sharded_grads() ? g : g + lo;
+    const AdamLayout al = e.adam_layout();
+    float* mm = adam + al.m_offset();
+    float* vv = adam + al.v_offset();
+    const float* gs = g + (lo - e.grads.lo);  // element lo of the unit's grads
     if (!apply) {
       if (w) ops.cast(s, {.n = n, .src = master, .src_dtype = DType::f32, .dst = ws, .dst_dtype = dt});
     } else {

@@ -14,6 +14,7 @@
 #include "src/model/transformer.h"
 #include "src/optim/adamw.h"
 #include "src/train/run_memory.h"
+#include "src/zero/step_program.h"
 
 namespace strata {
 
@@ -40,7 +41,8 @@ struct PendingUpdate {
 // so synchronising the compute stream afterwards covers the collectives too.
 class StepDriver {
  public:
-  // With sh.world > 1, comm is the job's communicator (null in a dry run: it only records).
+  // With sh.world > 1, comm is the job's communicator (null in a dry run: it only records). sh
+  // is the memory's (its unit table's) sharding.
   StepDriver(Transformer& model, RunMemory& mem, Sharding sh = {}, Communicator* comm = nullptr);
   // Milliseconds compute has waited for collectives since this driver was made (CPU backend;
   // 0 elsewhere). Read after synchronising the compute stream.
@@ -60,6 +62,11 @@ class StepDriver {
   // the gradient is spent at once, and the optimizer's I/O overlaps the rest of the backward.
   void forward_backward(const int32_t* ids, const int32_t* targets, float grad_scale, bool first, bool last,
                         double* norm2, const PendingUpdate* update = nullptr, const AdamWStep* update_now = nullptr);
+  // One micro-batch of a step's program: forward_backward with the updates the program puts in
+  // it, `pending` (the previous step's) where mb.pending_update and `now` (this step's) where
+  // mb.update_in_backward. Either may be null where the program does not ask for it.
+  void micro_batch(const MicroBatch& mb, const int32_t* ids, const int32_t* targets, float grad_scale, double* norm2,
+                   const PendingUpdate* pending, const AdamWStep* now);
   // Forward only: the per-row losses.
   void forward(const int32_t* ids, const int32_t* targets);
   // AdamW over every unit, from the embedding to the head, on the optimizer side. With apply
