@@ -1,11 +1,15 @@
-// src/zero on its own: the unit table's geometry, homes and AdamW layout per ZeRO stage, and
-// the step program's placement of the updates.
+// src/zero on its own: the unit table's geometry, homes and AdamW layout per ZeRO stage, the
+// step program's placement of the updates, and the unit lifecycle's checked transitions.
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "kernels/runtime.h"
 #include "offload/size.h"
+#include "src/train/flat_memory.h"
 #include "src/train/tiered_memory.h"
 #include "src/zero/step_program.h"
+#include "src/zero/unit_lifecycle.h"
 #include "src/zero/unit_table.h"
 
 namespace strata {
@@ -142,6 +146,46 @@ TEST(ZeroStepProgram, UpdatesRunInTheFirstForwardOrTheLastBackward) {
   const StepProgram sharded(1, pl);
   EXPECT_TRUE(sharded.update_pending());
   EXPECT_TRUE(sharded.begin()->pending_update && sharded.begin()->first && sharded.begin()->last);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// Each transition checks the unit's state: a call out of order names the unit and its states.
+TEST(ZeroUnitLifecycle, ACallOutOfOrderNamesTheUnitAndItsStates) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  Transformer model(tiny_llama(), DType::f32, 1, 8, *rt);
+  FlatMemory mem(model, *rt);
+  const auto message = [](const auto& fn) {
+    try {
+      fn();
+    } catch (const std::logic_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  UnitLifecycle lc(model, mem, nullptr);
+  lc.begin_pass({.backward = true, .first = true});
+  EXPECT_EQ(message([&] { lc.drop_weights(1); }),
+            "UnitLifecycle: drop_weights of unit block.0 out of order (weights resting, grads idle)");
+  EXPECT_EQ(message([&] { lc.close_grads(1); }),
+            "UnitLifecycle: close_grads of unit block.0 out of order (weights resting, grads idle)");
+  lc.use_weights(1);
+  EXPECT_EQ(message([&] { lc.use_weights(1); }),
+            "UnitLifecycle: use_weights of unit block.0 out of order (weights in_use, grads idle)");
+  lc.open_grads(1);
+  EXPECT_EQ(message([&] { lc.finish_grads(1); }),
+            "UnitLifecycle: finish_grads of unit block.0 out of order (weights in_use, grads writing)");
+  EXPECT_EQ(message([&] { lc.end_pass(); }),
+            "UnitLifecycle: end_pass of unit block.0 out of order (weights in_use, grads writing)");
+  lc.close_grads(1);
+  lc.drop_weights(1);
+  lc.finish_grads(1);
+  EXPECT_EQ(message([&] { lc.end_pass(); }), "no error");
+  mem.s().synchronize();
 }
 
 }  // namespace
