@@ -1,23 +1,31 @@
 // FlatMemory: offsets into whole-model buffers.
 #include "src/train/flat_memory.h"
 
+#include <algorithm>
 #include <stdexcept>
-
-#include "src/model/linear.h"
 
 namespace strata {
 
-FlatMemory::FlatMemory(Transformer& model, kernels::Runtime& rt) : model_(model), rt_(rt) {
+FlatMemory::FlatMemory(Transformer& model, kernels::Runtime& rt)
+    : model_(model), rt_(rt), units_(model, Placement{}) {
   stream_ = rt.create_stream();
-  const size_t flat = static_cast<size_t>(model.n_flat());
+  // Each state's blocks back to back in unit order: byte offsets, and the buffer's size.
+  std::array<size_t, kNumRoles> total{};
+  for (Role r : {Role::weights, Role::master, Role::adam, Role::grads})
+    for (size_t u = 0; u < units_.size(); ++u) {
+      auto& t = total[static_cast<size_t>(r)];
+      at_[static_cast<size_t>(r)].push_back(t);
+      t += units_.bytes(r, static_cast<int>(u));
+    }
   auto alloc = [&](kernels::DeviceBuffer& b, size_t bytes) {
     b = kernels::DeviceBuffer(rt, std::max<size_t>(bytes, 64));
     stream_->memset_async(b.data(), 0, b.bytes());
   };
-  alloc(master_, flat * 4);
-  if (model.dtype() != DType::f32) alloc(working_, flat * kernels::dtype_size(model.dtype()));
-  alloc(grads_, flat * 4);
-  alloc(adam_, flat * 8);
+  const auto bytes_of = [&](Role r) { return total[static_cast<size_t>(r)]; };
+  alloc(master_, bytes_of(Role::master));
+  if (!units_.master_is_weights()) alloc(working_, bytes_of(Role::weights));
+  alloc(grads_, bytes_of(Role::grads));
+  alloc(adam_, bytes_of(Role::adam));
   alloc(inputs_, model.input_bytes() * static_cast<size_t>(std::max<int64_t>(model.dims().L, 1)));
   alloc(workspace_, model.workspace_bytes());
   model.bind_workspace(*stream_, workspace_.data());
@@ -25,14 +33,14 @@ FlatMemory::FlatMemory(Transformer& model, kernels::Runtime& rt) : model_(model)
 }
 
 void* FlatMemory::acquire(Role r, int index, offload::Mode, Side) {
-  const auto& units = model_.units();
-  auto unit_offset = [&] { return units.at(static_cast<size_t>(index)).offset; };
+  if (r == Role::input) return inputs_.as<char>() + model_.input_bytes() * static_cast<size_t>(index);
+  const size_t at = at_[static_cast<size_t>(r)].at(static_cast<size_t>(index));
   switch (r) {
-    case Role::weights: return model_detail::at(weights(), unit_offset(), model_.dtype());
-    case Role::master: return master() + unit_offset();
-    case Role::adam: return adam_.as<float>() + 2 * unit_offset();
-    case Role::grads: return grads() + unit_offset();
-    case Role::input: return inputs_.as<char>() + model_.input_bytes() * static_cast<size_t>(index);
+    case Role::weights: return static_cast<char*>(weights()) + at;
+    case Role::master: return master_.as<char>() + at;
+    case Role::adam: return adam_.as<char>() + at;
+    case Role::grads: return grads_.as<char>() + at;
+    case Role::input: break;
   }
   throw std::logic_error("FlatMemory: unknown role");
 }

@@ -1,6 +1,6 @@
 // RunMemory: where a training step's blocks live, as the step driver sees them. Each unit has
-// its working weights, fp32 master (the weights themselves in an fp32 run that keeps both in
-// one tier), AdamW state (m then v) and fp32 grads; each block layer has its kept input x_l.
+// the blocks its UnitTable entry lists (src/zero/unit_table.h: working weights, fp32 master,
+// AdamW state, fp32 grads); each block layer has its kept input x_l.
 // The driver acquires a block before a phase uses it and releases it after; the memory decides
 // the tier, waits for the bytes (in stream order) and accounts for it. Implementations: the
 // tiered BlockManager (src/train/tiered_memory.h), a schedule recorder (a dry run that only
@@ -13,6 +13,8 @@
 #include "offload/tier.h"
 
 namespace strata {
+
+class UnitTable;
 
 // ZeRO sharding across the ranks of a data-parallel job (DESIGN.md "Distributed"). Every unit
 // is padded to a multiple of world × kUnitAlignElems elements, so it splits into `world`
@@ -62,6 +64,9 @@ class RunMemory {
   virtual void release_discard(Role r, int index) { release(r, index); }
   // True when the master weights are the working weights (one block, fp32).
   virtual bool master_is_weights() const = 0;
+  // What each unit holds: its blocks' sizes, shards and homes (the table the memory was laid
+  // out from).
+  virtual const UnitTable& units() const = 0;
   virtual kernels::Stream& stream(Side side) = 0;
   virtual kernels::Ops& ops(Side side) = 0;
   // The runtime of side's stream (events that order the sides); null in a dry run.

@@ -21,6 +21,7 @@
 #include "offload/size.h"
 #include "src/train/faults.h"
 #include "src/train/step_driver.h"
+#include "src/zero/step_program.h"
 
 namespace strata {
 using offload::BlockId;
@@ -118,10 +119,11 @@ io::EngineOptions engine_options(std::shared_ptr<const std::vector<std::string>>
 struct TieredMemory::Layout {
   kernels::Backend backend = kernels::Backend::cpu;
   Placement placement;
+  UnitTable units;
   bool master_is_weights = false;
   std::vector<offload::BlockSpec> specs;
   std::vector<int> role_of;                   // per block: its role (kNumRoles = a buffer)
-  std::array<std::vector<int>, kNumRoles> ids;  // [role][index] -> block
+  std::array<std::vector<int>, kNumRoles> ids;  // [role][index] -> block (-1: a frozen unit's absent state)
   int workspace = -1, extra = -1;
   std::array<int, kNumUnitSlots> grad_scratch{-1, -1, -1, -1};  // stage 2: whole-unit grads (RunMemory::grad_scratch)
   std::array<int, kNumUnitSlots> gathered{-1, -1, -1, -1};      // stage 3: whole-unit weights (RunMemory::gathered)
@@ -137,6 +139,13 @@ struct TieredMemory::Layout {
     if (side == Side::compute || side == Side::comm) return Tier::device;
     return placement.optimizer == Tier::device ? Tier::device : Tier::host;  // AdamW on the GPU or on the CPU
   }
+  int block(Role r, int index) const {
+    const int b = ids[static_cast<size_t>(r)].at(static_cast<size_t>(index));
+    if (b < 0)
+      throw std::logic_error("TieredMemory: unit " + units[index].name + " has no " + kRoleNames[static_cast<int>(r)] +
+                             " block (a frozen unit)");
+    return b;
+  }
   int add(std::string name, uint64_t bytes, Tier home, int role) {
     specs.push_back({std::move(name), std::max<uint64_t>(bytes, offload::kAlign), home});
     role_of.push_back(role);
@@ -149,30 +158,27 @@ namespace {
 // A dry RunMemory: the driver's acquires and releases become the step's schedule.
 class ScheduleRecorder final : public RunMemory {
  public:
-  ScheduleRecorder(const std::array<std::vector<int>, kNumRoles>& ids, std::function<Tier(int, Side)> tier,
-                   bool aliased, offload::Schedule& out)
-      : ids_(ids), tier_(std::move(tier)), aliased_(aliased), out_(out) {}
+  ScheduleRecorder(const TieredMemory::Layout& layout, offload::Schedule& out) : l_(layout), out_(out) {}
   bool dry() const override { return true; }
   void* acquire(Role r, int index, Mode m, Side side) override {
-    const int b = ids_[static_cast<int>(r)].at(static_cast<size_t>(index));
-    open_[b] = out_.acquire(static_cast<BlockId>(b), tier_(b, side), m);
+    const int b = l_.block(r, index);
+    open_[b] = out_.acquire(static_cast<BlockId>(b), l_.tier_of(b, side), m);
     return nullptr;
   }
   void release(Role r, int index) override { end(r, index, false); }
   void release_discard(Role r, int index) override { end(r, index, true); }
-  bool master_is_weights() const override { return aliased_; }
+  bool master_is_weights() const override { return l_.master_is_weights; }
+  const UnitTable& units() const override { return l_.units; }
   kernels::Stream& stream(Side) override { throw std::logic_error("dry run: no stream"); }
   kernels::Ops& ops(Side) override { throw std::logic_error("dry run: no ops"); }
 
  private:
   void end(Role r, int index, bool discard) {
-    const int b = ids_[static_cast<int>(r)].at(static_cast<size_t>(index));
+    const int b = l_.block(r, index);
     out_.release(open_.at(b), discard);
     open_.erase(b);
   }
-  const std::array<std::vector<int>, kNumRoles>& ids_;
-  std::function<Tier(int, Side)> tier_;
-  bool aliased_;
+  const TieredMemory::Layout& l_;
   offload::Schedule& out_;
   std::map<int, size_t> open_;
 };
@@ -275,22 +281,24 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   l->backend = backend;
   l->placement = pl;
   const Sharding& sh = pl.sharding;
-  // Sharded master weights are never the (whole) working weights.
-  l->master_is_weights = model.dtype() == DType::f32 && pl.params == pl.optimizer && !sh.sharded_optimizer();
+  l->units = UnitTable(model, pl);
+  const UnitTable& ut = l->units;
+  l->master_is_weights = ut.master_is_weights();
   const size_t esz = kernels::dtype_size(model.dtype());
   for (auto& v : l->ids) v.clear();
-  for (const Unit& u : model.units()) {
-    const auto n_opt = static_cast<uint64_t>(sh.sharded_optimizer() ? sh.shard(u.numel) : u.numel);
-    const auto n_grad = static_cast<uint64_t>(sh.sharded_grads() ? sh.shard(u.numel) : u.numel);
-    const auto n_w = static_cast<uint64_t>(sh.sharded_weights() ? sh.shard(u.numel) : u.numel);
-    const int w = l->add(u.name + ".weights", n_w * esz, pl.params, static_cast<int>(Role::weights));
-    l->ids[static_cast<int>(Role::weights)].push_back(w);
-    l->ids[static_cast<int>(Role::master)].push_back(
-        l->master_is_weights ? w : l->add(u.name + ".master", n_opt * 4, pl.optimizer, static_cast<int>(Role::master)));
-    l->ids[static_cast<int>(Role::adam)].push_back(
-        l->add(u.name + ".adam", n_opt * 8, pl.optimizer, static_cast<int>(Role::adam)));
-    l->ids[static_cast<int>(Role::grads)].push_back(
-        l->add(u.name + ".grads", n_grad * 4, pl.grads, static_cast<int>(Role::grads)));
+  // Per unit, the blocks its entry lists, in the order weights, master (unless it is the
+  // weights), adam, grads.
+  for (int u = 0; u < static_cast<int>(ut.size()); ++u) {
+    const UnitEntry& e = ut[u];
+    for (Role r : {Role::weights, Role::master, Role::adam, Role::grads}) {
+      const UnitBlock& b = e.block(r);
+      int id = -1;
+      if (r == Role::master && e.master_is_weights)
+        id = l->ids[static_cast<int>(Role::weights)].back();
+      else if (b.exists)
+        id = l->add(e.name + "." + kRoleNames[static_cast<int>(r)], ut.bytes(r, u), b.home, static_cast<int>(r));
+      l->ids[static_cast<int>(r)].push_back(id);
+    }
   }
   for (int64_t layer = 0; layer < model.dims().L; ++layer)
     l->ids[static_cast<int>(Role::input)].push_back(
@@ -320,21 +328,16 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   // The step's program, as the driver will run it: grad_accum micro-batches, the first with the
   // previous step's AdamW inside its forward (src/train/step_driver.h PendingUpdate), or the
   // last with this step's inside its backward (Placement::update_in_backward()).
-  const TieredMemory::Layout& cl = *l;
-  auto tier = [&cl](int b, Side side) { return cl.tier_of(b, side); };
   {
-    ScheduleRecorder rec(l->ids, tier, l->master_is_weights, l->programs[static_cast<int>(Program::step)]);
+    ScheduleRecorder rec(*l, l->programs[static_cast<int>(Program::step)]);
     StepDriver driver(const_cast<Transformer&>(model), rec, sh);
     const PendingUpdate update;
     const AdamWStep now;
-    const bool in_backward = pl.update_in_backward();
-    for (int64_t k = 0; k < grad_accum; ++k)
-      driver.forward_backward(nullptr, nullptr, 1.f, k == 0, k + 1 == grad_accum, nullptr,
-                              k == 0 && !in_backward ? &update : nullptr,
-                              k + 1 == grad_accum && in_backward ? &now : nullptr);
+    for (const MicroBatch& mb : StepProgram(grad_accum, pl))
+      driver.micro_batch(mb, nullptr, nullptr, 1.f, nullptr, &update, &now);
   }
   {
-    ScheduleRecorder rec(l->ids, tier, l->master_is_weights, l->programs[static_cast<int>(Program::update)]);
+    ScheduleRecorder rec(*l, l->programs[static_cast<int>(Program::update)]);
     StepDriver(const_cast<Transformer&>(model), rec, sh).optimizer(AdamWStep{});
   }
   for (const auto& p : l->programs) p.validate(l->specs.size());
@@ -347,7 +350,9 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
     for (size_t u = 0; u < model.units().size(); ++u) {
       uint64_t b = 0;
       for (Role r : {Role::weights, Role::master, Role::adam}) {
-        const auto& spec = l->specs[static_cast<size_t>(l->ids[static_cast<int>(r)][u])];
+        const int id = l->ids[static_cast<int>(r)][u];
+        if (id < 0) continue;  // a frozen unit's
+        const auto& spec = l->specs[static_cast<size_t>(id)];
         if (spec.home != Tier::host) b += offload::align_up(spec.bytes);
       }
       staged = std::max(staged, b);
@@ -474,7 +479,8 @@ offload::StepTimeline TieredMemory::estimate(const Transformer& model, kernels::
   std::vector<int> unit_of(l->specs.size(), -1);
   for (int r : {static_cast<int>(Role::weights), static_cast<int>(Role::grads), static_cast<int>(Role::adam)})
     for (size_t u = 0; u < l->ids[static_cast<size_t>(r)].size(); ++u)
-      unit_of[static_cast<size_t>(l->ids[static_cast<size_t>(r)][u])] = static_cast<int>(u);
+      if (const int id = l->ids[static_cast<size_t>(r)][u]; id >= 0)
+        unit_of[static_cast<size_t>(id)] = static_cast<int>(u);
   std::vector<int> layer_of(model.units().size(), -1);
   for (int64_t layer = 0; layer < model.dims().L; ++layer)
     layer_of[static_cast<size_t>(model.block_unit(layer))] = static_cast<int>(layer);
@@ -589,11 +595,11 @@ TieredMemory::~TieredMemory() {
 }
 
 offload::Tier TieredMemory::tier_of(Role r, int index, Side side) const {
-  return layout_->tier_of(layout_->ids[static_cast<int>(r)].at(static_cast<size_t>(index)), side);
+  return layout_->tier_of(layout_->block(r, index), side);
 }
 
 void* TieredMemory::acquire(Role r, int index, Mode m, Side side) {
-  const int b = layout_->ids[static_cast<int>(r)].at(static_cast<size_t>(index));
+  const int b = layout_->block(r, index);
   if (open_[static_cast<size_t>(b)])
     throw std::logic_error(std::string("TieredMemory: ") + kRoleNames[static_cast<int>(r)] + " " +
                            std::to_string(index) + " acquired twice");
@@ -624,11 +630,11 @@ void* TieredMemory::acquire(Role r, int index, Mode m, Side side) {
 }
 
 void TieredMemory::write_back(Role r, int index) {
-  mgr_->write_back(static_cast<BlockId>(layout_->ids[static_cast<int>(r)].at(static_cast<size_t>(index))));
+  mgr_->write_back(static_cast<BlockId>(layout_->block(r, index)));
 }
 
 void TieredMemory::zero(Role r, int index) {
-  const auto b = static_cast<BlockId>(layout_->ids[static_cast<int>(r)].at(static_cast<size_t>(index)));
+  const auto b = static_cast<BlockId>(layout_->block(r, index));
   bool only_home = true;
   for (Tier t : {Tier::device, Tier::host}) only_home = only_home && !mgr_->residency().copy(b, t).present;
   if (mgr_->block(b).home == Tier::nvme && only_home) return mgr_->zero(b);
@@ -642,20 +648,22 @@ void TieredMemory::release(Role r, int index) { end(r, index, false); }
 void TieredMemory::release_discard(Role r, int index) { end(r, index, true); }
 
 void TieredMemory::end(Role r, int index, bool discard) {
-  const int b = layout_->ids[static_cast<int>(r)].at(static_cast<size_t>(index));
+  const int b = layout_->block(r, index);
   offload::Handle& h = open_[static_cast<size_t>(b)];
   const Side side = open_side_[static_cast<size_t>(b)];
   mgr_->release(h, side == Side::host ? nullptr : &stream(side), discard);
 }
 
 void TieredMemory::handoff(Role r, int index, Side to) {
-  const int b = layout_->ids[static_cast<int>(r)].at(static_cast<size_t>(index));
+  const int b = layout_->block(r, index);
   if (!open_[static_cast<size_t>(b)])
     throw std::logic_error(std::string("TieredMemory: handoff of ") + kRoleNames[static_cast<int>(r)] + " " +
                            std::to_string(index) + ", which is not acquired");
   if (to == Side::host) throw std::logic_error("TieredMemory: a block is handed to a stream, not to the host");
   open_side_[static_cast<size_t>(b)] = to;
 }
+
+const UnitTable& TieredMemory::units() const { return layout_->units; }
 
 std::vector<std::string> TieredMemory::swap_files() const { return swap_ ? swap_->files() : std::vector<std::string>{}; }
 

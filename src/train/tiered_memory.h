@@ -18,28 +18,12 @@
 #include "offload/timeline.h"
 #include "src/model/transformer.h"
 #include "src/train/perf_model.h"
+#include "src/train/placement.h"
 #include "src/train/run_memory.h"
+#include "src/zero/unit_table.h"
 
 namespace strata {
 
-// Where each kind of state lives (home tier), and the budgets.
-struct Placement {
-  offload::Tier params = offload::Tier::device;      // working weights (compute dtype)
-  offload::Tier grads = offload::Tier::device;       // fp32 gradients
-  offload::Tier optimizer = offload::Tier::device;   // fp32 master + AdamW m, v
-  offload::Tier activations = offload::Tier::device; // kept inputs of checkpointed blocks
-  std::vector<std::string> nvme_paths;               // swap directories, one per SSD
-  uint64_t device_mem = 0;                           // 0: what the plan needs
-  uint64_t host_mem = 0;                             // 0: what the plan needs, within physical RAM
-  Sharding sharding;                                 // ZeRO: this rank's part of each unit
-  bool norm_free = false;  // nothing waits for the global norm: no clipping, no fp16 loss scaler
-  bool uses_nvme() const;
-  // Each unit's AdamW runs in the backward, right after its last gradient of the step, instead
-  // of inside the next step's forward (StepDriver::forward_backward): where nothing waits for
-  // the global norm and a unit's gradient is whole when final (ZeRO stages 2-3 reduce-scatter
-  // it into shards).
-  bool update_in_backward() const { return norm_free && !sharding.sharded_grads(); }
-};
 // "none" (the compute device) | "cpu" (pinned host RAM) | "nvme"; `flag` names the option in errors.
 offload::Tier parse_offload(const std::string& text, const std::string& flag);
 std::string offload_name(offload::Tier t);  // none | cpu | nvme
@@ -120,6 +104,7 @@ class TieredMemory final : public RunMemory {
   void release(Role r, int index) override;
   void release_discard(Role r, int index) override;
   bool master_is_weights() const override { return master_is_weights_; }
+  const UnitTable& units() const override;
   kernels::Stream& stream(Side side) override {
     return side == Side::optimizer ? opt_stream_ : side == Side::comm && comm_ ? *comm_ : compute_;
   }

@@ -94,11 +94,13 @@ void Trainer::Impl::init_weights(bool load_weights) {
     mem->release(Role::master, u);
     mem->write_back(Role::master, u);
     if (!optim) continue;
-    // m then v, each over the unit's padded length (sharded: this rank's part of it).
+    // m and v as the unit table lays them out, each over the unit's padded length (sharded:
+    // this rank's part of it).
+    const AdamLayout al = mem->units()[u].adam_layout();
     void* adam = mem->acquire(Role::adam, u, offload::Mode::write, Side::host);
-    std::memset(adam, 0, static_cast<size_t>(n) * 8);
+    std::memset(adam, 0, static_cast<size_t>(al.length()) * 4);
     for (int half = 0; half < 2; ++half) {
-      float* dst = static_cast<float*>(adam) + half * n;
+      float* dst = static_cast<float*>(adam) + (half == 0 ? al.m_offset() : al.v_offset());
       float* whole = sharded ? full.data() : dst;
       if (sharded) std::fill(full.begin(), full.begin() + unit.numel, 0.f);
       for (int pi : unit.params) {
@@ -280,11 +282,11 @@ std::string Trainer::save_checkpoint() {
     m.mem->begin_step(TieredMemory::Program::aside);
     for (size_t ui = 0; ui < m.model->units().size(); ++ui) {
       const int u = static_cast<int>(ui);
-      const int64_t n = m.sh.shard(m.model->units()[ui].numel);
+      const AdamLayout al = m.mem->units()[u].adam_layout();
       std::array<std::vector<float>, 3> parts;
       parts[0] = m.gather_unit(Role::master, u, 0);
-      parts[1] = m.gather_unit(Role::adam, u, 0);
-      parts[2] = m.gather_unit(Role::adam, u, n);
+      parts[1] = m.gather_unit(Role::adam, u, al.m_offset());
+      parts[2] = m.gather_unit(Role::adam, u, al.v_offset());
       whole.push_back(std::move(parts));
     }
     m.mem->end_step();
@@ -302,7 +304,7 @@ std::string Trainer::save_checkpoint() {
     const size_t bytes = static_cast<size_t>(p.numel) * 4;
     const int unit = p.unit;
     const int64_t off = p.unit_offset;
-    const int64_t unit_numel = m.model->units()[static_cast<size_t>(unit)].numel;
+    const AdamLayout al = m.mem->units()[unit].adam_layout();
     // A last update that overflowed never becomes a checkpoint (rotation would then drop the
     // good ones): the run stops instead, the previous checkpoint kept.
     const std::string diverged =
@@ -313,8 +315,8 @@ std::string Trainer::save_checkpoint() {
                                             bytes, diverged);
     };
     c.model.push_back({p.name, p.shape, DType::f32, from(Role::master, off, 0)});
-    c.optimizer.push_back({exp_avg_name(p.name), p.shape, DType::f32, from(Role::adam, off, 1)});
-    c.optimizer.push_back({exp_avg_sq_name(p.name), p.shape, DType::f32, from(Role::adam, unit_numel + off, 2)});
+    c.optimizer.push_back({exp_avg_name(p.name), p.shape, DType::f32, from(Role::adam, al.m_offset() + off, 1)});
+    c.optimizer.push_back({exp_avg_sq_name(p.name), p.shape, DType::f32, from(Role::adam, al.v_offset() + off, 2)});
   }
   m.mem->begin_step(TieredMemory::Program::aside);
   fs::path path;

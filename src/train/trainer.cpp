@@ -216,12 +216,11 @@ StepStats Trainer::step() {
   const bool in_backward = m.placement.update_in_backward();
   const PendingUpdate* update = in_backward ? nullptr : m.pending ? &*m.pending : &none;
   const AdamWStep this_step = adamw_step(clip_coefficient(0, o.grad_clip));
-  for (int64_t k = 0; k < o.grad_accum; ++k) {
-    const int32_t* ids = m.dev_tokens + k * m.arrays * n;
+  for (const MicroBatch& mb : StepProgram(o.grad_accum, m.placement)) {
+    const int32_t* ids = m.dev_tokens + mb.index * m.arrays * n;
     if (m.data->documents()) m.model->set_documents(ids + 2 * n, ids + 3 * n);
-    m.driver->forward_backward(ids, ids + n, grad_scale, k == 0, k + 1 == o.grad_accum, m.dev_norm2,
-                               k == 0 ? update : nullptr, in_backward && k + 1 == o.grad_accum ? &this_step : nullptr);
-    s.memcpy_async(m.host_losses.data() + k * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
+    m.driver->micro_batch(mb, ids, ids + n, grad_scale, m.dev_norm2, update, &this_step);
+    s.memcpy_async(m.host_losses.data() + mb.index * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
   }
   s.memcpy_async(m.host_norm2.data(), m.dev_norm2, m.host_norm2.size() * sizeof(double));
   if (m.sh.world > 1) kill_if_asked(m.sh.rank, st.step);

@@ -22,6 +22,8 @@
 #include "src/train/perf_model.h"
 #include "src/train/step_driver.h"
 #include "src/train/trainer.h"
+#include "src/zero/step_program.h"
+#include "src/zero/unit_table.h"
 
 using namespace strata;
 namespace fs = std::filesystem;
@@ -467,7 +469,7 @@ class ReleaseRecorder final : public RunMemory {
     bool release, discard;
     offload::Mode mode;
   };
-  explicit ReleaseRecorder(bool aliased) : aliased_(aliased) {}
+  ReleaseRecorder(const Transformer& model, bool aliased) : units_(model, Placement{}), aliased_(aliased) {}
   bool dry() const override { return true; }
   void* acquire(Role r, int index, offload::Mode m, Side) override {
     events.push_back({r, index, false, false, m});
@@ -476,11 +478,13 @@ class ReleaseRecorder final : public RunMemory {
   void release(Role r, int index) override { events.push_back({r, index, true, false, offload::Mode::read}); }
   void release_discard(Role r, int index) override { events.push_back({r, index, true, true, offload::Mode::read}); }
   bool master_is_weights() const override { return aliased_; }
+  const UnitTable& units() const override { return units_; }
   kernels::Stream& stream(Side) override { throw std::logic_error("dry run"); }
   kernels::Ops& ops(Side) override { throw std::logic_error("dry run"); }
   std::vector<Event> events;
 
  private:
+  UnitTable units_;
   bool aliased_;
 };
 
@@ -496,11 +500,12 @@ TEST(StepDriverDiscard, SpentGradsAndWeightsAreDiscardedAndNeverReadBeforeRewrit
   for (const ModelConfig& c : {tiny_byte_llama(), gpt2})
     for (bool aliased : {false, true}) {
       Transformer model(c, aliased ? DType::f32 : DType::bf16, 1, 8, *rt, parse_checkpointing("every:2"));
-      ReleaseRecorder rec(aliased);
+      ReleaseRecorder rec(model, aliased);
       const PendingUpdate update;
       for (int step = 0; step < 2; ++step) {
         StepDriver driver(model, rec);
-        for (int k = 0; k < 2; ++k) driver.forward_backward(nullptr, nullptr, 1.f, k == 0, k == 1, nullptr, k == 0 ? &update : nullptr);
+        for (const MicroBatch& mb : StepProgram(2, Placement{}))
+          driver.micro_batch(mb, nullptr, nullptr, 1.f, nullptr, &update, nullptr);
       }
       const int units = static_cast<int>(model.units().size());
       std::map<std::pair<Role, int>, int> discards;

@@ -1,0 +1,60 @@
+// UnitTable: the per-unit facts from the model, the placement and the sharding.
+#include "src/zero/unit_table.h"
+
+#include <stdexcept>
+
+#include "kernels/dtype.h"
+
+namespace strata {
+
+const UnitBlock& UnitEntry::block(Role r) const {
+  switch (r) {
+    case Role::weights: return weights;
+    case Role::master: return master;
+    case Role::adam: return adam;
+    case Role::grads: return grads;
+    case Role::input: break;
+  }
+  throw std::logic_error("UnitTable: unit " + name + " has no block of role " +
+                         std::to_string(static_cast<int>(r)) + " (block inputs belong to layers)");
+}
+
+UnitTable::UnitTable(const Transformer& model, const Placement& pl, const std::vector<bool>& trainable)
+    : sh_(pl.sharding), dtype_(model.dtype()) {
+  if (!trainable.empty() && trainable.size() != model.units().size())
+    throw std::logic_error("UnitTable: " + std::to_string(trainable.size()) + " trainable flags for " +
+                           std::to_string(model.units().size()) + " units");
+  master_is_weights_ = dtype_ == DType::f32 && pl.params == pl.optimizer && !sh_.sharded_optimizer();
+  for (size_t u = 0; u < model.units().size(); ++u) {
+    const Unit& unit = model.units()[u];
+    UnitEntry e;
+    e.name = unit.name;
+    e.numel = unit.numel;
+    e.n_real = unit.n_real;
+    e.trainable = trainable.empty() || trainable[u];
+    const int64_t S = sh_.shard(unit.numel);
+    e.shards.dp = {.numel = unit.numel, .shard = S, .offset = sh_.rank * S};
+    // A block holds the whole unit, or (its stage shards it) this rank's shard.
+    const auto span = [&](bool sharded, offload::Tier home) {
+      return sharded ? UnitBlock{true, e.shards.dp.offset, S, home} : UnitBlock{true, 0, unit.numel, home};
+    };
+    e.weights = span(sh_.sharded_weights(), pl.params);
+    if (e.trainable) {
+      e.master_is_weights = master_is_weights_;
+      e.master = span(sh_.sharded_optimizer(), pl.optimizer);
+      e.adam = e.master;
+      e.grads = span(sh_.sharded_grads(), pl.grads);
+    }
+    units_.push_back(std::move(e));
+  }
+}
+
+uint64_t UnitTable::bytes(Role r, int u) const {
+  const UnitEntry& e = (*this)[u];
+  const UnitBlock& b = e.block(r);
+  if (!b.exists) return 0;
+  const auto n = static_cast<uint64_t>(r == Role::adam ? e.adam_layout().length() : b.n);
+  return n * (r == Role::weights ? kernels::dtype_size(dtype_) : 4);
+}
+
+}  // namespace strata
