@@ -57,7 +57,7 @@ BlockId BlockManager::add_block(const std::string& name, uint64_t bytes, Tier ho
   copies_.emplace_back();
   open_handles_.push_back(0);
   // The home copy starts with whatever its range held: the client writes it before reading.
-  for (Program& p : programs_) p.plan.reset();
+  for (Planned& p : schedules_) p.plan.reset();
   return b;
 }
 
@@ -69,16 +69,16 @@ void* BlockManager::home_data(BlockId b) const {
   return pools_[index(spec.home)].base() + res_.copy(b, spec.home).offset;
 }
 
-void BlockManager::set_program(int p, Schedule s) {
-  if (in_step_) throw std::logic_error("offload: set_program inside a step");
-  if (p < 0) throw std::invalid_argument("offload: program numbers start at 0");
+void BlockManager::set_schedule(int p, Schedule s) {
+  if (in_step_) throw std::logic_error("offload: set_schedule inside a step");
+  if (p < 0) throw std::invalid_argument("offload: schedule numbers start at 0");
   s.validate(res_.n_blocks());
   check_budgets(res_, s);
-  if (programs_.size() <= static_cast<size_t>(p)) programs_.resize(static_cast<size_t>(p) + 1);
-  programs_[static_cast<size_t>(p)] = Program{std::move(s), std::nullopt};
+  if (schedules_.size() <= static_cast<size_t>(p)) schedules_.resize(static_cast<size_t>(p) + 1);
+  schedules_[static_cast<size_t>(p)] = Planned{std::move(s), std::nullopt};
 }
 
-uint64_t BlockManager::min_budget(Tier t) const { return offload::min_budget(res_, programs_[0].schedule, t); }
+uint64_t BlockManager::min_budget(Tier t) const { return offload::min_budget(res_, schedules_[0].schedule, t); }
 
 Place BlockManager::place(BlockId b, Tier t) const {
   const CopyInfo& c = res_.copy(b, t);
@@ -183,14 +183,14 @@ void BlockManager::choose_plan() {
   stats_.lru_bytes = lru;
 }
 
-void BlockManager::begin_step(int program) {
+void BlockManager::begin_step(int schedule) {
   if (in_step_) throw std::logic_error("offload: begin_step inside a step");
-  if (program != kAside && (program < 0 || static_cast<size_t>(program) >= programs_.size()))
-    throw std::invalid_argument("offload: begin_step of undeclared program " + std::to_string(program));
+  if (schedule != kAside && (schedule < 0 || static_cast<size_t>(schedule) >= schedules_.size()))
+    throw std::invalid_argument("offload: begin_step of undeclared schedule " + std::to_string(schedule));
   cursor_ = 0;
   recording_.clear();
-  aside_ = program == kAside;
-  program_ = aside_ ? 0 : program;
+  aside_ = schedule == kAside;
+  current_ = aside_ ? 0 : schedule;
   planned_ = !aside_ && !prog().schedule.empty();
   if (planned_) {
     choose_plan();  // may throw BudgetError: the step has not begun
@@ -203,7 +203,7 @@ void BlockManager::begin_step(int program) {
 }
 
 // The client left the schedule: from here on this step runs online (demand loads, LRU), and
-// what it does is recorded to plan the next step. Nothing planned for the old program is issued.
+// what it does is recorded to plan the next step. Nothing planned for the old schedule is issued.
 void BlockManager::diverge() {
   planned_ = false;
   for (size_t i = 0; i < cursor_; ++i) recording_.push(prog().schedule.events()[i]);

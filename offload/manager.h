@@ -1,7 +1,7 @@
 // BlockManager: the tiered memory manager. Blocks (named byte ranges with a home tier) are
 // acquired on a tier and released; behind that, hard per-tier budgets, async moves between
 // device, pinned host and NVMe, and prefetch/eviction planned from the step's schedule —
-// declared up front or recorded on the first step, replanned when the program changes.
+// declared up front or recorded on the first step, replanned when the schedule changes.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -87,20 +87,20 @@ class BlockManager {
   // only ever lives there (a workspace) can be used through this pointer at any time.
   void* home_data(BlockId b) const;
 
-  // Declares the step's schedule (program 0); validates it and throws BudgetError naming the
+  // Declares the step's schedule (schedule 0); validates it and throws BudgetError naming the
   // minimum when a budget is too small to run it. Without one, the first step is recorded
   // (online, LRU) and later steps are planned from the recording.
-  void set_schedule(Schedule s) { set_program(0, std::move(s)); }
-  // Declares program p's schedule: another fixed access pattern the client runs now and then
-  // (e.g. an optimizer pass on its own), planned like the step. Programs are numbered from 0.
-  void set_program(int p, Schedule s);
-  const Schedule& schedule(int p = 0) const { return programs_.at(static_cast<size_t>(p)).schedule; }
+  void set_schedule(Schedule s) { set_schedule(0, std::move(s)); }
+  // Declares schedule p: another fixed access pattern the client runs now and then (e.g. an
+  // optimizer pass on its own), planned like the step. Schedules are numbered from 0.
+  void set_schedule(int p, Schedule s);
+  const Schedule& schedule(int p = 0) const { return schedules_.at(static_cast<size_t>(p)).schedule; }
   static constexpr int kAside = -1;
 
-  // A step of program p (declared, or recorded from its first step). begin_step(kAside) starts
-  // an aside instead — accesses outside any program (initialising, loading or saving the
+  // A step of schedule p (declared, or recorded from its first step). begin_step(kAside) starts
+  // an aside instead — accesses outside any schedule (initialising, loading or saving the
   // blocks): served online (demand loads, LRU), not recorded, so no schedule or plan changes.
-  void begin_step(int program = 0);
+  void begin_step(int schedule = 0);
   void end_step();  // every handle must have been released
   Handle acquire(BlockId b, Tier t, Mode m);
   // done_on: the stream whose enqueued work uses the block (null: the host is done with it).
@@ -150,13 +150,13 @@ class BlockManager {
   EventPool& events_for(kernels::Stream& s);
   std::unique_ptr<TransferEngine> transfer_;  // after the pools: destroyed (drained) first
 
-  struct Program {
+  struct Planned {
     Schedule schedule;             // declared or recorded
     std::optional<Plan> plan;      // for schedule from the residency state it starts at
   };
-  Program& prog() { return programs_[static_cast<size_t>(program_)]; }
-  std::vector<Program> programs_{1};
-  int program_ = 0;                // of the current (or last) step
+  Planned& prog() { return schedules_[static_cast<size_t>(current_)]; }
+  std::vector<Planned> schedules_{1};
+  int current_ = 0;                // the schedule of the current (or last) step
   bool in_step_ = false;
   bool aside_ = false;             // this "step" is an aside: online and not recorded
   bool planned_ = false;           // this step follows plan_ (else online, recording)

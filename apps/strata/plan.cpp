@@ -211,7 +211,7 @@ int run_plan(const PlanOptions& po) {
     j["world"] = p.world;
     j["zero_stage"] = o.zero_stage;
     // Per rank, over every tier: what each role's blocks hold (ZeRO stages shard them).
-    static const char* const kRoles[] = {"weights", "master", "adam", "grads", "inputs", "buffers"};
+    static const char* const kRoles[] = {"params", "master", "adam", "grads", "activations", "buffers"};
     for (size_t r = 0; r < std::size(kRoles); ++r) {
       uint64_t sum = 0;
       for (const auto& h : mp.homed) sum += h[r];
@@ -231,8 +231,8 @@ int run_plan(const PlanOptions& po) {
     fmt::print("ranks: {}, ZeRO stage {}: the tiers below are per rank; each rank sends {} and receives {} per step\n",
                p.world, o.zero_stage, gib(p.comm_bytes), gib(p.comm_bytes));
   fmt::print("\n");
-  fmt::print("{:<8}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}\n", "tier", "budget", "minimum", "weights",
-             "master", "adam", "grads", "inputs", "buffers", "no-evict");
+  fmt::print("{:<8}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}\n", "tier", "budget", "minimum", "params",
+             "master", "adam", "grads", "activations", "buffers", "no-evict");
   for (int t = 0; t < 3; ++t) {
     const auto& h = mp.homed[static_cast<size_t>(t)];
     fmt::print("{:<8}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}\n",

@@ -11,7 +11,7 @@ FlatMemory::FlatMemory(Transformer& model, kernels::Runtime& rt)
   stream_ = rt.create_stream();
   // Each state's blocks back to back in unit order: byte offsets, and the buffer's size.
   std::array<size_t, kNumRoles> total{};
-  for (Role r : {Role::weights, Role::master, Role::adam, Role::grads})
+  for (Role r : {Role::params, Role::master, Role::adam, Role::grads})
     for (size_t u = 0; u < units_.size(); ++u) {
       auto& t = total[static_cast<size_t>(r)];
       at_[static_cast<size_t>(r)].push_back(t);
@@ -23,7 +23,7 @@ FlatMemory::FlatMemory(Transformer& model, kernels::Runtime& rt)
   };
   const auto bytes_of = [&](Role r) { return total[static_cast<size_t>(r)]; };
   alloc(master_, bytes_of(Role::master));
-  if (!units_.master_is_weights()) alloc(working_, bytes_of(Role::weights));
+  if (!units_.master_is_weights()) alloc(working_, bytes_of(Role::params));
   alloc(grads_, bytes_of(Role::grads));
   alloc(adam_, bytes_of(Role::adam));
   alloc(inputs_, model.input_bytes() * static_cast<size_t>(std::max<int64_t>(model.dims().L, 1)));
@@ -33,14 +33,14 @@ FlatMemory::FlatMemory(Transformer& model, kernels::Runtime& rt)
 }
 
 void* FlatMemory::acquire(Role r, int index, offload::Mode, Side) {
-  if (r == Role::input) return inputs_.as<char>() + model_.input_bytes() * static_cast<size_t>(index);
+  if (r == Role::activations) return inputs_.as<char>() + model_.input_bytes() * static_cast<size_t>(index);
   const size_t at = at_[static_cast<size_t>(r)].at(static_cast<size_t>(index));
   switch (r) {
-    case Role::weights: return static_cast<char*>(weights()) + at;
+    case Role::params: return static_cast<char*>(weights()) + at;
     case Role::master: return master_.as<char>() + at;
     case Role::adam: return adam_.as<char>() + at;
     case Role::grads: return grads_.as<char>() + at;
-    case Role::input: break;
+    case Role::activations: break;
   }
   throw std::logic_error("FlatMemory: unknown role");
 }

@@ -217,15 +217,15 @@ namespace {
 void print_placement(std::FILE* out, const MemoryPlan& p, kernels::Backend backend, double startup_s,
                      double weights_s) {
   static const char* const kTier[3] = {"device", "host", "nvme"};
-  fmt::print(out, "  memory     {:<7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}{}\n", "tier", "pool", "weights",
-             "master", "adam", "grads", "inputs", "buffers",
+  fmt::print(out, "  memory     {:<7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10}{}\n", "tier", "pool", "params",
+             "master", "adam", "grads", "activations", "buffers",
              backend == kernels::Backend::cpu ? "   (cpu backend: device and host are both RAM)" : "");
   for (int t = 0; t < 3; ++t) {
     auto cell = [&](size_t role) {
       const uint64_t b = p.homed[static_cast<size_t>(t)][role];
       return b ? human_bytes(static_cast<double>(b)) : std::string("-");
     };
-    fmt::print(out, "             {:<7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", kTier[t],
+    fmt::print(out, "             {:<7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10}\n", kTier[t],
                p.budget[static_cast<size_t>(t)] ? human_bytes(static_cast<double>(p.budget[static_cast<size_t>(t)]))
                                                 : std::string("-"),
                cell(0), cell(1), cell(2), cell(3), cell(4), cell(5));

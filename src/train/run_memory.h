@@ -42,7 +42,10 @@ struct Sharding {
 // Whole-unit buffers of grad_scratch() and gathered() (see there).
 constexpr int kNumUnitSlots = 4;
 
-enum class Role : uint8_t { weights = 0, master = 1, adam = 2, grads = 3, input = 4 };
+// A unit's states, named as the --offload-* flags name them: params (the working weights the
+// model computes with), master (fp32 copy for AdamW), adam (m and v), grads, activations (the
+// kept inputs of checkpointed blocks).
+enum class Role : uint8_t { params = 0, master = 1, adam = 2, grads = 3, activations = 4 };
 constexpr int kNumRoles = 5;
 // Who uses an acquired block: the model's compute, the optimizer (which may run elsewhere: on
 // the CPU next to host-resident state while the model runs on the GPU), host code

@@ -71,7 +71,7 @@ bool data_has_documents(const std::vector<fs::path>& files, const std::string& f
 
 }  // namespace
 
-ResolvedRun resolve_run(const TrainOptions& o) {
+ResolvedRun resolve_run(const TrainOptions& o, int world, int rank) {
   ResolvedRun r;
   r.dtype = kernels::parse_dtype(o.dtype);
   r.backend = kernels::parse_backend(o.backend);
@@ -89,6 +89,7 @@ ResolvedRun resolve_run(const TrainOptions& o) {
     throw std::invalid_argument("--offload-activations " + o.offload_activations +
                                 " moves the kept inputs of checkpointed blocks: it needs --checkpoint-activations "
                                 "full or every:N");
+  pl.sharding = Sharding{o.zero_stage, world, rank};
   pl.nvme_paths = o.nvme_paths;
   pl.norm_free = o.update_in_backward && o.grad_clip <= 0 && r.dtype != DType::f16;
   if (pl.uses_nvme() && pl.nvme_paths.empty())
@@ -216,11 +217,9 @@ struct SizedRun {
   Transformer model;
   size_t step_buffers;
   SizedRun(const TrainOptions& o, int world)
-      : r((validate_options(o), resolve_run(o))),
+      : r((validate_options(o), resolve_run(o, world, 0))),
         model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world),
-        step_buffers(step_buffer_bytes(o, r, model.units().size())) {
-    r.placement.sharding = Sharding{o.zero_stage, world, 0};
-  }
+        step_buffers(step_buffer_bytes(o, r, model.units().size())) {}
 };
 }  // namespace
 

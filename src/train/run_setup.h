@@ -25,7 +25,7 @@ struct ResolvedRun {
   kernels::Backend backend = kernels::Backend::cpu;
   LrSchedule schedule = LrSchedule::cosine;
   Checkpointing ckpt;
-  Placement placement;  // without its sharding (the ranks are not known here)
+  Placement placement;  // with this rank's sharding
   std::filesystem::path resume;  // the checkpoint to continue from (empty: a fresh start)
   std::vector<std::filesystem::path> data_files, val_files;  // --data, --val-data shards
   bool documents = false;      // --data has document offsets: rows from documents
@@ -34,8 +34,8 @@ struct ResolvedRun {
 
 // Resolves `o` (validated: validate_options); throws one line naming the flag and the fix.
 // Reads config.json of --model or of the checkpoint --resume names (which must be found already:
-// the Trainer locks --checkpoint-dir first).
-ResolvedRun resolve_run(const TrainOptions& o);
+// the Trainer locks --checkpoint-dir first). `rank` of `world` sets the placement's sharding.
+ResolvedRun resolve_run(const TrainOptions& o, int world, int rank);
 
 // What the run reads (model files, data and held-out shards, the checkpoint it resumes), to be
 // kept apart from what it writes (run_guard.h).

@@ -26,20 +26,20 @@ void StepDriver::embed_and_blocks_forward(const int32_t* ids, bool embed_spent) 
   const int64_t L = m.dims().L;
   {
     const void* w = units_.use_weights(m.embed_unit());
-    void* x0 = L > 0 ? mem_.acquire(Role::input, 0, Mode::write, Side::compute) : nullptr;
+    void* x0 = L > 0 ? mem_.acquire(Role::activations, 0, Mode::write, Side::compute) : nullptr;
     compute([&] { m.embed_forward(mem_.stream(Side::compute), ids, w, L > 0 ? x0 : m.final_residual()); });
-    if (L > 0) mem_.release(Role::input, 0);
+    if (L > 0) mem_.release(Role::activations, 0);
     units_.drop_weights(m.embed_unit(), embed_spent);
   }
   for (int64_t l = 0; l < L; ++l) {
     const int li = static_cast<int>(l);
     const void* w = units_.use_weights(m.block_unit(l));
-    const void* x = mem_.acquire(Role::input, li, Mode::read, Side::compute);
+    const void* x = mem_.acquire(Role::activations, li, Mode::read, Side::compute);
     const bool last = l + 1 == L;
-    void* y = last ? m.final_residual() : mem_.acquire(Role::input, li + 1, Mode::write, Side::compute);
+    void* y = last ? m.final_residual() : mem_.acquire(Role::activations, li + 1, Mode::write, Side::compute);
     compute([&] { m.block_forward(mem_.stream(Side::compute), l, w, x, y); });
-    if (!last) mem_.release(Role::input, li + 1);
-    mem_.release(Role::input, li);
+    if (!last) mem_.release(Role::activations, li + 1);
+    mem_.release(Role::activations, li);
     units_.drop_weights(m.block_unit(l));
   }
 }
@@ -94,12 +94,12 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
   for (int64_t l = m.dims().L - 1; l >= 0; --l) {
     const int u = m.block_unit(l), li = static_cast<int>(l);
     const void* w = units_.use_weights(u);  // gathered again (stage 3): the recompute and backward use it
-    const void* x = mem_.acquire(Role::input, li, Mode::read, Side::compute);
+    const void* x = mem_.acquire(Role::activations, li, Mode::read, Side::compute);
     float* g = units_.open_grads(u);
     const bool overwrite = units_.overwrites();
     compute([&] { m.block_backward(mem_.stream(Side::compute), l, w, x, g, overwrite); });
     units_.close_grads(u);
-    mem_.release(Role::input, li);
+    mem_.release(Role::activations, li);
     units_.drop_weights(u, last);
     units_.finish_grads(u);
   }

@@ -51,7 +51,7 @@ std::string offload_name(offload::Tier t) {
 namespace {
 
 constexpr uint64_t kUnbounded = uint64_t{1} << 60;
-const char* const kRoleNames[kNumRoles] = {"weights", "master", "adam", "grads", "input"};
+const char* const kRoleNames[kNumRoles] = {"params", "master", "adam", "grads", "activations"};
 
 uint64_t physical_ram() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -127,9 +127,9 @@ struct TieredMemory::Layout {
   int workspace = -1, extra = -1;
   std::array<int, kNumUnitSlots> grad_scratch{-1, -1, -1, -1};  // stage 2: whole-unit grads (RunMemory::grad_scratch)
   std::array<int, kNumUnitSlots> gathered{-1, -1, -1, -1};      // stage 3: whole-unit weights (RunMemory::gathered)
-  // The programs the manager plans: [step] one training step (the previous step's update inside
+  // The schedules the manager plans: [step] one training step (the previous step's update inside
   // its forward), [update] a pending update on its own (before a save or checkpoint).
-  std::array<offload::Schedule, kNumPrograms> programs;
+  std::array<offload::Schedule, kNumSchedules> schedules;
   uint64_t aside_host_bytes = 0;  // host room the asides need (GPU: the host homes + a unit staged through the host)
 
   Tier tier_of(int block, Side side) const {
@@ -244,11 +244,11 @@ std::string remedies(const Homed& h, const std::string& where, bool checkpointin
     const char* flag;  // the --offload-* flag that moves it
   };
   const Part parts[] = {
-      {"activations and workspace", at(Role::input) + h[kNumRoles], "--offload-activations"},
+      {"activations and workspace", at(Role::activations) + h[kNumRoles], "--offload-activations"},
       {"the optimizer state (fp32 master weights and AdamW moments)", at(Role::master) + at(Role::adam),
        "--offload-optimizer"},
       {"the gradients", at(Role::grads), "--offload-grads"},
-      {"the parameters", at(Role::weights), "--offload-params"},
+      {"the parameters", at(Role::params), "--offload-params"},
   };
   const Part* top = &parts[0];
   for (const Part& p : parts)
@@ -290,20 +290,20 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   // weights), adam, grads.
   for (int u = 0; u < static_cast<int>(ut.size()); ++u) {
     const UnitEntry& e = ut[u];
-    for (Role r : {Role::weights, Role::master, Role::adam, Role::grads}) {
+    for (Role r : {Role::params, Role::master, Role::adam, Role::grads}) {
       const UnitBlock& b = e.block(r);
       int id = -1;
       if (r == Role::master && e.master_is_weights)
-        id = l->ids[static_cast<int>(Role::weights)].back();
+        id = l->ids[static_cast<int>(Role::params)].back();
       else if (b.exists)
         id = l->add(e.name + "." + kRoleNames[static_cast<int>(r)], ut.bytes(r, u), b.home, static_cast<int>(r));
       l->ids[static_cast<int>(r)].push_back(id);
     }
   }
   for (int64_t layer = 0; layer < model.dims().L; ++layer)
-    l->ids[static_cast<int>(Role::input)].push_back(
+    l->ids[static_cast<int>(Role::activations)].push_back(
         l->add("input." + std::to_string(layer), model.input_bytes(),
-               model.checkpointing().at(layer) ? pl.activations : Tier::device, static_cast<int>(Role::input)));
+               model.checkpointing().at(layer) ? pl.activations : Tier::device, static_cast<int>(Role::activations)));
   l->workspace = l->add("workspace", model.workspace_bytes(), Tier::device, kNumRoles);
   l->extra = l->add("step_buffers", extra_bytes, Tier::device, kNumRoles);
   // Buffers without a home of their own, in the device budget: one whole unit per slot (0 the
@@ -329,7 +329,7 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   // previous step's AdamW inside its forward (src/train/step_driver.h PendingUpdate), or the
   // last with this step's inside its backward (Placement::update_in_backward()).
   {
-    ScheduleRecorder rec(*l, l->programs[static_cast<int>(Program::step)]);
+    ScheduleRecorder rec(*l, l->schedules[static_cast<int>(Schedule::step)]);
     StepDriver driver(const_cast<Transformer&>(model), rec, sh);
     const PendingUpdate update;
     const AdamWStep now;
@@ -337,10 +337,10 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
       driver.micro_batch(mb, nullptr, nullptr, 1.f, nullptr, &update, &now);
   }
   {
-    ScheduleRecorder rec(*l, l->programs[static_cast<int>(Program::update)]);
+    ScheduleRecorder rec(*l, l->schedules[static_cast<int>(Schedule::update)]);
     StepDriver(const_cast<Transformer&>(model), rec, sh).optimizer(AdamWStep{});
   }
-  for (const auto& p : l->programs) p.validate(l->specs.size());
+  for (const auto& p : l->schedules) p.validate(l->specs.size());
   // Initialising and saving stage one unit's master, weights and AdamW state through host memory
   // (on the CPU backend the device memory is host memory already): the host holds its home
   // copies and, next to them, the unit's blocks that live elsewhere (the GPU's first offloaded
@@ -349,7 +349,7 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
     uint64_t staged = 0;
     for (size_t u = 0; u < model.units().size(); ++u) {
       uint64_t b = 0;
-      for (Role r : {Role::weights, Role::master, Role::adam}) {
+      for (Role r : {Role::params, Role::master, Role::adam}) {
         const int id = l->ids[static_cast<int>(r)][u];
         if (id < 0) continue;  // a frozen unit's
         const auto& spec = l->specs[static_cast<size_t>(id)];
@@ -374,7 +374,7 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
   offload::Residency roomy({kUnbounded, kUnbounded, nvme});
   for (const auto& spec : l->specs) roomy.add_block(spec);
   for (int t = 0; t < offload::kNumTiers; ++t)
-    for (const auto& p : l->programs)
+    for (const auto& p : l->schedules)
       mp.working_set[t] = std::max(mp.working_set[t], offload::working_set_bytes(roomy, p, static_cast<Tier>(t)));
   mp.working_set[1] = std::max(mp.working_set[1], l->aside_host_bytes);
 
@@ -395,7 +395,7 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
   budget[1] = std::min(budget[1], mp.working_set[1]);
   budget[2] = nvme;
 
-  // A tier too small is named with the smallest budget at which every program runs (the other
+  // A tier too small is named with the smallest budget at which every schedule runs (the other
   // tiers roomy), also when it cannot even hold its home copies: naming only the home copy that
   // overflows it would name a budget that fails again at the next.
   const bool checkpointing = model.checkpointing().any();
@@ -405,7 +405,7 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
   };
   if (budget[1] < l->aside_host_bytes) {
     const uint64_t need = std::max(
-        l->aside_host_bytes, offload::min_budget(roomy.cold(mp.working_set), l->programs, Tier::host));
+        l->aside_host_bytes, offload::min_budget(roomy.cold(mp.working_set), l->schedules, Tier::host));
     throw offload::BudgetError("the placement does not fit: host budget " + offload::format_size(budget[1]) +
                                    " cannot hold its home copies and stage one unit next to them (" +
                                    offload::format_size(l->aside_host_bytes) +
@@ -415,7 +415,7 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
                                Tier::host, budget[1], need);
   }
   try {
-    offload::check_budgets(roomy, budget, l->programs);
+    offload::check_budgets(roomy, budget, l->schedules);
   } catch (const offload::BudgetError& e) {
     throw offload::BudgetError(std::string("the placement does not fit: ") + e.what() + hints(e.tier()),
                                e.tier(), e.budget(), e.minimum());
@@ -424,7 +424,7 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
   // What a step moves once the run is under way: the first step starts cold (home copies only),
   // every later one from where the previous ended, so plan a second step from the first's end
   // state (the first alone under-counts by ~10% on NVMe-heavy placements).
-  const offload::Schedule& step = l->programs[static_cast<int>(Program::step)];
+  const offload::Schedule& step = l->schedules[static_cast<int>(Schedule::step)];
   auto cands = offload::candidate_plans(cold, step);
   if (!cands.empty()) {
     offload::Residency end = cold;
@@ -434,8 +434,8 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
     mp.link_bytes = pick.link_bytes;
     mp.policy = pick.name();
   }
-  if (minimums)  // each with the other tier at its budget; every program must run
-    for (Tier t : {Tier::device, Tier::host}) mp.minimum[offload::index(t)] = offload::min_budget(cold, l->programs, t);
+  if (minimums)  // each with the other tier at its budget; every schedule must run
+    for (Tier t : {Tier::device, Tier::host}) mp.minimum[offload::index(t)] = offload::min_budget(cold, l->schedules, t);
   mp.minimum[1] = std::max(mp.minimum[1], l->aside_host_bytes);
   return mp;
 }
@@ -446,7 +446,7 @@ BarrierBound barrier_bound(const MemoryPlan& mp, kernels::Backend backend, doubl
   const auto& nvme = mp.homed[offload::index(Tier::nvme)];
   const auto role = [&](Role r) { return nvme[static_cast<size_t>(r)]; };
   b.read_bytes = role(Role::master) + role(Role::adam) + role(Role::grads);
-  b.write_bytes = role(Role::master) + role(Role::adam) + role(Role::weights);
+  b.write_bytes = role(Role::master) + role(Role::adam) + role(Role::params);
   const auto free_of_homes = [&](Tier t) {
     uint64_t homed = 0;
     for (uint64_t x : mp.homed[offload::index(t)]) homed += x;
@@ -474,10 +474,10 @@ offload::StepTimeline TieredMemory::estimate(const Transformer& model, kernels::
   for (const auto& spec : l->specs) state.add_block(spec);
   // Each phase's compute runs where the driver turns from acquiring its blocks to releasing
   // them; what it is follows from the blocks it holds.
-  const offload::Schedule& step = l->programs[static_cast<int>(Program::step)];
+  const offload::Schedule& step = l->schedules[static_cast<int>(Schedule::step)];
   const auto& ev = step.events();
   std::vector<int> unit_of(l->specs.size(), -1);
-  for (int r : {static_cast<int>(Role::weights), static_cast<int>(Role::grads), static_cast<int>(Role::adam)})
+  for (int r : {static_cast<int>(Role::params), static_cast<int>(Role::grads), static_cast<int>(Role::adam)})
     for (size_t u = 0; u < l->ids[static_cast<size_t>(r)].size(); ++u)
       if (const int id = l->ids[static_cast<size_t>(r)][u]; id >= 0)
         unit_of[static_cast<size_t>(id)] = static_cast<int>(u);
@@ -504,7 +504,7 @@ offload::StepTimeline TieredMemory::estimate(const Transformer& model, kernels::
         ms += static_cast<double>(l->specs[b].bytes / 8) / std::max(c.adamw_params_per_ms, 1e-9);
       }
       if (role == static_cast<int>(Role::grads)) grads = true;
-      if (role == static_cast<int>(Role::weights)) weights = true;
+      if (role == static_cast<int>(Role::params)) weights = true;
       if (u >= 0 && layer_of[static_cast<size_t>(u)] >= 0) layer = layer_of[static_cast<size_t>(u)];
     }
     if (!adam && layer >= 0 && grads)  // a block's backward, its forward first when checkpointed
@@ -577,7 +577,7 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
   mc.host_bytes = plan_.budget[1];
   mgr_ = std::make_unique<offload::BlockManager>(rt, mc, std::move(store));
   for (const auto& spec : layout_->specs) mgr_->add_block(spec.name, spec.bytes, spec.home);
-  for (int p = 0; p < kNumPrograms; ++p) mgr_->set_program(p, layout_->programs[static_cast<size_t>(p)]);
+  for (int p = 0; p < kNumSchedules; ++p) mgr_->set_schedule(p, layout_->schedules[static_cast<size_t>(p)]);
   open_.resize(layout_->specs.size());
   open_side_.assign(layout_->specs.size(), Side::compute);
   model.bind_workspace(compute, mgr_->home_data(static_cast<BlockId>(layout_->workspace)));

@@ -69,10 +69,10 @@ BarrierBound barrier_bound(const MemoryPlan& mp, kernels::Backend backend, doubl
 
 class TieredMemory final : public RunMemory {
  public:
-  // What a step of the manager runs: a training step, a pending update on its own, or an aside
-  // (initialising, loading, saving: online, outside any planned program).
-  enum class Program : int { step = 0, update = 1, aside = -1 };
-  static constexpr int kNumPrograms = 2;
+  // Which schedule a step of the manager follows: a training step's, a pending update's on its
+  // own, or none (an aside: initialising, loading, saving, served online).
+  enum class Schedule : int { step = 0, update = 1, aside = -1 };
+  static constexpr int kNumSchedules = 2;
 
   // Registers the blocks of `model` (and `extra_device_bytes` of step buffers) under
   // `placement`, records the step's schedule (grad_accum micro-batches, then the optimizer),
@@ -98,7 +98,7 @@ class TieredMemory final : public RunMemory {
                                         int64_t grad_accum, size_t extra_device_bytes,
                                         const std::array<uint64_t, offload::kNumTiers>& budget, const StepCosts& costs);
 
-  void begin_step(Program p = Program::step) { mgr_->begin_step(static_cast<int>(p)); }
+  void begin_step(Schedule p = Schedule::step) { mgr_->begin_step(static_cast<int>(p)); }
   void end_step() { mgr_->end_step(); }
   void* acquire(Role r, int index, offload::Mode m, Side side) override;
   void release(Role r, int index) override;

@@ -38,7 +38,7 @@ void cast_on_host(const float* src, void* dst, int64_t n, DType dt) {
 // the updated weights): an aside of the memory manager, outside the step's program.
 void Trainer::Impl::flush() {
   if (!pending) return;
-  mem->begin_step(TieredMemory::Program::update);
+  mem->begin_step(TieredMemory::Schedule::update);
   driver->optimizer(pending->st, pending->apply);
   mem->end_step();
   stream->synchronize();
@@ -68,7 +68,7 @@ void Trainer::Impl::init_weights(bool load_weights) {
     for (const Unit& unit : model->units()) most = std::max(most, unit.numel);
     full.resize(static_cast<size_t>(most));
   }
-  mem->begin_step(TieredMemory::Program::aside);
+  mem->begin_step(TieredMemory::Schedule::aside);
   if (!optim)  // first, while no write is in flight (TieredMemory::zero)
     for (size_t u = 0; u < model->units().size(); ++u) mem->zero(Role::adam, static_cast<int>(u));
   for (size_t ui = 0; ui < model->units().size(); ++ui) {
@@ -82,13 +82,13 @@ void Trainer::Impl::init_weights(bool load_weights) {
     else
       model->init_unit(u, o.seed, src);
     if (!aliased) {  // stage 3: the weights block is this rank's shard
-      void* w = mem->acquire(Role::weights, u, offload::Mode::write, Side::host);
+      void* w = mem->acquire(Role::params, u, offload::Mode::write, Side::host);
       if (sh.sharded_weights())
         cast_on_host(src + lo, w, n, dtype);
       else
         cast_on_host(src, w, unit.numel, dtype);
-      mem->release(Role::weights, u);
-      mem->write_back(Role::weights, u);
+      mem->release(Role::params, u);
+      mem->write_back(Role::params, u);
     }
     if (sharded) std::memcpy(master, src + lo, static_cast<size_t>(n) * 4);
     mem->release(Role::master, u);
@@ -232,7 +232,7 @@ void Trainer::save(const std::string& out_dir) const {
   m.opt_stream().synchronize();
   std::vector<std::vector<float>> whole;  // [unit] the gathered master (sharded runs, rank 0)
   if (m.sh.sharded_optimizer()) {
-    m.mem->begin_step(TieredMemory::Program::aside);
+    m.mem->begin_step(TieredMemory::Schedule::aside);
     for (size_t u = 0; u < m.model->units().size(); ++u) whole.push_back(m.gather_unit(Role::master, static_cast<int>(u), 0));
     m.mem->end_step();
   }
@@ -248,7 +248,7 @@ void Trainer::save(const std::string& out_dir) const {
                        whole.empty() ? fill_from_block(mem, Role::master, unit, off, bytes, diverged)
                                      : fill_from_host(whole[static_cast<size_t>(unit)].data() + off, bytes, diverged)});
   }
-  m.mem->begin_step(TieredMemory::Program::aside);
+  m.mem->begin_step(TieredMemory::Schedule::aside);
   try {
     // The tokenizer of --model goes along: `strata generate` and `strata data` read the saved
     // directory as they read the one it was trained from. (Read before the save replaces
@@ -279,7 +279,7 @@ std::string Trainer::save_checkpoint() {
   m.flush();
   std::vector<std::array<std::vector<float>, 3>> whole;  // [unit] {master, m, v} (sharded, rank 0)
   if (m.sh.sharded_optimizer()) {
-    m.mem->begin_step(TieredMemory::Program::aside);
+    m.mem->begin_step(TieredMemory::Schedule::aside);
     for (size_t ui = 0; ui < m.model->units().size(); ++ui) {
       const int u = static_cast<int>(ui);
       const AdamLayout al = m.mem->units()[u].adam_layout();
@@ -318,7 +318,7 @@ std::string Trainer::save_checkpoint() {
     c.optimizer.push_back({exp_avg_name(p.name), p.shape, DType::f32, from(Role::adam, al.m_offset() + off, 1)});
     c.optimizer.push_back({exp_avg_sq_name(p.name), p.shape, DType::f32, from(Role::adam, al.v_offset() + off, 2)});
   }
-  m.mem->begin_step(TieredMemory::Program::aside);
+  m.mem->begin_step(TieredMemory::Schedule::aside);
   fs::path path;
   try {
     path = write_train_checkpoint(m.o.checkpoint_dir, m.steps_done, c, static_cast<int>(std::min<int64_t>(m.o.keep, 1 << 30)));

@@ -56,15 +56,13 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
                                           /*remove_on_release=*/true);
     remove_dead_checkpoint_temporaries(o.checkpoint_dir);
   }
-  ResolvedRun r = resolve_run(o);
+  ResolvedRun r = resolve_run(o, m.comm->world(), m.comm->rank());
   m.cfg = r.cfg;
   m.model_source = r.model_source;
   m.dtype = r.dtype;
   m.backend = r.backend;
   m.placement = r.placement;
-  // This rank's shard of every unit.
-  m.sh = Sharding{o.zero_stage, m.comm->world(), m.comm->rank()};
-  m.placement.sharding = m.sh;
+  m.sh = m.placement.sharding;  // this rank's shard of every unit
   // Every rank started with the same flags, model and checkpoint: a difference would hang the
   // job or train something else than asked.
   check_ranks_agree(*m.comm, o, m.cfg, r.resume);
@@ -305,7 +303,7 @@ Trainer::EvalStats Trainer::evaluate() {
   std::vector<float> losses(static_cast<size_t>(n));
   EvalStats ev;
   double sum = 0;
-  m.mem->begin_step(TieredMemory::Program::aside);
+  m.mem->begin_step(TieredMemory::Schedule::aside);
   for (int64_t b = 0; b < batches; ++b) {
     int32_t* base = host.data();
     if (val.done()) break;  // one pass of documents: --eval-batches beyond it ends there

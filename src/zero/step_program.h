@@ -26,7 +26,7 @@ class StepProgram {
   // grad_accum micro-batches. Where nothing waits for the global norm and the gradients are
   // whole (Placement::update_in_backward()), the step's update runs in the last backward;
   // else it is left pending, for the next step's first forward or a flush (before a save or
-  // a checkpoint, as a program of its own: TieredMemory::Program::update).
+  // a checkpoint, as a program of its own: TieredMemory::Schedule::update).
   StepProgram(int64_t grad_accum, const Placement& pl) : update_pending_(!pl.update_in_backward()) {
     for (int64_t k = 0; k < grad_accum; ++k)
       mbs_.push_back({.index = k,

@@ -73,13 +73,13 @@ class UnitLifecycle::WholeWeights final : public UnitLifecycle::WeightPath {
   }
   const void* use(int u) override {
     take(u);
-    return lc_.mem_.acquire(Role::weights, u, Mode::read, Side::compute);
+    return lc_.mem_.acquire(Role::params, u, Mode::read, Side::compute);
   }
   bool drop(int u, bool spent) override {
     if (spent && !lc_.mem_.master_is_weights())
-      lc_.mem_.release_discard(Role::weights, u);
+      lc_.mem_.release_discard(Role::params, u);
     else
-      lc_.mem_.release(Role::weights, u);
+      lc_.mem_.release(Role::params, u);
     return true;
   }
 };
@@ -372,13 +372,13 @@ void UnitLifecycle::prepare(size_t i) {
   // read it (in the comm stream's order).
   void* whole = mem_.gathered(x.slot);
   compute([&] { mem_.stream(Side::comm).wait(*slot_free_ev_[static_cast<size_t>(x.slot)]); });
-  const void* w = mem_.acquire(Role::weights, x.unit, Mode::read, Side::comm);
+  const void* w = mem_.acquire(Role::params, x.unit, Mode::read, Side::comm);
   compute([&] {
     kernels::Stream& c = mem_.stream(Side::comm);
-    comm_->all_gather(w, whole, static_cast<size_t>(mem_.units()[x.unit].weights.n), model_.dtype(), c);
+    comm_->all_gather(w, whole, static_cast<size_t>(mem_.units()[x.unit].params.n), model_.dtype(), c);
     c.record(*gathered_ev_[static_cast<size_t>(x.slot)]);
   });
-  mem_.release(Role::weights, x.unit);
+  mem_.release(Role::params, x.unit);
   x.ready = mem_.dry() ? nullptr : gathered_ev_[static_cast<size_t>(x.slot)].get();
 }
 
@@ -463,7 +463,7 @@ kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool appl
   const Unit& unit = m.units()[static_cast<size_t>(u)];
   const UnitEntry& e = mem_.units()[u];
   // This rank's part of the unit: the master's elements [lo, lo + n), with the AdamW state
-  // over the same elements; the grads and weights blocks hold e.grads and e.weights of the
+  // over the same elements; the grads and weights blocks hold e.grads and e.params of the
   // unit. Where the update writes only part of a whole weights block, every rank's new part is
   // then all-gathered into it on the comm stream (stages 1, 2); stage 3's weights block is the
   // shard itself (gathered when a phase uses the unit).
@@ -474,9 +474,9 @@ kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool appl
   const float* g = static_cast<const float*>(mem_.acquire(Role::grads, u, Mode::read, Side::optimizer));
   // The new working weights: written whole (parameters by AdamW, padding zeroed here, the
   // other ranks' shards by the all-gather; stage 3: the block is this rank's shard).
-  void* w = aliased ? nullptr : mem_.acquire(Role::weights, u, Mode::write, Side::optimizer);
+  void* w = aliased ? nullptr : mem_.acquire(Role::params, u, Mode::write, Side::optimizer);
   // ws: element lo of the unit's working weights
-  char* ws = w ? static_cast<char*>(w) + static_cast<size_t>(lo - e.weights.lo) * esz : nullptr;
+  char* ws = w ? static_cast<char*>(w) + static_cast<size_t>(lo - e.params.lo) * esz : nullptr;
   compute([&] {
     kernels::Stream& s = mem_.stream(Side::optimizer);
     kernels::Ops& ops = mem_.ops(Side::optimizer);
@@ -503,7 +503,7 @@ kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool appl
   kernels::Event* ready = nullptr;
   if (gather) {  // the other ranks' new shards, on the comm stream once this shard is written
     order(Side::optimizer, Side::comm);
-    mem_.handoff(Role::weights, u, Side::comm);
+    mem_.handoff(Role::params, u, Side::comm);
     compute([&] {
       kernels::Stream& c = mem_.stream(Side::comm);
       comm_->all_gather(ws, w, static_cast<size_t>(n), dt, c);
@@ -513,7 +513,7 @@ kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool appl
       }
     });
   }
-  if (!aliased) mem_.release(Role::weights, u);
+  if (!aliased) mem_.release(Role::params, u);
   // The gradients are spent: the next step's backward overwrites them before anything reads
   // them, so an offloaded copy is dropped instead of written home.
   mem_.release_discard(Role::grads, u);

@@ -9,11 +9,11 @@ namespace strata {
 
 const UnitBlock& UnitEntry::block(Role r) const {
   switch (r) {
-    case Role::weights: return weights;
+    case Role::params: return params;
     case Role::master: return master;
     case Role::adam: return adam;
     case Role::grads: return grads;
-    case Role::input: break;
+    case Role::activations: break;
   }
   throw std::logic_error("UnitTable: unit " + name + " has no block of role " +
                          std::to_string(static_cast<int>(r)) + " (block inputs belong to layers)");
@@ -38,7 +38,7 @@ UnitTable::UnitTable(const Transformer& model, const Placement& pl, const std::v
     const auto span = [&](bool sharded, offload::Tier home) {
       return sharded ? UnitBlock{true, e.shards.dp.offset, S, home} : UnitBlock{true, 0, unit.numel, home};
     };
-    e.weights = span(sh_.sharded_weights(), pl.params);
+    e.params = span(sh_.sharded_weights(), pl.params);
     if (e.trainable) {
       e.master_is_weights = master_is_weights_;
       e.master = span(sh_.sharded_optimizer(), pl.optimizer);
@@ -54,7 +54,7 @@ uint64_t UnitTable::bytes(Role r, int u) const {
   const UnitBlock& b = e.block(r);
   if (!b.exists) return 0;
   const auto n = static_cast<uint64_t>(r == Role::adam ? e.adam_layout().length() : b.n);
-  return n * (r == Role::weights ? kernels::dtype_size(dtype_) : 4);
+  return n * (r == Role::params ? kernels::dtype_size(dtype_) : 4);
 }
 
 }  // namespace strata

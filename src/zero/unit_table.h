@@ -56,15 +56,15 @@ struct UnitEntry {
   bool trainable = true;
   UnitShards shards;
   // adam covers the master's elements; its block is laid out as adam_layout() says.
-  UnitBlock weights, master, adam, grads;
+  UnitBlock params, master, adam, grads;  // params: the working weights
   bool master_is_weights = false;  // master and weights are one fp32 block (the weights')
 
   AdamLayout adam_layout() const { return {adam.n}; }
-  // The block of state r (Role::input is a layer's, not a unit's: logic_error).
+  // The block of state r (Role::activations is a layer's, not a unit's: logic_error).
   const UnitBlock& block(Role r) const;
   // The update writes only its own elements of a whole weights block: every rank's new part
   // then comes by all-gather (ZeRO stages 1-2).
-  bool gathers_after_update() const { return trainable && !master_is_weights && weights.n > master.n; }
+  bool gathers_after_update() const { return trainable && !master_is_weights && params.n > master.n; }
 };
 
 class UnitTable {

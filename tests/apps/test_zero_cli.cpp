@@ -305,10 +305,10 @@ TEST_F(ZeroCli, StageThreeHoldsAShardOfTheWeights) {
     return nlohmann::json::parse(r.out);
   };
   const auto s2 = plan(2, 2), s3 = plan(2, 3), w4 = plan(4, 3);
-  const auto w2 = s2["weights_bytes"].get<uint64_t>();
-  EXPECT_EQ(s3["weights_bytes"].get<uint64_t>() * 2, w2);
+  const auto w2 = s2["params_bytes"].get<uint64_t>();
+  EXPECT_EQ(s3["params_bytes"].get<uint64_t>() * 2, w2);
   // 4 ranks: about half again (units padded to 4 x 2048 elements, so not exactly).
-  const double q = 2.0 * w4["weights_bytes"].get<double>() / s3["weights_bytes"].get<double>();
+  const double q = 2.0 * w4["params_bytes"].get<double>() / s3["params_bytes"].get<double>();
   EXPECT_GT(q, 0.9);
   EXPECT_LT(q, 1.15);
   EXPECT_EQ(s3["master_bytes"], s2["master_bytes"]);

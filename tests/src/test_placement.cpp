@@ -283,11 +283,11 @@ TEST(Placement, BarrierBoundCountsTheUpdatesBytesBeyondTheRoom) {
   mp.homed[nvme][static_cast<size_t>(Role::master)] = 100;
   mp.homed[nvme][static_cast<size_t>(Role::adam)] = 200;
   mp.homed[nvme][static_cast<size_t>(Role::grads)] = 50;
-  mp.homed[nvme][static_cast<size_t>(Role::weights)] = 25;
-  mp.homed[nvme][static_cast<size_t>(Role::input)] = 1000;  // checkpoints: not the update's
+  mp.homed[nvme][static_cast<size_t>(Role::params)] = 25;
+  mp.homed[nvme][static_cast<size_t>(Role::activations)] = 1000;  // checkpoints: not the update's
   mp.homed[host][kNumRoles] = 30;                            // host buffers: not room
   mp.budget[host] = 130;
-  mp.homed[device][static_cast<size_t>(Role::input)] = 5;
+  mp.homed[device][static_cast<size_t>(Role::activations)] = 5;
   mp.budget[device] = 45;
   const offload::LinkRates rates{.nvme_read = 10, .nvme_write = 5};
   BarrierBound b = barrier_bound(mp, kernels::Backend::cpu, 20, 7, rates);

@@ -523,7 +523,7 @@ TEST(StepDriverDiscard, SpentGradsAndWeightsAreDiscardedAndNeverReadBeforeRewrit
       }
       for (int u = 0; u < units; ++u) {
         EXPECT_EQ(discards[std::make_pair(Role::grads, u)], 2) << "grads of unit " << u;
-        EXPECT_EQ(discards[std::make_pair(Role::weights, u)], aliased ? 0 : 2) << "weights of unit " << u;
+        EXPECT_EQ(discards[std::make_pair(Role::params, u)], aliased ? 0 : 2) << "weights of unit " << u;
       }
     }
 }

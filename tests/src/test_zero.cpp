@@ -50,7 +50,7 @@ TEST(ZeroUnitTable, EachStageShardsItsStatesAndHomesThemByPlacement) {
         EXPECT_EQ(b.n, sharded ? S : unit.numel) << what << " stage " << stage;
         EXPECT_EQ(b.home, home) << what;
       };
-      expect(e.weights, stage >= 3, Tier::host, "weights");
+      expect(e.params, stage >= 3, Tier::host, "params");
       expect(e.master, stage >= 1, Tier::device, "master");
       expect(e.adam, stage >= 1, Tier::device, "adam");
       expect(e.grads, stage >= 2, Tier::nvme, "grads");
@@ -59,10 +59,10 @@ TEST(ZeroUnitTable, EachStageShardsItsStatesAndHomesThemByPlacement) {
       EXPECT_EQ(al.m_offset(), 0);
       EXPECT_EQ(al.v_offset(), e.master.n);
       EXPECT_EQ(al.length(), 2 * e.master.n);
-      EXPECT_EQ(t.bytes(Role::weights, u), static_cast<uint64_t>(e.weights.n) * 2);
+      EXPECT_EQ(t.bytes(Role::params, u), static_cast<uint64_t>(e.params.n) * 2);
       EXPECT_EQ(t.bytes(Role::adam, u), static_cast<uint64_t>(e.master.n) * 8);
       EXPECT_EQ(t.bytes(Role::grads, u), static_cast<uint64_t>(e.grads.n) * 4);
-      EXPECT_THROW(e.block(Role::input), std::logic_error);
+      EXPECT_THROW(e.block(Role::activations), std::logic_error);
     }
   }
 }
@@ -95,7 +95,7 @@ TEST(ZeroUnitTable, FrozenUnitHasOnlyWorkingWeights) {
   EXPECT_TRUE(t[0].grads.exists);
   const UnitEntry& e = t[1];
   EXPECT_FALSE(e.trainable);
-  EXPECT_TRUE(e.weights.exists);
+  EXPECT_TRUE(e.params.exists);
   EXPECT_FALSE(e.master.exists || e.adam.exists || e.grads.exists || e.master_is_weights);
   EXPECT_FALSE(e.gathers_after_update());
   EXPECT_EQ(t.bytes(Role::master, 1) + t.bytes(Role::adam, 1) + t.bytes(Role::grads, 1), 0u);
@@ -111,7 +111,7 @@ TEST(ZeroUnitTable, TieredMemoryHomesTheTablesBlocks) {
   pl.sharding = {2, 2, 0};
   const UnitTable t(model, pl);
   const MemoryPlan mp = TieredMemory::plan(model, kernels::Backend::cpu, pl, 1, 0);
-  for (Role r : {Role::weights, Role::master, Role::adam, Role::grads}) {
+  for (Role r : {Role::params, Role::master, Role::adam, Role::grads}) {
     uint64_t sum = 0;
     for (int u = 0; u < static_cast<int>(t.size()); ++u) sum += offload::align_up(t.bytes(r, u));
     const Tier home = t[0].block(r).home;
