@@ -95,7 +95,8 @@ void validate(const NormBackwardArgs& a, bool layernorm) {
   need_ptr(a.dy, op, "dy");
   need_ptr(a.rstd, op, "rstd");
   need_ptr(a.dx, op, "dx");
-  need_ptr(a.dweight, op, "dweight");
+  // dweight null: a frozen norm (the input gradient only); then no dbias either.
+  need(a.dweight != nullptr || a.dbias == nullptr, op, "dbias without dweight");
   if (layernorm) need_ptr(a.mean, op, "mean");
   else need(a.dbias == nullptr, op, "rmsnorm has no dbias");
 }

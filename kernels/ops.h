@@ -94,7 +94,7 @@ struct NormBackwardArgs {
   const float* mean = nullptr;
   const float* rstd = nullptr;
   void* dx = nullptr;
-  float* dweight = nullptr;
+  float* dweight = nullptr;  // null: a frozen norm (the input gradient only)
   float* dbias = nullptr;  // LayerNorm only; may be null
   bool accumulate = false;  // dx += instead of dx =
 };

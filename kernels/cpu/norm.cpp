@@ -161,6 +161,7 @@ void norm_backward(const NormBackwardArgs& a) {
     }
   });
 
+  if (!a.dweight) return;  // a frozen norm: the input gradient only
   parallel_simd(cols, 1024, [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t c = lo; c < hi; ++c) {
       float sw = 0.f, sb = 0.f;

@@ -146,6 +146,7 @@ void norm_backward(Stream& s, const NormBackwardArgs& a) {
         static_cast<T*>(a.dx), part_dw, part_db, a.rows, a.cols, rows_per_block, a.accumulate);
     STRATA_CUDA_CHECK_LAUNCH();
   });
+  if (!a.dweight) return;  // a frozen norm: the input gradient only
   norm_param_grads_kernel<<<grid_for(a.cols, kThreads), kThreads, 0, ctx.stream()>>>(part_dw, part_db, a.dweight,
                                                                                       a.dbias, n_blocks, a.cols);
   STRATA_CUDA_CHECK_LAUNCH();

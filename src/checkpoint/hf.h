@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "kernels/dtype.h"
 #include "src/model/config.h"
 
@@ -87,6 +89,11 @@ void check_hf_save_target(const std::filesystem::path& out_dir);
 void save_hf_model(const std::filesystem::path& out_dir, const ModelConfig& cfg,
                    const std::vector<TensorToSave>& tensors, uint64_t shard_bytes = 5ull << 30,
                    const std::vector<std::filesystem::path>& extra_files = {});
+// A PEFT LoRA adapter in `out_dir` (adapter_config.json + adapter_model.safetensors, PEFT's
+// tensor names), written and replaced as save_hf_model does; extra_files: tokenizer files.
+void save_peft_adapter(const std::filesystem::path& out_dir, const nlohmann::json& adapter_config,
+                       const std::vector<TensorToSave>& tensors, const std::vector<std::filesystem::path>& extra_files);
+
 // The tokenizer's files of a Hugging Face model directory, carried by a save.
 inline constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                                                   "special_tokens_map.json", "generation_config.json"};

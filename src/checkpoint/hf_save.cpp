@@ -102,6 +102,7 @@ fs::path normalised_out(const fs::path& out_dir) {
 // these may be replaced.
 bool is_saved_file_name(const std::string& name) {
   if (name == "config.json" || name == "model.safetensors.index.json") return true;
+  if (name == "adapter_config.json" || name == "adapter_model.safetensors") return true;  // save_peft_adapter
   for (const char* t : kTokenizerFiles)
     if (name == t) return true;
   const std::string ext = ".safetensors";
@@ -240,6 +241,21 @@ void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& c
       throw std::invalid_argument("save_hf_model: " + name + " is not a tokenizer file a save carries");
     write_file_synced(tmp.path() / name, read_text_file(f));
   }
+  fsync_dir(tmp.path());
+  replace_directory(tmp.path(), out_dir);
+  tmp.release();
+}
+
+void save_peft_adapter(const std::filesystem::path& out_dir_in, const nlohmann::json& adapter_config,
+                       const std::vector<TensorToSave>& tensors, const std::vector<fs::path>& extra_files) {
+  const fs::path out_dir = normalised_out(out_dir_in);
+  prepare_parent(out_dir);
+  TempDir tmp(make_owned_temp_dir(out_dir, ".tmp-"));
+  if (::chmod(tmp.path().c_str(), 0755) != 0)
+    throw std::runtime_error(tmp.path().string() + ": chmod failed: " + errno_text());
+  write_safetensors_file(tmp.path() / "adapter_model.safetensors", tensors);
+  write_file_synced(tmp.path() / "adapter_config.json", adapter_config.dump(2) + "\n");
+  for (const fs::path& f : extra_files) write_file_synced(tmp.path() / f.filename(), read_text_file(f));
   fsync_dir(tmp.path());
   replace_directory(tmp.path(), out_dir);
   tmp.release();

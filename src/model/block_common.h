@@ -25,7 +25,7 @@ struct Carver {
 // The block's tensor at element offset `off` of its unit (working weights / fp32 grads);
 // null for an absent tensor (offset -1).
 inline const void* wptr(const BlockCtx& c, int64_t off) { return off >= 0 ? at(c.w, off, c.dtype) : nullptr; }
-inline float* gptr(const BlockCtx& c, int64_t off) { return off >= 0 ? c.g + off : nullptr; }
+inline float* gptr(const BlockCtx& c, int64_t off) { return c.g && off >= 0 ? c.g + off : nullptr; }
 
 // The shape and q/k/v views shared by the attention forward and backward arguments.
 template <class Args>

@@ -17,6 +17,7 @@
 
 #include "src/model/block_common.h"
 #include "src/model/config.h"
+#include "src/model/lora.h"
 #include "src/model/transformer.h"
 
 namespace strata {
@@ -68,6 +69,12 @@ struct FamilyRecipe {
   void (*final_norm_tensors)(const ModelConfig& cfg, const ModelDims& d, const AddTensor& add, OuterLayout& o);
   BlockFn block_forward;
   BlockFn block_backward;
+
+  // LoRA: a layer's tensors are named layer_prefix + layer + "." + module; its linear modules
+  // (the columns of the fused slots they write), and PEFT's default --lora-targets.
+  std::string_view layer_prefix;
+  std::vector<LinearModule> (*linear_modules)(const ModelDims& d);
+  std::string_view lora_default_targets;
 
   // One block's activations for dims d in dtype dt, carved from cv (a layer norm's means too).
   BlockActs carve_acts(model_detail::Carver& cv, const ModelDims& d, DType dt) const;

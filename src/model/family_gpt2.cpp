@@ -19,6 +19,8 @@ using model_detail::gptr;
 using model_detail::Linear;
 using model_detail::linear_backward;
 using model_detail::linear_forward;
+using model_detail::lora_backward;
+using model_detail::lora_forward;
 using model_detail::wptr;
 
 namespace {
@@ -39,10 +41,12 @@ void gpt2_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, vo
                     .bias = wptr(c, p.ln1_b), .y = a.ln1, .mean = a.mean1, .rstd = a.rstd1});
   // qkv (N, 3C) = ln1 · c_attn + b
   linear_forward(lin, a.ln1, wptr(c, p.qkv_w), wptr(c, p.qkv_b), a.qkv, d.N, d.C, d.QKV);
+  lora_forward(c, LoraSlot::qkv, a.ln1, a.qkv, d.QKV);
   // att (N, C) = causal softmax(q·kᵀ/√D)·v, lse (B, H, T)
   fused_qkv_attention(c, a);
   // res_mid (N, C) = x + att · c_proj + b
   linear_forward(lin, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
+  lora_forward(c, LoraSlot::o, a.att, c.scratch->tmp_c, d.C);
   ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = x, .b = c.scratch->tmp_c, .out = a.res_mid});
   // ln2 (N, C) = layernorm(res_mid)
   ops.layernorm(s, {.dtype = dt, .rows = d.N, .cols = d.C, .eps = eps, .x = a.res_mid,
@@ -50,9 +54,11 @@ void gpt2_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, vo
                     .rstd = a.rstd2});
   // fc (N, I) = ln2 · c_fc + b; act (N, I) = gelu(fc)
   linear_forward(lin, a.ln2, wptr(c, p.fc_w), wptr(c, p.fc_b), a.fc, d.N, d.C, d.I);
+  lora_forward(c, LoraSlot::fc, a.ln2, a.fc, d.I);
   ops.gelu(s, {.dtype = dt, .n = d.N * d.I, .tanh_approx = tanh_gelu(c), .x = a.fc, .y = a.act});
   // out (N, C) = res_mid + act · mlp.c_proj + b
   linear_forward(lin, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b), c.scratch->tmp_c, d.N, d.I, d.C);
+  lora_forward(c, LoraSlot::proj, a.act, c.scratch->tmp_c, d.C);
   ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = a.res_mid, .b = c.scratch->tmp_c, .out = out});
 }
 
@@ -68,11 +74,13 @@ void gpt2_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, v
   // MLP. d_act (N, I) = dres · mlp.c_projᵀ
   linear_backward(lin, a.act, wptr(c, p.proj_w), dres, sc.d_act, gptr(c, p.proj_w), gptr(c, p.proj_b), d.N, d.I,
                   d.C);
+  lora_backward(c, LoraSlot::proj, a.act, dres, d.C, sc.d_act);
   // d_fc (N, I) = gelu'(fc) · d_act
   ops.gelu_backward(s, {.dtype = dt, .n = d.N * d.I, .tanh_approx = tanh_gelu(c), .x = a.fc, .dy = sc.d_act,
                         .dx = sc.d_fc});
   // d_c (N, C) = d_fc · c_fcᵀ
   linear_backward(lin, a.ln2, wptr(c, p.fc_w), sc.d_fc, sc.d_c, gptr(c, p.fc_w), gptr(c, p.fc_b), d.N, d.C, d.I);
+  lora_backward(c, LoraSlot::fc, a.ln2, sc.d_fc, d.I, sc.d_c);
   // dres += layernorm_backward(res_mid, d_c) -> d res_mid
   ops.layernorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = a.res_mid, .weight = wptr(c, p.ln2_w),
                              .dy = sc.d_c, .mean = a.mean2, .rstd = a.rstd2, .dx = dres,
@@ -80,11 +88,13 @@ void gpt2_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, v
 
   // Attention. d_q (N, C) = dres · c_projᵀ
   linear_backward(lin, a.att, wptr(c, p.o_w), dres, sc.d_q, gptr(c, p.o_w), gptr(c, p.o_b), d.N, d.Q, d.C);
+  lora_backward(c, LoraSlot::o, a.att, dres, d.C, sc.d_q);
   // d_fc (N, 3C) = [dq | dk | dv]
   fused_qkv_attention_backward(c, a, sc.d_q, sc.d_fc);
   // d_c (N, C) = d_qkv · c_attnᵀ
   linear_backward(lin, a.ln1, wptr(c, p.qkv_w), sc.d_fc, sc.d_c, gptr(c, p.qkv_w), gptr(c, p.qkv_b), d.N, d.C,
                   d.QKV);
+  lora_backward(c, LoraSlot::qkv, a.ln1, sc.d_fc, d.QKV, sc.d_c);
   // dres += layernorm_backward(x, d_c) -> d x
   ops.layernorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = x, .weight = wptr(c, p.ln1_w),
                              .dy = sc.d_c, .mean = a.mean1, .rstd = a.rstd1, .dx = dres,
@@ -153,6 +163,13 @@ void final_norm_tensors(const ModelConfig&, const ModelDims& d, const AddTensor&
   o.lnf_b = add("transformer.ln_f.bias", {d.C}, InitKind::zeros);
 }
 
+std::vector<LinearModule> linear_modules(const ModelDims& d) {
+  return {{"attn.c_attn", LoraSlot::qkv, 0, d.C, d.QKV},
+          {"attn.c_proj", LoraSlot::o, 0, d.Q, d.C},
+          {"mlp.c_fc", LoraSlot::fc, 0, d.C, d.I},
+          {"mlp.c_proj", LoraSlot::proj, 0, d.I, d.C}};
+}
+
 }  // namespace
 
 // extern: the registry (family.cpp) names it; a namespace-scope const is file-local otherwise.
@@ -172,6 +189,9 @@ const FamilyRecipe kGpt2Recipe{
     .final_norm_tensors = final_norm_tensors,
     .block_forward = gpt2_block_forward,
     .block_backward = gpt2_block_backward,
+    .layer_prefix = "transformer.h.",
+    .linear_modules = linear_modules,
+    .lora_default_targets = "c_attn",
 };
 
 }  // namespace strata

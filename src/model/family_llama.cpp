@@ -20,6 +20,8 @@ using model_detail::gptr;
 using model_detail::Linear;
 using model_detail::linear_backward;
 using model_detail::linear_forward;
+using model_detail::lora_backward;
+using model_detail::lora_forward;
 using model_detail::wptr;
 
 namespace {
@@ -61,22 +63,26 @@ void llama_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, v
                   .y = a.ln1, .rstd = a.rstd1});
   // qkv (N, QKV) = ln1 · [Wq; Wk; Wv]ᵀ + b, then RoPE on q (Hq heads) and k (Hkv heads)
   linear_forward(lin, a.ln1, wptr(c, p.qkv_w), wptr(c, p.qkv_b), a.qkv, d.N, d.C, d.QKV);
+  lora_forward(c, LoraSlot::qkv, a.ln1, a.qkv, d.QKV);
   rope(c, a.qkv, d.Hq, false);
   rope(c, at(a.qkv, d.Q, dt), d.Hkv, false);
   // att (N, Q) = causal softmax(q·kᵀ/√D)·v, lse (B, Hq, T)
   fused_qkv_attention(c, a);
   // res_mid (N, C) = x + att · Woᵀ (+ bo)
   linear_forward(lin, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
+  lora_forward(c, LoraSlot::o, a.att, c.scratch->tmp_c, d.C);
   ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = x, .b = c.scratch->tmp_c, .out = a.res_mid});
   // ln2 (N, C) = rmsnorm(res_mid)
   ops.rmsnorm(s, {.dtype = dt, .rows = d.N, .cols = d.C, .eps = eps, .x = a.res_mid,
                   .weight = wptr(c, p.ln2_w), .y = a.ln2, .rstd = a.rstd2});
   // fc (N, 2I) = ln2 · [Wgate; Wup]ᵀ ; act (N, I) = silu(gate) · up
   linear_forward(lin, a.ln2, wptr(c, p.fc_w), wptr(c, p.fc_b), a.fc, d.N, d.C, d.FC);
+  lora_forward(c, LoraSlot::fc, a.ln2, a.fc, d.FC);
   ops.swiglu(s, {.dtype = dt, .rows = d.N, .cols = d.I, .ld = d.FC, .gate = a.fc, .up = at(a.fc, d.I, dt),
                  .out = a.act});
   // out (N, C) = res_mid + act · Wdownᵀ
   linear_forward(lin, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b), c.scratch->tmp_c, d.N, d.I, d.C);
+  lora_forward(c, LoraSlot::proj, a.act, c.scratch->tmp_c, d.C);
   ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = a.res_mid, .b = c.scratch->tmp_c, .out = out});
 }
 
@@ -92,12 +98,14 @@ void llama_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, 
   // MLP. dres = d out = d(res_mid) through the residual; d_act (N, I) = dres · Wdown
   linear_backward(lin, a.act, wptr(c, p.proj_w), dres, sc.d_act, gptr(c, p.proj_w), gptr(c, p.proj_b), d.N, d.I,
                   d.C);
+  lora_backward(c, LoraSlot::proj, a.act, dres, d.C, sc.d_act);
   // d_fc (N, 2I) = [d gate | d up]
   ops.swiglu_backward(s, {.dtype = dt, .rows = d.N, .cols = d.I, .ld = d.FC, .gate = a.fc,
                           .up = at(a.fc, d.I, dt), .dout = sc.d_act, .dgate = sc.d_fc,
                           .dup = at(sc.d_fc, d.I, dt)});
   // d_c (N, C) = d_fc · [Wgate; Wup]
   linear_backward(lin, a.ln2, wptr(c, p.fc_w), sc.d_fc, sc.d_c, gptr(c, p.fc_w), gptr(c, p.fc_b), d.N, d.C, d.FC);
+  lora_backward(c, LoraSlot::fc, a.ln2, sc.d_fc, d.FC, sc.d_c);
   // dres += rmsnorm_backward(res_mid, d_c)  -> d res_mid
   ops.rmsnorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = a.res_mid, .weight = wptr(c, p.ln2_w),
                            .dy = sc.d_c, .rstd = a.rstd2, .dx = dres, .dweight = gptr(c, p.ln2_w),
@@ -105,6 +113,7 @@ void llama_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, 
 
   // Attention. d_q (N, Q) = dres · Wo
   linear_backward(lin, a.att, wptr(c, p.o_w), dres, sc.d_q, gptr(c, p.o_w), gptr(c, p.o_b), d.N, d.Q, d.C);
+  lora_backward(c, LoraSlot::o, a.att, dres, d.C, sc.d_q);
   // d_fc (N, QKV) = [dq | dk | dv] (dq, dk still rotated)
   fused_qkv_attention_backward(c, a, sc.d_q, sc.d_fc);
   rope(c, sc.d_fc, d.Hq, true);
@@ -112,6 +121,7 @@ void llama_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, 
   // d_c (N, C) = d_qkv · [Wq; Wk; Wv]
   linear_backward(lin, a.ln1, wptr(c, p.qkv_w), sc.d_fc, sc.d_c, gptr(c, p.qkv_w), gptr(c, p.qkv_b), d.N, d.C,
                   d.QKV);
+  lora_backward(c, LoraSlot::qkv, a.ln1, sc.d_fc, d.QKV, sc.d_c);
   // dres += rmsnorm_backward(x, d_c)  -> d x
   ops.rmsnorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = x, .weight = wptr(c, p.ln1_w),
                            .dy = sc.d_c, .rstd = a.rstd1, .dx = dres, .dweight = gptr(c, p.ln1_w),
@@ -257,6 +267,14 @@ void final_norm_tensors(const ModelConfig&, const ModelDims& d, const AddTensor&
   o.lnf_w = add("model.norm.weight", {d.C}, InitKind::ones);
 }
 
+std::vector<LinearModule> linear_modules(const ModelDims& d) {
+  const int64_t kv = d.Hkv * d.D;
+  return {{"self_attn.q_proj", LoraSlot::qkv, 0, d.C, d.Q},      {"self_attn.k_proj", LoraSlot::qkv, d.Q, d.C, kv},
+          {"self_attn.v_proj", LoraSlot::qkv, d.Q + kv, d.C, kv}, {"self_attn.o_proj", LoraSlot::o, 0, d.Q, d.C},
+          {"mlp.gate_proj", LoraSlot::fc, 0, d.C, d.I},           {"mlp.up_proj", LoraSlot::fc, d.I, d.C, d.I},
+          {"mlp.down_proj", LoraSlot::proj, 0, d.I, d.C}};
+}
+
 }  // namespace
 
 // extern: the registry (family.cpp) names it; a namespace-scope const is file-local otherwise.
@@ -276,6 +294,9 @@ const FamilyRecipe kLlamaRecipe{
     .final_norm_tensors = final_norm_tensors,
     .block_forward = llama_block_forward,
     .block_backward = llama_block_backward,
+    .layer_prefix = "model.layers.",
+    .linear_modules = linear_modules,
+    .lora_default_targets = "q_proj,v_proj",
 };
 
 }  // namespace strata

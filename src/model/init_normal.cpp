@@ -58,6 +58,14 @@ inline float radius(int32_t b) {
 
 uint64_t init_stream_key(uint64_t seed, uint64_t param) { return mix64(seed * 0x100000001b3ull + param + kGamma); }
 
+void fill_uniform(uint64_t key, int64_t first, int64_t n, float bound, float* out) {
+  for (int64_t k = 0; k < n; ++k) {
+    const uint64_t r = mix64(key + (static_cast<uint64_t>(first + k) + 1) * kGamma);
+    const float u = static_cast<float>(r >> 40) * 5.9604645e-8f;  // [0, 1), 2^-24 steps
+    out[k] = bound * (2.0f * u - 1.0f);
+  }
+}
+
 // One clone per x86-64 level (AVX-512 runs ~5x faster than SSE2): each does the same IEEE
 // operations in the same order, so all give the same bits (tests/src/test_init_normal.cpp).
 // Not under ThreadSanitizer: the clones' ifunc resolver runs during relocation, before the

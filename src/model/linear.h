@@ -43,7 +43,8 @@ inline void linear_forward(const Linear& l, const void* x, const void* w, const 
 }
 
 // dx (rows, in) = dy · op(W)ᵀ (overwritten; skipped when dx is null); dW += ... (= when the layer
-// does not accumulate grads); db += Σ_r dy (always: the caller zeroes it first when needed).
+// does not accumulate grads; skipped when dw is null: a frozen weight); db += Σ_r dy (always:
+// the caller zeroes it first when needed; skipped when null).
 inline void linear_backward(const Linear& l, const void* x, const void* w, const void* dy, void* dx, float* dw,
                             float* db, int64_t rows, int64_t in, int64_t out) {
   if (dx) {
@@ -59,6 +60,7 @@ inline void linear_backward(const Linear& l, const void* x, const void* w, const
     m.trans_b = l.w_in_out;  // (in, out) = (n, k) stored
     l.ops->matmul(*l.stream, m);
   }
+  if (!dw) return;
   kernels::MatmulArgs g;
   g.ab_dtype = l.dtype;
   g.c_dtype = DType::f32;

@@ -51,8 +51,8 @@ std::string checkpointing_name(const Checkpointing& c) {
 }
 
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
-                         Checkpointing ckpt, int64_t logits_chunk_bytes, int shard_world)
-    : cfg_(cfg), recipe_(family_recipe(cfg.family)), dtype_(dtype), rt_(rt), ckpt_(ckpt) {
+                         Checkpointing ckpt, int64_t logits_chunk_bytes, int shard_world, const LoraSpec& lora)
+    : cfg_(cfg), recipe_(family_recipe(cfg.family)), dtype_(dtype), rt_(rt), ckpt_(ckpt), lora_spec_(lora) {
   if (shard_world < 1) throw std::invalid_argument("shard_world must be >= 1, got " + std::to_string(shard_world));
   cfg_.validate();
   if (batch <= 0) throw std::invalid_argument("batch must be positive, got " + std::to_string(batch));
@@ -142,6 +142,43 @@ void Transformer::build_layout(int shard_world) {
     outer_.head = outer_.wte;
     head_unit_ = 0;
   }
+
+  // LoRA: the base frozen; per layer one adapter unit, each slot's A matrices stacked, then its
+  // B matrices (src/model/lora.h LoraLayout), in PEFT's names.
+  if (lora_spec_.on()) {
+    const int64_t r = lora_spec_.rank;
+    const std::vector<std::string> targets =
+        lora_spec_.targets.empty() ? parse_lora_targets(std::string(recipe_.lora_default_targets)) : lora_spec_.targets;
+    const std::vector<LinearModule> mods = match_lora_targets(recipe_.linear_modules(d), targets);
+    for (const LinearModule& m : mods) lora_modules_.push_back(m.name);
+    for (Unit& u : units_) u.trainable = false;
+    lora_first_unit_ = static_cast<int>(units_.size());
+    lora_layout_ = LoraLayout{};
+    lora_layout_.rank = r;
+    lora_layout_.scale = lora_spec_.scale();
+    for (int64_t l = 0; l < d.L; ++l) {
+      begin_unit("block." + std::to_string(l) + ".lora");
+      const std::string h = std::string(recipe_.layer_prefix) + std::to_string(l) + ".";
+      for (int s = 0; s < kLoraSlots; ++s) {
+        LoraSlotLayout sl;
+        std::vector<const LinearModule*> in_slot;
+        for (const LinearModule& m : mods)
+          if (static_cast<int>(m.slot) == s) in_slot.push_back(&m);
+        for (const LinearModule* m : in_slot) {
+          const int64_t a = add(h + m->name + ".lora_A.weight", {r, m->in}, InitKind::normal);
+          params_.back().uniform = 1.0f / std::sqrt(static_cast<float>(m->in));  // Kaiming-uniform, a = √5
+          if (sl.a < 0) sl.a = a;
+          sl.in = m->in;
+          sl.kr += r;
+        }
+        for (const LinearModule* m : in_slot)
+          sl.targets.push_back({m->col, m->out, add(h + m->name + ".lora_B.weight", {m->out, r}, InitKind::zeros)});
+        lora_layout_.max_kr = std::max(lora_layout_.max_kr, sl.kr);
+        lora_layout_.slots[static_cast<size_t>(s)] = std::move(sl);
+      }
+      end_unit();
+    }
+  }
   n_flat_ = flat;
 
   // Per unit: AdamW ranges (decay runs merged) and the grads no matmul writes whole. Matmuls
@@ -200,6 +237,8 @@ void Transformer::plan_workspace(char* base) {
   logits_ = cv.take_dt(d.chunk_rows * d.V, logits_dtype_);
   dlogits_lp_ = dt == DType::f16 ? cv.take_dt(d.chunk_rows * d.V, dt) : nullptr;
   losses_ = cv.take_f32(d.N);
+  lora_u_ = lora() ? cv.take_dt(d.N * lora_layout_.max_kr, dt) : nullptr;
+  lora_du_ = lora() ? cv.take_dt(d.N * lora_layout_.max_kr, dt) : nullptr;
   if (recipe_.positions == PositionKind::learned)
     pos_ids_ = static_cast<int32_t*>(cv.take(static_cast<size_t>(d.N) * sizeof(int32_t)));
   else
@@ -243,6 +282,13 @@ int64_t Transformer::n_params() const {
   return n;
 }
 
+int64_t Transformer::n_trainable_params() const {
+  int64_t n = 0;
+  for (const ParamInfo& p : params_)
+    if (units_[static_cast<size_t>(p.unit)].trainable) n += p.numel;
+  return n;
+}
+
 void Transformer::init_unit(int u, uint64_t seed, float* master) const {
   const Unit& unit = units_.at(static_cast<size_t>(u));
   for (int pi : unit.params) {
@@ -253,6 +299,10 @@ void Transformer::init_unit(int u, uint64_t seed, float* master) const {
       continue;
     }
     const uint64_t key = init_stream_key(seed, static_cast<uint64_t>(pi));
+    if (p.uniform > 0) {
+      fill_uniform(key, 0, p.numel, p.uniform, dst);
+      continue;
+    }
     kernels::cpu::parallel_for(0, p.numel, 1 << 16,
                                [&](int64_t lo, int64_t hi) { fill_normal(key, lo, hi - lo, 0.02f, dst + lo); });
   }
@@ -276,9 +326,18 @@ const BlockActs& Transformer::acts_for(int64_t layer) const {
   return ckpt_.at(layer) ? shared_acts_ : acts_[static_cast<size_t>(layer)];
 }
 
-BlockCtx Transformer::block_ctx(kernels::Stream& s, int64_t layer, const void* w, float* g) const {
+BlockCtx Transformer::block_ctx(kernels::Stream& s, int64_t layer, const void* w, float* g, const void* w_lora,
+                                float* g_lora) const {
   (void)layer;
   BlockCtx c;
+  if (lora()) {
+    if (!w_lora) throw std::logic_error("Transformer: layer " + std::to_string(layer) + " without its LoRA adapters");
+    c.lora = &lora_layout_;
+    c.lora_w = w_lora;
+    c.lora_g = g_lora;
+    c.lora_u = lora_u_;
+    c.lora_du = lora_du_;
+  }
   c.ops = &rt_.ops();
   c.stream = &s;
   c.cfg = &cfg_;
@@ -314,21 +373,22 @@ void Transformer::embed_forward(kernels::Stream& s, const int32_t* ids, const vo
                       .accumulate = true});
 }
 
-void Transformer::block_forward(kernels::Stream& s, int64_t layer, const void* w, const void* x, void* y) {
+void Transformer::block_forward(kernels::Stream& s, int64_t layer, const void* w, const void* x, void* y,
+                                const void* w_lora) {
   assert(bound_);
-  recipe_.block_forward(block_ctx(s, layer, w, nullptr), x, acts_for(layer), y);
+  recipe_.block_forward(block_ctx(s, layer, w, nullptr, w_lora), x, acts_for(layer), y);
 }
 
 void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w_fn, const void* w_head_unit,
-                       float* g_fn, float* g_head_unit, float grad_scale, bool first) {
+                       float* g_fn, float* g_head_unit, float grad_scale, bool first, bool frozen_backward) {
   assert(bound_);
   const ModelDims& d = dims_;
   const DType dt = dtype_;
-  const bool backward = g_fn != nullptr;
+  const bool backward = g_fn != nullptr || frozen_backward;
   kernels::Ops& ops = rt_.ops();
   const float eps = static_cast<float>(cfg_.norm_eps);
   const void* w_head = at(w_head_unit, outer_.head, dt);
-  if (backward && first) {  // this step's first writes of these units' grads
+  if (g_fn && first) {  // this step's first writes of these units' grads
     zero_ranges(s, units_[static_cast<size_t>(final_norm_unit())].accum_only, g_fn);
     zero_ranges(s, units_[static_cast<size_t>(head_unit_)].accum_only, g_head_unit);
   }
@@ -374,6 +434,7 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
     dx.n = d.C;
     dx.k = d.V;
     ops.matmul(s, dx);
+    if (!g_head_unit) continue;  // a frozen head
     // dWhead (V, C) += dlogitsᵀ · lnf[r] (the step's first chunk writes it; a head tied to wte
     // comes before the embedding backward, which then adds to it)
     kernels::MatmulArgs dw;
@@ -394,16 +455,16 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
   // dres (N, C) = final norm backward (overwrites)
   kernels::NormBackwardArgs nb{.dtype = dt, .rows = d.N, .cols = d.C, .x = final_res_,
                                .weight = at(w_fn, outer_.lnf_w, dt), .dy = dlnf_, .mean = lnf_mean_,
-                               .rstd = lnf_rstd_, .dx = dres_, .dweight = g_fn + outer_.lnf_w,
-                               .dbias = outer_.lnf_b >= 0 ? g_fn + outer_.lnf_b : nullptr};
+                               .rstd = lnf_rstd_, .dx = dres_, .dweight = g_fn ? g_fn + outer_.lnf_w : nullptr,
+                               .dbias = g_fn && outer_.lnf_b >= 0 ? g_fn + outer_.lnf_b : nullptr};
   recipe_.norm_backward(ops, s, nb);
 }
 
 void Transformer::block_backward(kernels::Stream& s, int64_t layer, const void* w, const void* x, float* g,
-                                 bool first) {
+                                 bool first, const void* w_lora, float* g_lora) {
   assert(bound_);
-  if (first) zero_ranges(s, units_[static_cast<size_t>(block_unit(layer))].accum_only, g);
-  BlockCtx c = block_ctx(s, layer, w, g);
+  if (first && g) zero_ranges(s, units_[static_cast<size_t>(block_unit(layer))].accum_only, g);
+  BlockCtx c = block_ctx(s, layer, w, g, w_lora, g_lora);
   const BlockActs& a = acts_for(layer);
   if (ckpt_.at(layer)) recipe_.block_forward(c, x, a, recompute_out_);  // the activations it did not keep
   c.accumulate_grads = !first;

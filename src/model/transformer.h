@@ -14,6 +14,7 @@
 #include "kernels/runtime.h"
 #include "src/checkpoint/hf.h"
 #include "src/model/config.h"
+#include "src/model/lora.h"
 #include "src/tensor.h"
 
 namespace strata {
@@ -36,6 +37,7 @@ struct ParamInfo {
   bool decay = false;  // AdamW weight decay: 2-D tensors only (embeddings included)
   bool ones = false;   // random init: norm gains start at 1, biases at 0, matrices ~ N(0, 0.02)
   bool zeros = false;
+  float uniform = 0;   // > 0: random init ~ U(-uniform, uniform) (LoRA's A: Kaiming-uniform, a = √5)
 };
 
 // A contiguous range of one unit's flat buffers, in elements from the unit's start.
@@ -57,6 +59,9 @@ struct Unit {
   // to the head): zeroed when a step's first micro-batch first writes the unit's grads. Every
   // other grad element is a matmul's dW, written with beta = 0.
   std::vector<UnitRange> accum_only;
+  // A frozen unit (the base under LoRA adapters) has working weights only: no grads, master or
+  // AdamW state, and its phases compute only the input gradient.
+  bool trainable = true;
 };
 
 // Activation checkpointing: which blocks keep only their input and recompute their forward
@@ -152,6 +157,13 @@ struct BlockCtx {
   // zeroed the block's other grads (norms, biases), which always accumulate.
   bool accumulate_grads = true;
   const KvStep* kv = nullptr;  // forward only: decode with a KV cache instead of plain causal attention
+  // LoRA (src/model/lora.h): the layer's adapter unit (working weights, fp32 grads or null) and
+  // two (N, max_kr) scratch buffers; lora null: no adapters.
+  const LoraLayout* lora = nullptr;
+  const void* lora_w = nullptr;
+  float* lora_g = nullptr;
+  void* lora_u = nullptr;
+  void* lora_du = nullptr;
 };
 
 struct FamilyRecipe;
@@ -178,8 +190,10 @@ class Transformer {
   // the LM-head chunk: at most that many bytes of logits exist at once (whole rows, >= 1 row).
   // shard_world: units are padded to a multiple of shard_world × kUnitAlignElems elements, so
   // each splits into that many equal, aligned ZeRO shards (src/train/run_memory.h Sharding).
+  // lora.on(): every base unit is frozen and each layer gets an adapter unit (lora_unit).
   Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
-              Checkpointing ckpt = {}, int64_t logits_chunk_bytes = kLogitsChunkBytes, int shard_world = 1);
+              Checkpointing ckpt = {}, int64_t logits_chunk_bytes = kLogitsChunkBytes, int shard_world = 1,
+              const LoraSpec& lora = {});
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -202,6 +216,14 @@ class Transformer {
   int final_norm_unit() const { return static_cast<int>(1 + dims_.L); }
   int head_unit() const { return head_unit_; }
   bool tied_head() const { return head_unit_ == 0; }
+  // LoRA: layer l's adapter unit (after every base unit), or -1 without adapters.
+  bool lora() const { return lora_first_unit_ >= 0; }
+  int lora_unit(int64_t layer) const { return lora() ? lora_first_unit_ + static_cast<int>(layer) : -1; }
+  const LoraLayout& lora_layout() const { return lora_layout_; }
+  const LoraSpec& lora_spec() const { return lora_spec_; }
+  // The linear modules given adapters, by their names inside a layer ("self_attn.q_proj").
+  const std::vector<std::string>& lora_modules() const { return lora_modules_; }
+  int64_t n_trainable_params() const;
   // Where the tensors live inside their units (elements; -1 = absent): every block's, and the
   // embedding tables', final norm's and head's.
   const BlockLayout& block_layout() const { return layout_; }
@@ -237,17 +259,21 @@ class Transformer {
   }
   // x0 (N, C) = wte[ids] (+ wpe[t])
   void embed_forward(kernels::Stream& s, const int32_t* ids, const void* w_embed, void* x0);
-  // y (N, C) = block l (x); y is x_{l+1}, or final_residual() after the last block.
-  void block_forward(kernels::Stream& s, int64_t layer, const void* w, const void* x, void* y);
+  // y (N, C) = block l (x); y is x_{l+1}, or final_residual() after the last block. w_lora: the
+  // layer's adapter unit (LoRA).
+  void block_forward(kernels::Stream& s, int64_t layer, const void* w, const void* x, void* y,
+                     const void* w_lora = nullptr);
   void* final_residual() const { return final_res_; }
   // Final norm, then LM head + cross-entropy in row chunks: loss_rows() gets each row's loss.
   // With g_fn/g_head non-null it back-propagates too: grads of the final norm and the head
   // (scaled by grad_scale) and d x_L into the residual gradient that block_backward continues.
+  // frozen_backward (both null: LoRA's frozen norm and head): d x_L only.
   void head(kernels::Stream& s, const int32_t* targets, const void* w_fn, const void* w_head_unit, float* g_fn,
-            float* g_head_unit, float grad_scale, bool first);
-  // Backward of block l (its forward recomputed first when it is checkpointed): grads into g,
-  // d x_l into the residual gradient.
-  void block_backward(kernels::Stream& s, int64_t layer, const void* w, const void* x, float* g, bool first);
+            float* g_head_unit, float grad_scale, bool first, bool frozen_backward = false);
+  // Backward of block l (its forward recomputed first when it is checkpointed): grads into g
+  // (null: a frozen block), the adapters' into g_lora, d x_l into the residual gradient.
+  void block_backward(kernels::Stream& s, int64_t layer, const void* w, const void* x, float* g, bool first,
+                      const void* w_lora = nullptr, float* g_lora = nullptr);
   // Embedding backward: dwte (and dwpe) += the residual gradient. With a tied head the head
   // phase has already written this unit's grads this step; otherwise `first` zeroes them.
   void embed_backward(kernels::Stream& s, const int32_t* ids, float* g_embed, bool first);
@@ -258,7 +284,8 @@ class Transformer {
  private:
   void build_layout(int shard_world);
   void plan_workspace(char* base);
-  BlockCtx block_ctx(kernels::Stream& s, int64_t layer, const void* w, float* g) const;
+  BlockCtx block_ctx(kernels::Stream& s, int64_t layer, const void* w, float* g, const void* w_lora = nullptr,
+                     float* g_lora = nullptr) const;
   const BlockActs& acts_for(int64_t layer) const;
   void zero_ranges(kernels::Stream& s, const std::vector<UnitRange>& r, float* g) const;
 
@@ -273,6 +300,12 @@ class Transformer {
   BlockLayout layout_;  // same relative layout for every block
   int head_unit_ = 0;
   int64_t n_flat_ = 0;
+  LoraSpec lora_spec_;
+  LoraLayout lora_layout_;
+  std::vector<std::string> lora_modules_;
+  int lora_first_unit_ = -1;
+  void* lora_u_ = nullptr;   // (N, max_kr) scratch of the adapters' GEMMs
+  void* lora_du_ = nullptr;
   OuterLayout outer_;
 
   size_t workspace_bytes_ = 0;

@@ -9,13 +9,16 @@ namespace strata {
 FlatMemory::FlatMemory(Transformer& model, kernels::Runtime& rt)
     : model_(model), rt_(rt), units_(model, Placement{}) {
   stream_ = rt.create_stream();
-  // Each state's blocks back to back in unit order: byte offsets, and the buffer's size.
+  // Each state's blocks back to back in unit order: byte offsets, and the buffer's size. Frozen
+  // units (LoRA's base) get their place too, so every parameter has its flat offset in master()
+  // and grads() (a frozen unit's grads are never written).
+  const UnitTable all(model, Placement{}, std::vector<bool>(model.units().size(), true));
   std::array<size_t, kNumRoles> total{};
   for (Role r : {Role::params, Role::master, Role::adam, Role::grads})
-    for (size_t u = 0; u < units_.size(); ++u) {
+    for (size_t u = 0; u < all.size(); ++u) {
       auto& t = total[static_cast<size_t>(r)];
       at_[static_cast<size_t>(r)].push_back(t);
-      t += units_.bytes(r, static_cast<int>(u));
+      t += all.bytes(r, static_cast<int>(u));
     }
   auto alloc = [&](kernels::DeviceBuffer& b, size_t bytes) {
     b = kernels::DeviceBuffer(rt, std::max<size_t>(bytes, 64));

@@ -107,6 +107,15 @@ const std::vector<OptionSpec>& option_table() {
        "AdamW state sharded across ranks, 2 = grads reduce-scattered and sharded too, 3 = working weights sharded too "
        "(each unit all-gathered before forward and before backward)",
        &O::zero_stage, all},
+      {"--lora-rank", "LoRA: train rank-R adapters on a frozen base (0 = full fine-tuning)", &O::lora_rank, all},
+      {"--lora-alpha", "LoRA: the adapters' scale is alpha / rank", &O::lora_alpha, all},
+      {"--lora-rslora", "LoRA: scale alpha / sqrt(rank) (rsLoRA)", &O::lora_rslora, all},
+      {"--lora-dropout", "LoRA: dropout on the adapters' input (only 0 so far)", &O::lora_dropout, all},
+      {"--lora-targets",
+       "LoRA: the linear modules given adapters, by Hugging Face name or suffix (q_proj,k_proj,v_proj,o_proj,"
+       "gate_proj,up_proj,down_proj; gpt2: c_attn,c_proj,c_fc) or all-linear; empty = PEFT's default (q_proj,v_proj; "
+       "gpt2: c_attn). The embedding and the LM head stay frozen",
+       &O::lora_targets, all},
   };
   return table;
 }
@@ -208,6 +217,21 @@ void validate_options(const TrainOptions& o) {
     throw std::invalid_argument(fmt::format("--threads {}: must be between 0 (all cores) and {} (4 x the {} hardware "
                                             "threads of this machine)",
                                             o.threads, 4 * hw, hw));
+  if (o.lora_rank < 0 || o.lora_rank > 65536)
+    throw std::invalid_argument(fmt::format("--lora-rank {}: must be 0 (full fine-tuning) to 65536", o.lora_rank));
+  in_range(o.lora_alpha, 1e-30, 1e30, "--lora-alpha", "a positive finite number");
+  if (!(o.lora_dropout >= 0 && o.lora_dropout < 1))
+    throw std::invalid_argument("--lora-dropout " + flag_value(o.lora_dropout) + ": must be in [0, 1)");
+  if (o.lora_rank > 0) {
+    if (o.lora_dropout > 0)
+      throw std::invalid_argument("--lora-dropout " + flag_value(o.lora_dropout) +
+                                  ": adapter dropout is not built yet; use 0 (the default)");
+    if (o.zero_stage == 3)
+      throw std::invalid_argument("--lora-rank with --zero-stage 3: adapters are not gathered per unit yet; use stage "
+                                  "0-2 (the adapters are small; stage 2 shards their grads and AdamW state)");
+  } else if (!o.lora_targets.empty() || o.lora_rslora) {
+    throw std::invalid_argument("--lora-targets/--lora-rslora need --lora-rank R (> 0)");
+  }
   if (o.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 0 (0 = only at the end)");
   if (o.keep < 1) throw std::invalid_argument("--keep must be at least 1");
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())

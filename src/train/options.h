@@ -76,6 +76,13 @@ struct TrainOptions {
   // parallel (grads all-reduced), 1 = optimizer state sharded, 2 = grads sharded too, 3 = working
   // weights sharded too (gathered per unit when used).
   int zero_stage = 0;
+  // LoRA (src/model/lora.h): rank 0 = full fine-tuning; otherwise the base is frozen and each
+  // layer's adapters train (PEFT's defaults: alpha 8, targets q_proj,v_proj / c_attn).
+  int64_t lora_rank = 0;
+  double lora_alpha = 8;
+  bool lora_rslora = false;        // scale alpha / sqrt(rank) instead of alpha / rank
+  double lora_dropout = 0;
+  std::string lora_targets;        // "" = the family's PEFT default; "all-linear"
 };
 
 // One row of the option table: the flag, its help text, the field it sets and where it goes.

@@ -254,6 +254,14 @@ void Trainer::print_header(std::FILE* out) const {
              m.model->tied_head() ? ", tied head" : ", untied head");
   fmt::print(out, "  params     {} ({} units)\n", human_count(static_cast<double>(m.model->n_params())),
              m.model->units().size());
+  if (m.model->lora()) {
+    const LoraSpec& l = m.model->lora_spec();
+    std::string mods;
+    for (const std::string& name : m.model->lora_modules()) mods += (mods.empty() ? "" : ",") + name;
+    fmt::print(out, "  LoRA       rank {}, alpha {} (scale {}{}) on {}: {} trainable, the base frozen\n", l.rank,
+               l.alpha, l.scale(), l.rslora ? ", rsLoRA" : "", mods,
+               human_count(static_cast<double>(m.model->n_trainable_params())));
+  }
   fmt::print(out, "  data       {}\n", m.data_source);
   if (!m.resumed_from.empty()) {
     fmt::print(out, "  resumed    from {} at step {} of {}\n", m.resumed_from.string(), m.steps_done, o.steps);
@@ -288,8 +296,13 @@ void Trainer::print_header(std::FILE* out) const {
   print_placement(out, m.mem->memory_plan(), m.backend, m.startup_s, m.weights_s);
   // Copy-pasteable: every flag that is set, each value a shell word.
   std::string flags;
+  const auto is_bool = [](const std::string& flag) {
+    for (const OptionSpec& spec : option_table())
+      if (flag == spec.flag) return std::holds_alternative<bool TrainOptions::*>(spec.field);
+    return false;
+  };
   for (const auto& [flag, value] : option_values(o)) {
-    if (flag == "--overwrite-model" || flag == "--shuffle") {
+    if (is_bool(flag)) {  // a switch: named when on
       if (value == "true") flags += " " + flag;
       continue;
     }

@@ -80,6 +80,10 @@ ResolvedRun resolve_run(const TrainOptions& o, int world, int rank) {
                                 ": the CUDA op set is not built yet (only the CUDA runtime is); use --backend cpu");
   r.schedule = parse_lr_schedule(o.lr_schedule);
   r.ckpt = parse_checkpointing(o.checkpoint_activations);
+  r.lora.rank = o.lora_rank;
+  r.lora.alpha = o.lora_alpha;
+  r.lora.rslora = o.lora_rslora;
+  if (!o.lora_targets.empty()) r.lora.targets = parse_lora_targets(o.lora_targets);
   Placement& pl = r.placement;
   pl.params = parse_offload(o.offload_params, "--offload-params");
   pl.grads = parse_offload(o.offload_grads, "--offload-grads");
@@ -112,6 +116,7 @@ ResolvedRun resolve_run(const TrainOptions& o, int world, int rank) {
     if (!fs::exists(dir / "config.json")) throw std::runtime_error("--model " + o.model + ": no config.json in it");
     r.cfg = read_hf_config(dir / "config.json");
     r.load_weights = has_weights(dir);
+    r.base_weights = r.load_weights;
     if (const std::string other = unreadable_weight_file(dir); !r.load_weights && !other.empty())
       throw std::runtime_error("--model " + o.model + ": its weights are in " + other +
                                ", a format strata does not read (it reads safetensors: model.safetensors, or "
@@ -218,7 +223,7 @@ struct SizedRun {
   size_t step_buffers;
   SizedRun(const TrainOptions& o, int world)
       : r((validate_options(o), resolve_run(o, world, 0))),
-        model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world),
+        model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world, r.lora),
         step_buffers(step_buffer_bytes(o, r, model.units().size())) {}
 };
 }  // namespace

@@ -21,10 +21,14 @@ struct ResolvedRun {
   ModelConfig cfg;
   std::string model_source;
   bool load_weights = false;
+  // LoRA: the frozen base is --model's weights (base_weights) or a random init from --seed; a
+  // resume loads it from there again and the adapters from the checkpoint.
+  bool base_weights = false;
   DType dtype = DType::f32;
   kernels::Backend backend = kernels::Backend::cpu;
   LrSchedule schedule = LrSchedule::cosine;
   Checkpointing ckpt;
+  LoraSpec lora;        // --lora-*: rank 0 = full fine-tuning
   Placement placement;  // with this rank's sharding
   std::filesystem::path resume;  // the checkpoint to continue from (empty: a fresh start)
   std::vector<std::filesystem::path> data_files, val_files;  // --data, --val-data shards

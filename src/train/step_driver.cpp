@@ -34,12 +34,15 @@ void StepDriver::embed_and_blocks_forward(const int32_t* ids, bool embed_spent) 
   for (int64_t l = 0; l < L; ++l) {
     const int li = static_cast<int>(l);
     const void* w = units_.use_weights(m.block_unit(l));
+    const int lu = m.lora_unit(l);  // LoRA: the layer's adapters
+    const void* wl = lu >= 0 ? units_.use_weights(lu) : nullptr;
     const void* x = mem_.acquire(Role::activations, li, Mode::read, Side::compute);
     const bool last = l + 1 == L;
     void* y = last ? m.final_residual() : mem_.acquire(Role::activations, li + 1, Mode::write, Side::compute);
-    compute([&] { m.block_forward(mem_.stream(Side::compute), l, w, x, y); });
+    compute([&] { m.block_forward(mem_.stream(Side::compute), l, w, x, y, wl); });
     if (!last) mem_.release(Role::activations, li + 1);
     mem_.release(Role::activations, li);
+    if (lu >= 0) units_.drop_weights(lu);
     units_.drop_weights(m.block_unit(l));
   }
 }
@@ -84,7 +87,10 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     float* g_fn = g.first;
     float* g_head = g.second;
     const bool overwrite = units_.overwrites();
-    compute([&] { m.head(mem_.stream(Side::compute), targets, w_fn, w_head, g_fn, g_head, grad_scale, overwrite); });
+    const bool frozen = !m.units()[static_cast<size_t>(fn)].trainable;  // LoRA: d x_L only
+    compute([&] {
+      m.head(mem_.stream(Side::compute), targets, w_fn, w_head, g_fn, g_head, grad_scale, overwrite, frozen);
+    });
     units_.close_head_grads();
     units_.drop_head_weights(last);
     units_.drop_weights(fn, last);
@@ -94,13 +100,19 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
   for (int64_t l = m.dims().L - 1; l >= 0; --l) {
     const int u = m.block_unit(l), li = static_cast<int>(l);
     const void* w = units_.use_weights(u);  // gathered again (stage 3): the recompute and backward use it
+    const int lu = m.lora_unit(l);
+    const void* wl = lu >= 0 ? units_.use_weights(lu) : nullptr;
     const void* x = mem_.acquire(Role::activations, li, Mode::read, Side::compute);
-    float* g = units_.open_grads(u);
+    float* g = units_.open_grads(u);  // null: frozen (LoRA's base)
+    float* gl = lu >= 0 ? units_.open_grads(lu) : nullptr;
     const bool overwrite = units_.overwrites();
-    compute([&] { m.block_backward(mem_.stream(Side::compute), l, w, x, g, overwrite); });
+    compute([&] { m.block_backward(mem_.stream(Side::compute), l, w, x, g, overwrite, wl, gl); });
+    if (lu >= 0) units_.close_grads(lu);
     units_.close_grads(u);
     mem_.release(Role::activations, li);
+    if (lu >= 0) units_.drop_weights(lu, last);
     units_.drop_weights(u, last);
+    if (lu >= 0) units_.finish_grads(lu);
     units_.finish_grads(u);
   }
 
@@ -108,7 +120,7 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
   const int eu = m.embed_unit();
   float* g = units_.open_grads(eu);
   const bool overwrite = units_.overwrites();
-  compute([&] { m.embed_backward(mem_.stream(Side::compute), ids, g, overwrite); });
+  if (g) compute([&] { m.embed_backward(mem_.stream(Side::compute), ids, g, overwrite); });  // null: frozen
   units_.close_grads(eu);
   units_.finish_grads(eu);
   units_.end_pass();

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "kernels/cpu/parallel.h"
+#include "io/crc32c.h"
 #include "kernels/dtype.h"
 #include "src/checkpoint/hf.h"
 #include "src/checkpoint/train_checkpoint.h"
@@ -51,34 +52,63 @@ void Trainer::Impl::flush() {
 // starts as soon as it is filled (write_back), so the writes overlap the next units' work; the
 // moments of a fresh start are zeroed without writing them (on NVMe: a range the swap file
 // records as zeros). Returns once every byte is home.
-void Trainer::Impl::init_weights(bool load_weights) {
-  std::unique_ptr<HfCheckpoint> ckpt, optim;
+void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
+  std::unique_ptr<HfCheckpoint> ckpt, optim, base_owned;
   if (!resumed_from.empty()) {
     ckpt = HfCheckpoint::open(resumed_from);
     optim = HfCheckpoint::open_file(resumed_from / "optimizer.safetensors");
   } else if (load_weights) {
     ckpt = HfCheckpoint::open(o.model);
   }
+  // LoRA: the frozen base from --model (a resume's checkpoint holds only the adapters), and the
+  // adapters of a fresh start from their init (A Kaiming-uniform, B zero), not from --model.
+  const HfCheckpoint* base = nullptr;
+  const HfCheckpoint* adapters = ckpt.get();
+  if (model->lora()) {
+    if (!resumed_from.empty() && base_weights) base_owned = HfCheckpoint::open(o.model);
+    base = resumed_from.empty() ? ckpt.get() : base_owned.get();
+    if (!base_weights) base = nullptr;
+    if (resumed_from.empty()) adapters = nullptr;
+  }
+  base_crc = 0;
   const bool aliased = mem->master_is_weights();
-  // Sharded (stage >= 1): each unit is built whole in `full`, and this rank keeps its shard.
+  // Sharded (stage >= 1): each unit is built whole in `full`, and this rank keeps its shard. A
+  // frozen unit (LoRA's base) has no master: it is built in `full` and cast to its weights.
   const bool sharded = sh.sharded_optimizer();
   std::vector<float> full;
-  if (sharded) {
+  if (sharded || model->lora()) {
     int64_t most = 0;
-    for (const Unit& unit : model->units()) most = std::max(most, unit.numel);
+    for (const Unit& unit : model->units())
+      if (sharded || !unit.trainable) most = std::max(most, unit.numel);
     full.resize(static_cast<size_t>(most));
   }
   mem->begin_step(TieredMemory::Schedule::aside);
   if (!optim)  // first, while no write is in flight (TieredMemory::zero)
-    for (size_t u = 0; u < model->units().size(); ++u) mem->zero(Role::adam, static_cast<int>(u));
+    for (size_t u = 0; u < model->units().size(); ++u)
+      if (model->units()[u].trainable) mem->zero(Role::adam, static_cast<int>(u));
   for (size_t ui = 0; ui < model->units().size(); ++ui) {
     const int u = static_cast<int>(ui);
     const Unit& unit = model->units()[ui];
     const int64_t n = sharded ? sh.shard(unit.numel) : unit.numel, lo = sharded ? sh.rank * n : 0;
+    if (!unit.trainable) {
+      if (base)
+        model->load_unit(u, *base, full.data());
+      else
+        model->init_unit(u, o.seed, full.data());
+      base_crc = io::crc32c(full.data(), static_cast<size_t>(unit.n_real) * 4, base_crc);
+      void* w = mem->acquire(Role::params, u, offload::Mode::write, Side::host);
+      if (sh.sharded_weights())
+        cast_on_host(full.data() + lo, w, n, dtype);
+      else
+        cast_on_host(full.data(), w, unit.numel, dtype);
+      mem->release(Role::params, u);
+      mem->write_back(Role::params, u);
+      continue;
+    }
     float* master = static_cast<float*>(mem->acquire(Role::master, u, offload::Mode::write, Side::host));
     float* src = sharded ? full.data() : master;
-    if (ckpt)
-      model->load_unit(u, *ckpt, src);
+    if (adapters)
+      model->load_unit(u, *adapters, src);
     else
       model->init_unit(u, o.seed, src);
     if (!aliased) {  // stage 3: the weights block is this rank's shard
@@ -118,6 +148,26 @@ void Trainer::Impl::init_weights(bool load_weights) {
 }
 
 
+// PEFT's adapter_config.json (LoraConfig's fields) for the adapters this run trains.
+nlohmann::json Trainer::Impl::peft_config() const {
+  const LoraSpec& l = model->lora_spec();
+  nlohmann::json j;
+  j["peft_type"] = "LORA";
+  j["task_type"] = "CAUSAL_LM";
+  j["base_model_name_or_path"] = o.model.empty() ? nullptr : nlohmann::json(fs::absolute(o.model).lexically_normal().string());
+  j["r"] = l.rank;
+  j["lora_alpha"] = l.alpha;
+  j["use_rslora"] = l.rslora;
+  j["lora_dropout"] = 0.0;
+  j["target_modules"] = model->lora_modules();
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = cfg.family == Family::gpt2;  // HF Conv1D base weights are (in, out)
+  j["modules_to_save"] = nullptr;
+  j["inference_mode"] = true;
+  j["init_lora_weights"] = true;
+  return j;
+}
+
 // What a checkpoint records besides tensors: enough to continue bit for bit.
 nlohmann::json Trainer::Impl::state_json() const {
   nlohmann::json j;
@@ -128,6 +178,8 @@ nlohmann::json Trainer::Impl::state_json() const {
   j["n_params"] = model->n_params();
   j["flags"] = options_json(o);
   j["run_id"] = run_id;
+  // LoRA: the checkpoint holds only the adapters; the base is --model again, checked by value.
+  if (model->lora()) j["lora_base"] = {{"model", o.model}, {"crc32c", base_crc}};
   return j;
 }
 
@@ -161,6 +213,21 @@ void Trainer::Impl::restore_state(const nlohmann::json& man) {
                                 std::to_string(steps_done) + " and --steps is " + std::to_string(o.steps) +
                                 ": nothing left to train (raise --steps)");
   last_checkpoint_step = steps_done;
+  if (model->lora()) {
+    const auto& b = man.contains("lora_base") ? man["lora_base"] : nlohmann::json();
+    if (!b.is_object() || !b.contains("crc32c"))
+      throw std::invalid_argument("--resume " + resumed_from.string() +
+                                  ": the checkpoint holds no LoRA adapters (a full fine-tuning run); resume it "
+                                  "without --lora-rank");
+    if (b["crc32c"].get<uint32_t>() != base_crc)
+      throw std::invalid_argument(fmt::format(
+          "--resume {}: the base model differs from the one the adapters were trained on (crc32c of its weights "
+          "{:08x}, the checkpoint's {:08x}; it was --model {}): resume with that base",
+          resumed_from.string(), base_crc, b["crc32c"].get<uint32_t>(), b.value("model", std::string("(none)"))));
+  } else if (man.contains("lora_base")) {
+    throw std::invalid_argument("--resume " + resumed_from.string() +
+                                ": the checkpoint holds LoRA adapters; resume with the same --lora-* flags and --model");
+  }
   // What the user changed since the checkpoint's run (allowed; shown in the header).
   const nlohmann::json now = options_json(o);
   if (man.contains("flags") && man["flags"].is_object())
@@ -233,18 +300,22 @@ void Trainer::save(const std::string& out_dir) const {
   std::vector<std::vector<float>> whole;  // [unit] the gathered master (sharded runs, rank 0)
   if (m.sh.sharded_optimizer()) {
     m.mem->begin_step(TieredMemory::Schedule::aside);
-    for (size_t u = 0; u < m.model->units().size(); ++u) whole.push_back(m.gather_unit(Role::master, static_cast<int>(u), 0));
+    for (size_t u = 0; u < m.model->units().size(); ++u)
+      whole.push_back(m.model->units()[u].trainable ? m.gather_unit(Role::master, static_cast<int>(u), 0)
+                                                    : std::vector<float>());
     m.mem->end_step();
   }
   if (m.sh.rank != 0) return;
   std::vector<TensorToSave> tensors;
   TieredMemory* mem = m.mem.get();
   const std::string diverged = "the weights are not finite: the run diverged; nothing was saved";
+  const bool lora = m.model->lora();  // a PEFT adapter: the trained adapters, in PEFT's names
   for (const ParamInfo& p : m.model->params()) {
+    if (lora && !m.model->units()[static_cast<size_t>(p.unit)].trainable) continue;
     const size_t bytes = static_cast<size_t>(p.numel) * 4;
     const int unit = p.unit;
     const int64_t off = p.unit_offset;
-    tensors.push_back({p.name, p.shape, DType::f32,
+    tensors.push_back({lora ? "base_model.model." + p.name : p.name, p.shape, DType::f32,
                        whole.empty() ? fill_from_block(mem, Role::master, unit, off, bytes, diverged)
                                      : fill_from_host(whole[static_cast<size_t>(unit)].data() + off, bytes, diverged)});
   }
@@ -257,7 +328,10 @@ void Trainer::save(const std::string& out_dir) const {
     if (!m.o.model.empty())
       for (const char* name : kTokenizerFiles)
         if (fs::is_regular_file(fs::path(m.o.model) / name)) tokenizer.push_back(fs::path(m.o.model) / name);
-    save_hf_model(out_dir, c, tensors, 5ull << 30, tokenizer);
+    if (lora)
+      save_peft_adapter(out_dir, m.peft_config(), tensors, tokenizer);
+    else
+      save_hf_model(out_dir, c, tensors, 5ull << 30, tokenizer);
   } catch (...) {
     m.mem->end_step();  // every fill releases what it acquired
     throw;
@@ -284,6 +358,10 @@ std::string Trainer::save_checkpoint() {
       const int u = static_cast<int>(ui);
       const AdamLayout al = m.mem->units()[u].adam_layout();
       std::array<std::vector<float>, 3> parts;
+      if (!m.model->units()[ui].trainable) {  // LoRA's frozen base: not in the checkpoint
+        whole.push_back(std::move(parts));
+        continue;
+      }
       parts[0] = m.gather_unit(Role::master, u, 0);
       parts[1] = m.gather_unit(Role::adam, u, al.m_offset());
       parts[2] = m.gather_unit(Role::adam, u, al.v_offset());
@@ -301,6 +379,7 @@ std::string Trainer::save_checkpoint() {
   c.state = m.state_json();
   TieredMemory* mem = m.mem.get();
   for (const ParamInfo& p : m.model->params()) {
+    if (!m.model->units()[static_cast<size_t>(p.unit)].trainable) continue;  // LoRA: the adapters only
     const size_t bytes = static_cast<size_t>(p.numel) * 4;
     const int unit = p.unit;
     const int64_t off = p.unit_offset;

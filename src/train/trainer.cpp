@@ -117,7 +117,8 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     m.cpu_stream = m.cpu_rt->create_stream();
     opt_rt = m.cpu_rt.get();
   }
-  m.model = std::make_unique<Transformer>(m.cfg, m.dtype, o.batch, o.seq, *m.rt, r.ckpt, kLogitsChunkBytes, m.sh.world);
+  m.model = std::make_unique<Transformer>(m.cfg, m.dtype, o.batch, o.seq, *m.rt, r.ckpt, kLogitsChunkBytes, m.sh.world,
+                                          r.lora);
   const int64_t n = m.N();
   const size_t n_units = m.model->units().size();
   m.mem = std::make_unique<TieredMemory>(*m.model, *m.rt, *m.stream, *opt_rt, m.opt_stream(), pl, o.grad_accum,
@@ -126,7 +127,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.dev_norm2 = reinterpret_cast<double*>(static_cast<char*>(m.mem->extra_device()) + token_buffer_bytes(o, m.arrays));
   m.driver = std::make_unique<StepDriver>(*m.model, *m.mem, m.sh, m.comm.get());
   const auto t_weights = Clock::now();
-  m.init_weights(r.load_weights);
+  m.init_weights(r.load_weights, r.base_weights);
   m.weights_s = ms_since(t_weights) / 1e3;
 
   m.adamw.beta1 = static_cast<float>(o.beta1);

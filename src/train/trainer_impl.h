@@ -74,6 +74,7 @@ struct Trainer::Impl {
   PathLock checkpoint_lock, out_lock;  // rank 0: held for the life of the run (run_guard.h)
   std::vector<std::string> resume_changes;  // flags that differ from the checkpoint's run
   int64_t last_checkpoint_step = -1;
+  uint32_t base_crc = 0;  // LoRA: crc32c of the frozen base's fp32 values as loaded (trainer.json)
 
   int64_t N() const { return o.batch * o.seq; }
   kernels::Stream& opt_stream() { return cpu_stream ? *cpu_stream : *stream; }
@@ -89,13 +90,15 @@ struct Trainer::Impl {
   double exposed_ms() const { return comm->busy_ms(stream.get()) + (driver ? driver->exposed_ms() : 0); }
 
   // train_state.cpp
-  void init_weights(bool load_weights);
+  // base_weights (LoRA): the frozen base comes from --model's safetensors, else a random init.
+  void init_weights(bool load_weights, bool base_weights);
   void flush();
   // The whole of unit u's `role` block from every rank's shard (elements [offset, offset + S)
   // of each rank's block, S = the shard size), in rank order. Collective: every rank calls it in
   // the same order; rank 0 gets numel elements, the others an empty vector.
   std::vector<float> gather_unit(Role role, int u, int64_t offset);
   nlohmann::json state_json() const;
+  nlohmann::json peft_config() const;
   void restore_state(const nlohmann::json& manifest);
 };
 

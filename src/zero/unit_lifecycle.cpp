@@ -50,13 +50,16 @@ class UnitLifecycle::WeightPath {
     auto add = [&](int u) {
       Use x;
       x.unit = u;
-      x.update = lc_.pass_.update != nullptr;
+      x.update = lc_.pass_.update != nullptr && lc_.trains(u);
       x.gather = gather;
       if (gather) x.slot = lc_.slot_of(u) == 2 ? 2 + (turn++ % 2) : lc_.slot_of(u);
       if (x.update || x.gather) lc_.uses_.push_back(x);
     };
     add(m.embed_unit());
-    for (int64_t l = 0; l < m.dims().L; ++l) add(m.block_unit(l));
+    for (int64_t l = 0; l < m.dims().L; ++l) {
+      add(m.block_unit(l));
+      if (m.lora()) add(m.lora_unit(l));  // the layer's adapters, used with it
+    }
     add(m.final_norm_unit());
     if (!m.tied_head()) add(m.head_unit());  // a tied head is the embedding: updated and gathered already
   }
@@ -76,7 +79,8 @@ class UnitLifecycle::WholeWeights final : public UnitLifecycle::WeightPath {
     return lc_.mem_.acquire(Role::params, u, Mode::read, Side::compute);
   }
   bool drop(int u, bool spent) override {
-    if (spent && !lc_.mem_.master_is_weights())
+    // Spent weights the update rewrites are dropped, not written home; a frozen unit's stay.
+    if (spent && lc_.trains(u) && !lc_.mem_.master_is_weights())
       lc_.mem_.release_discard(Role::params, u);
     else
       lc_.mem_.release(Role::params, u);
@@ -90,6 +94,7 @@ class UnitLifecycle::GatheredWeights final : public UnitLifecycle::WeightPath {
  public:
   using WeightPath::WeightPath;
   void plan_uses(bool backward) override {
+    if (lc_.model_.lora()) throw std::logic_error("UnitLifecycle: LoRA adapters are not gathered at ZeRO stage 3 yet");
     int turn = 0;
     forward_uses(true, turn);
     if (!backward) return;
@@ -169,12 +174,13 @@ class UnitLifecycle::WholeGrads final : public UnitLifecycle::GradPath {
   void close_head() override {
     const Transformer& m = lc_.model_;
     const int fn = m.final_norm_unit(), hu = m.head_unit();
-    norm(fn);
-    if (!m.tied_head()) norm(hu);
-    reduce(fn);
-    if (!m.tied_head()) reduce(hu);
-    lc_.mem_.release(Role::grads, hu);
-    lc_.mem_.release(Role::grads, fn);
+    const bool f = lc_.trains(fn), h = lc_.trains(hu);  // frozen (LoRA): no grads to close
+    if (f) norm(fn);
+    if (h && !m.tied_head()) norm(hu);
+    if (f) reduce(fn);
+    if (h && !m.tied_head()) reduce(hu);
+    if (h) lc_.mem_.release(Role::grads, hu);
+    if (f) lc_.mem_.release(Role::grads, fn);
   }
   void finish(int u) override {
     if (lc_.pass_.update_now) lc_.update_unit(u, *lc_.pass_.update_now, true);
@@ -240,6 +246,8 @@ UnitLifecycle::UnitLifecycle(Transformer& model, RunMemory& mem, Communicator* c
 
 UnitLifecycle::~UnitLifecycle() = default;
 
+bool UnitLifecycle::trains(int u) const { return mem_.units()[u].trainable; }
+
 std::string UnitLifecycle::name(int u) const { return model_.units().at(static_cast<size_t>(u)).name; }
 
 void UnitLifecycle::out_of_order(int u, const char* call) const {
@@ -301,6 +309,7 @@ float* UnitLifecycle::open_grads(int u) {
   const bool adds = u == model_.embed_unit() && model_.tied_head() && s == Grads::written;
   if (s != Grads::idle && !adds) out_of_order(u, "open_grads");
   s = Grads::writing;
+  if (!trains(u)) return open_[static_cast<size_t>(u)] = nullptr;  // frozen: the input gradient only
   return open_[static_cast<size_t>(u)] = grads_path_->open(u, adds);
 }
 
@@ -309,14 +318,14 @@ bool UnitLifecycle::overwrites() const { return grads_path_->overwrites(); }
 void UnitLifecycle::close_grads(int u) {
   Grads& s = grads_.at(static_cast<size_t>(u));
   if (s != Grads::writing) out_of_order(u, "close_grads");
-  grads_path_->close(u);
+  if (trains(u)) grads_path_->close(u);
   s = Grads::written;
 }
 
 void UnitLifecycle::finish_grads(int u) {
   Grads& s = grads_.at(static_cast<size_t>(u));
   if (s != Grads::written) out_of_order(u, "finish_grads");
-  grads_path_->finish(u);
+  if (trains(u)) grads_path_->finish(u);
   s = Grads::idle;
 }
 
@@ -340,7 +349,8 @@ void UnitLifecycle::finish_head_grads() {
 }
 
 void UnitLifecycle::optimizer(const AdamWStep& st, bool apply) {
-  for (size_t ui = 0; ui < model_.units().size(); ++ui) update_unit(static_cast<int>(ui), st, apply);
+  for (size_t ui = 0; ui < model_.units().size(); ++ui)
+    if (trains(static_cast<int>(ui))) update_unit(static_cast<int>(ui), st, apply);
   end_pass();
 }
 

@@ -100,6 +100,7 @@ class UnitLifecycle {
     if (!mem_.dry()) fn();
   }
   std::string name(int u) const;
+  bool trains(int u) const;  // false: a frozen unit (weights only)
   [[noreturn]] void out_of_order(int u, const char* call) const;
   int slot_of(int u) const;  // RunMemory's slots: 0 embedding, 1 untied head, 2 the rest
   // The pending update and (stage 3) the gather of use i, once.

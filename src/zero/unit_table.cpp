@@ -31,7 +31,7 @@ UnitTable::UnitTable(const Transformer& model, const Placement& pl, const std::v
     e.name = unit.name;
     e.numel = unit.numel;
     e.n_real = unit.n_real;
-    e.trainable = trainable.empty() || trainable[u];
+    e.trainable = trainable.empty() ? unit.trainable : trainable[u];
     const int64_t S = sh_.shard(unit.numel);
     e.shards.dp = {.numel = unit.numel, .shard = S, .offset = sh_.rank * S};
     // A block holds the whole unit, or (its stage shards it) this rank's shard.

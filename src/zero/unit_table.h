@@ -70,7 +70,7 @@ struct UnitEntry {
 class UnitTable {
  public:
   UnitTable() = default;
-  // trainable: one flag per unit (empty: every unit trains).
+  // trainable: one flag per unit (empty: the model's, Unit::trainable).
   UnitTable(const Transformer& model, const Placement& pl, const std::vector<bool>& trainable = {});
 
   const UnitEntry& operator[](int u) const { return units_.at(static_cast<size_t>(u)); }

@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <regex>
 #include <string>
+#include <vector>
 
 namespace strata::test {
 
@@ -50,6 +52,27 @@ inline CliResult run_strata(const std::filesystem::path& scratch, const std::str
                           o.string() + " 2>" + e.string();
   const int rc = std::system(cmd.c_str());
   return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
+}
+
+// The bit-exact part of each --metrics line: step, loss, grad norm, lr, tokens (as printed,
+// which is the shortest text that round-trips the double).
+inline std::vector<std::string> exact_metrics(const std::filesystem::path& p) {
+  std::vector<std::string> rows;
+  std::istringstream in(slurp(p));
+  std::string line;
+  static const std::regex keys[] = {std::regex(R"re("step":(\d+))re"), std::regex(R"re("loss":([^,}]+))re"),
+                                    std::regex(R"re("grad_norm":([^,}]+))re"), std::regex(R"re("lr":([^,}]+))re"),
+                                    std::regex(R"re("tokens":([^,}]+))re")};
+  while (std::getline(in, line)) {
+    std::string row;
+    for (const auto& k : keys) {
+      std::smatch m;
+      row += std::regex_search(line, m, k) ? m[1].str() : std::string("?");
+      row += " ";
+    }
+    rows.push_back(row);
+  }
+  return rows;
 }
 
 }  // namespace strata::test

@@ -26,26 +26,7 @@ namespace {
 using strata::test::slurp;
 using Result = strata::test::CliResult;
 
-// The bit-exact part of each --metrics line: step, loss, grad norm, lr, tokens (as printed,
-// which is the shortest text that round-trips the double).
-std::vector<std::string> exact_metrics(const fs::path& p) {
-  std::vector<std::string> rows;
-  std::istringstream in(slurp(p));
-  std::string line;
-  static const std::regex keys[] = {std::regex(R"re("step":(\d+))re"), std::regex(R"re("loss":([^,}]+))re"),
-                                    std::regex(R"re("grad_norm":([^,}]+))re"), std::regex(R"re("lr":([^,}]+))re"),
-                                    std::regex(R"re("tokens":([^,}]+))re")};
-  while (std::getline(in, line)) {
-    std::string row;
-    for (const auto& k : keys) {
-      std::smatch m;
-      row += std::regex_search(line, m, k) ? m[1].str() : std::string("?");
-      row += " ";
-    }
-    rows.push_back(row);
-  }
-  return rows;
-}
+using strata::test::exact_metrics;
 
 class ResumeCli : public ::testing::Test {
  protected:

@@ -13,8 +13,8 @@ namespace strata {
 class TestModel {
  public:
   TestModel(const ModelConfig& cfg, DType dt, int64_t B, int64_t T, kernels::Runtime& rt,
-            int64_t logits_chunk_bytes = kLogitsChunkBytes, Checkpointing ckpt = {})
-      : model_(cfg, dt, B, T, rt, ckpt, logits_chunk_bytes), mem_(model_, rt), norm2_(model_.units().size()) {}
+            int64_t logits_chunk_bytes = kLogitsChunkBytes, Checkpointing ckpt = {}, const LoraSpec& lora = {})
+      : model_(cfg, dt, B, T, rt, ckpt, logits_chunk_bytes, 1, lora), mem_(model_, rt), norm2_(model_.units().size()) {}
 
   Transformer& model() { return model_; }
   const std::vector<ParamInfo>& params() const { return model_.params(); }

@@ -340,6 +340,77 @@ void check_against_float64(const ModelConfig& cfg, int64_t B, int64_t T, const B
 }
 
 TEST(Model, LlamaGqaBiasLlama3RopeMatchesFloat64) { check_against_float64(tiny_llama(false), 2, 7); }
+
+// LoRA: the loss equals the float64 model whose adapted weights are W + s·B·A (B random, so every
+// path carries signal), each adapter's gradient equals central differences of that loss, and the
+// frozen base gets no gradient (its grads stay as poisoned: nothing writes them).
+void check_lora_against_float64(const ModelConfig& cfg, const std::string& targets, bool rslora) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  LoraSpec lora{.rank = 3, .alpha = 5, .rslora = rslora, .targets = parse_lora_targets(targets)};
+  TestModel m(cfg, DType::f32, 2, 7, *rt, kLogitsChunkBytes, {}, lora);
+  randomize(m, 7);
+  const Batch b = random_batch(14, cfg.vocab_size, 11);
+  const double loss = model_loss_and_grads(m, *rt, b);
+  const double s = lora.scale();
+  EXPECT_FLOAT_EQ(lora.scale(), static_cast<float>(rslora ? 5 / std::sqrt(3.0) : 5 / 3.0));
+
+  Weights w = weights_of(m);
+  const bool in_out = cfg.family == Family::gpt2;  // Conv1D base weights (in, out)
+  const auto merged = [&] {
+    Weights e = w;
+    for (const auto& [name, a] : w) {
+      const size_t at = name.find(".lora_A.weight");
+      if (at == std::string::npos) continue;
+      const std::string mod = name.substr(0, at);
+      const Vec& bm = w[mod + ".lora_B.weight"];
+      Vec& base = e[mod + ".weight"];
+      const int64_t r = 3, in = static_cast<int64_t>(a.size()) / r, out = static_cast<int64_t>(bm.size()) / r;
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+          double d = 0;
+          for (int64_t k = 0; k < r; ++k) d += bm[static_cast<size_t>(o * r + k)] * a[static_cast<size_t>(k * in + i)];
+          base[static_cast<size_t>(in_out ? i * out + o : o * in + i)] += s * d;
+        }
+    }
+    return e;
+  };
+  Weights e = merged();
+  Ref ref{cfg, 2, 7, &e};
+  EXPECT_NEAR(loss, ref.loss(b.ids, b.tg), 2e-5 * std::max(1.0, std::abs(loss)));
+
+  int adapters = 0;
+  for (const ParamInfo& p : m.params()) {
+    if (!m.units()[static_cast<size_t>(p.unit)].trainable) {
+      EXPECT_TRUE(std::isnan(m.grads()[p.offset])) << p.name << ": a frozen weight's grad was written";
+      continue;
+    }
+    ++adapters;
+    Vec& t = w[p.name];
+    double max_ref = 0, max_err = 0;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const double keep = t[static_cast<size_t>(i)], h = 1e-5;
+      t[static_cast<size_t>(i)] = keep + h;
+      e = merged();
+      const double lp = ref.loss(b.ids, b.tg);
+      t[static_cast<size_t>(i)] = keep - h;
+      e = merged();
+      const double lm = ref.loss(b.ids, b.tg);
+      t[static_cast<size_t>(i)] = keep;
+      const double fd = (lp - lm) / (2 * h), g = m.grads()[p.offset + i];
+      max_ref = std::max(max_ref, std::abs(fd));
+      if (!(std::abs(g - fd) <= max_err)) max_err = std::abs(g - fd);
+    }
+    EXPECT_GT(max_ref, 1e-6) << p.name << ": no gradient signal";
+    EXPECT_LE(max_err, 1e-4 * max_ref + 1e-7) << p.name << ": max |grad - finite difference| " << max_err;
+  }
+  EXPECT_GT(adapters, 0);
+}
+
+TEST(Model, LoraLlamaAllLinearMatchesFloat64) { check_lora_against_float64(tiny_llama(false), "all-linear", false); }
+TEST(Model, LoraLlamaSomeTargetsRsloraMatchesFloat64) {
+  check_lora_against_float64(tiny_llama(true), "k_proj,up_proj,o_proj", true);
+}
+TEST(Model, LoraGpt2MatchesFloat64) { check_lora_against_float64(tiny_gpt2(), "c_attn,c_proj,c_fc", false); }
 TEST(Model, LlamaTiedMatchesFloat64) {
   ModelConfig c = tiny_llama(true);
   c.model_type = "llama";

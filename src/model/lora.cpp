@@ -1,0 +1,181 @@
+// LoRA targets and the adapters' forward and backward GEMMs on the op set.
+#include "src/model/lora.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "src/model/linear.h"
+#include "src/model/transformer.h"
+
+namespace strata {
+
+float LoraSpec::scale() const {
+  const double r = static_cast<double>(rank);
+  return static_cast<float>(rslora ? alpha / std::sqrt(r) : alpha / r);
+}
+
+std::vector<std::string> parse_lora_targets(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    std::string t = text.substr(start, comma - start);
+    if (t.empty())
+      throw std::invalid_argument("--lora-targets '" + text +
+                                  "': an empty module name (expected names such as q_proj,v_proj, or all-linear)");
+    out.push_back(std::move(t));
+    start = comma + 1;
+  }
+  for (const std::string& t : out)
+    if (t == "all-linear" && out.size() > 1)
+      throw std::invalid_argument("--lora-targets '" + text + "': all-linear stands alone");
+  return out;
+}
+
+std::vector<LinearModule> match_lora_targets(const std::vector<LinearModule>& modules,
+                                             const std::vector<std::string>& targets) {
+  const auto names = [&] {
+    std::string s;
+    for (const LinearModule& m : modules) s += (s.empty() ? "" : ", ") + m.name;
+    return s;
+  };
+  const auto matches = [](const std::string& name, const std::string& t) {
+    return name == t || (name.size() > t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0 &&
+                         name[name.size() - t.size() - 1] == '.');
+  };
+  const bool all = targets.size() == 1 && targets[0] == "all-linear";
+  for (const std::string& t : targets) {
+    if (all) break;
+    bool any = false;
+    for (const LinearModule& m : modules) any = any || matches(m.name, t);
+    if (!any)
+      throw std::invalid_argument("--lora-targets: '" + t + "' names no linear module of this model's layers (" +
+                                  names() + "; or all-linear). The embedding and the LM head stay frozen.");
+  }
+  std::vector<LinearModule> out;
+  for (const LinearModule& m : modules) {
+    bool on = all;
+    for (const std::string& t : targets) on = on || matches(m.name, t);
+    if (on) out.push_back(m);
+  }
+  return out;
+}
+
+namespace model_detail {
+namespace {
+
+kernels::MatmulArgs gemm(DType ab, DType c) {
+  kernels::MatmulArgs m;
+  m.ab_dtype = ab;
+  m.c_dtype = c;
+  return m;
+}
+
+// u (N, kr) = x (N, in) · A_allᵀ: every target's A x at once.
+void adapters_in(const BlockCtx& c, const LoraSlotLayout& sl, const void* x) {
+  kernels::MatmulArgs m = gemm(c.dtype, c.dtype);
+  m.a = x;
+  m.b = at(c.lora_w, sl.a, c.dtype);
+  m.c = c.lora_u;
+  m.m = c.dims->N;
+  m.n = sl.kr;
+  m.k = sl.in;
+  m.trans_b = true;  // A (kr, in) = (n, k)
+  c.ops->matmul(*c.stream, m);
+}
+
+}  // namespace
+
+void lora_forward(const BlockCtx& c, LoraSlot slot, const void* x, void* y, int64_t ldy) {
+  if (!c.lora) return;
+  const LoraLayout& lay = *c.lora;
+  const LoraSlotLayout& sl = lay.slots[static_cast<size_t>(slot)];
+  if (sl.targets.empty()) return;
+  adapters_in(c, sl, x);
+  const int64_t r = lay.rank;
+  for (size_t t = 0; t < sl.targets.size(); ++t) {
+    const LoraTargetLayout& tl = sl.targets[t];
+    // y[:, col..col+out] += s · u_t (N, r) · B_tᵀ
+    kernels::MatmulArgs m = gemm(c.dtype, c.dtype);
+    m.a = at(static_cast<const void*>(c.lora_u), static_cast<int64_t>(t) * r, c.dtype);
+    m.lda = sl.kr;
+    m.b = at(c.lora_w, tl.b, c.dtype);
+    m.trans_b = true;  // B (out, r) = (n, k)
+    m.c = at(y, tl.col, c.dtype);
+    m.ldc = ldy;
+    m.m = c.dims->N;
+    m.n = tl.out;
+    m.k = r;
+    m.alpha = lay.scale;
+    m.beta = 1.f;
+    c.ops->matmul(*c.stream, m);
+  }
+}
+
+void lora_backward(const BlockCtx& c, LoraSlot slot, const void* x, const void* dy, int64_t ldy, void* dx) {
+  if (!c.lora) return;
+  const LoraLayout& lay = *c.lora;
+  const LoraSlotLayout& sl = lay.slots[static_cast<size_t>(slot)];
+  if (sl.targets.empty()) return;
+  const int64_t N = c.dims->N, r = lay.rank;
+  const float beta = c.accumulate_grads ? 1.f : 0.f;
+  adapters_in(c, sl, x);  // u again (recomputed, not kept: N × kr is cheap)
+  for (size_t t = 0; t < sl.targets.size(); ++t) {
+    const LoraTargetLayout& tl = sl.targets[t];
+    const void* dy_t = at(dy, tl.col, c.dtype);
+    void* du_t = at(c.lora_du, static_cast<int64_t>(t) * r, c.dtype);
+    if (c.lora_g) {  // dB_t (out, r) (+)= s · dy_tᵀ · u_t
+      kernels::MatmulArgs g = gemm(c.dtype, DType::f32);
+      g.a = dy_t;
+      g.lda = ldy;
+      g.trans_a = true;  // dy_t stored (N, out) = (k, m)
+      g.b = at(static_cast<const void*>(c.lora_u), static_cast<int64_t>(t) * r, c.dtype);
+      g.ldb = sl.kr;
+      g.c = c.lora_g + tl.b;
+      g.m = tl.out;
+      g.n = r;
+      g.k = N;
+      g.alpha = lay.scale;
+      g.beta = beta;
+      c.ops->matmul(*c.stream, g);
+    }
+    // du_t (N, r) = s · dy_t · B_t
+    kernels::MatmulArgs m = gemm(c.dtype, c.dtype);
+    m.a = dy_t;
+    m.lda = ldy;
+    m.b = at(c.lora_w, tl.b, c.dtype);  // (out, r) = (k, n)
+    m.c = du_t;
+    m.ldc = sl.kr;
+    m.m = N;
+    m.n = r;
+    m.k = tl.out;
+    m.alpha = lay.scale;
+    c.ops->matmul(*c.stream, m);
+  }
+  if (c.lora_g) {  // dA_all (kr, in) (+)= du_allᵀ · x
+    kernels::MatmulArgs g = gemm(c.dtype, DType::f32);
+    g.a = c.lora_du;
+    g.trans_a = true;  // (N, kr) = (k, m)
+    g.b = x;
+    g.c = c.lora_g + sl.a;
+    g.m = sl.kr;
+    g.n = sl.in;
+    g.k = N;
+    g.beta = beta;
+    c.ops->matmul(*c.stream, g);
+  }
+  if (dx) {  // dx (N, in) += du_all · A_all
+    kernels::MatmulArgs m = gemm(c.dtype, c.dtype);
+    m.a = c.lora_du;
+    m.b = at(c.lora_w, sl.a, c.dtype);  // (kr, in) = (k, n)
+    m.c = dx;
+    m.m = N;
+    m.n = sl.in;
+    m.k = sl.kr;
+    m.beta = 1.f;
+    c.ops->matmul(*c.stream, m);
+  }
+}
+
+}  // namespace model_detail
+}  // namespace strata

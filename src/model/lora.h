@@ -1,0 +1,73 @@
+// LoRA adapters (Hu et al. 2021, with Hugging Face PEFT's conventions): beside a frozen linear
+// layer y = W x, a trained low-rank path y += s · B (A x), A (r, in) and B (out, r), s = alpha / r
+// (rsLoRA: alpha / √r). Each layer's adapters are one unit of their own ("block.L.lora"), so the
+// base units are frozen (weights only: no grads, master or AdamW state) and the adapters train
+// like any other unit, on any tier.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+
+namespace strata {
+
+struct BlockCtx;
+
+// The fused linear layers of a block, whose outputs a module writes columns of: the q|k|v
+// projection, the attention output, the MLP's first (gate|up, or c_fc) and second.
+enum class LoraSlot : uint8_t { qkv = 0, o = 1, fc = 2, proj = 3 };
+constexpr int kLoraSlots = 4;
+
+// One of a family's linear modules, by its Hugging Face name inside a layer
+// ("self_attn.q_proj", "attn.c_attn"): the columns [col, col + out) of its slot's output.
+struct LinearModule {
+  std::string name;
+  LoraSlot slot = LoraSlot::qkv;
+  int64_t col = 0, in = 0, out = 0;
+};
+
+// --lora-* flags.
+struct LoraSpec {
+  int64_t rank = 0;  // 0: full fine-tuning
+  double alpha = 16;
+  bool rslora = false;
+  std::vector<std::string> targets;  // module names or suffixes ("q_proj", "c_proj"), or {"all-linear"}
+  bool on() const { return rank > 0; }
+  float scale() const;
+};
+
+// "q_proj,v_proj" | "all-linear" -> names; throws std::invalid_argument naming the flag.
+std::vector<std::string> parse_lora_targets(const std::string& text);
+// The modules of `modules` that `targets` name (PEFT's rule: the whole name, or its last
+// components after a '.'); throws naming a target that matches none and the modules there are.
+std::vector<LinearModule> match_lora_targets(const std::vector<LinearModule>& modules,
+                                             const std::vector<std::string>& targets);
+
+// Where a layer's adapters live in its adapter unit (elements from the unit's start), by slot:
+// the A matrices of a slot's targets stacked ((k·r, in): one GEMM gives every target's A x), then
+// each target's B (out, r) writing columns [col, col + out) of the slot's output.
+struct LoraTargetLayout {
+  int64_t col = 0, out = 0, b = -1;
+};
+struct LoraSlotLayout {
+  int64_t in = 0, a = -1, kr = 0;  // kr: rows of the stacked A (targets × rank)
+  std::vector<LoraTargetLayout> targets;
+};
+struct LoraLayout {
+  int64_t rank = 0;
+  float scale = 0;
+  int64_t max_kr = 0;  // the widest slot: the (N, max_kr) scratch its GEMMs use
+  std::array<LoraSlotLayout, kLoraSlots> slots;
+};
+
+namespace model_detail {
+// y[:, col..] (rows N, row stride ldy) += s · (x A_tᵀ) B_tᵀ for each of the slot's targets.
+void lora_forward(const BlockCtx& c, LoraSlot slot, const void* x, void* y, int64_t ldy);
+// With dy (N, ldy) the gradient of the slot's output: the adapters' grads (c.lora_g; written
+// or accumulated as c.accumulate_grads says) and dx (N, in) += the adapters' part of d x.
+void lora_backward(const BlockCtx& c, LoraSlot slot, const void* x, const void* dy, int64_t ldy, void* dx);
+}  // namespace model_detail
+
+}  // namespace strata

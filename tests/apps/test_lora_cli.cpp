@@ -1,0 +1,183 @@
+// `strata train --lora-rank` end to end through the built binary: every placement of the frozen
+// base and of the adapters (and activation checkpointing) is bitwise the all-resident LoRA run
+// (fp32 and bf16, accumulation 1 and 2); the output is a PEFT adapter (names, shapes, config)
+// and the base's files are untouched; a resume is bitwise the uninterrupted run and one against
+// another base is refused naming the checksum; malformed --lora-* flags name the flag.
+// (scripts/lora_crosscheck.py compares the same runs with an independent PyTorch replay.)
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/apps/cli_test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using strata::test::slurp;
+using Result = strata::test::CliResult;
+
+using strata::test::exact_metrics;
+
+// The tensor names and shapes of a safetensors file (its JSON header).
+nlohmann::json safetensors_header(const fs::path& p) {
+  const std::string bytes = slurp(p);
+  if (bytes.size() < 8) return {};
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  return nlohmann::json::parse(bytes.substr(8, n));
+}
+
+class LoraCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = strata::test::make_scratch_dir("strata_lora");
+    ASSERT_FALSE(dir_.empty());
+    strata::test::write_tiny_llama(dir_ / "cfg", 64, 3, 128);
+    fs::create_directories(dir_ / "swap");
+    // The base: a saved model (random init, lr 0), so LoRA runs load it as a user's would.
+    const Result r = run("train --model " + (dir_ / "cfg").string() + " --threads 1 --seq 16 --steps 1 --lr 0 --out " +
+                         base().string());
+    ASSERT_EQ(r.status, 0) << r.err;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path base() const { return dir_ / "base"; }
+  std::string lora(int steps, const std::string& lr = "1e-2", const std::string& targets = "all-linear") const {
+    return "train --model " + base().string() + " --threads 1 --seq 16 --batch 2 --lr " + lr +
+           " --lr-schedule constant --warmup 0 --steps " + std::to_string(steps) +
+           " --lora-rank 4 --lora-alpha 8 --lora-targets " + targets + " ";
+  }
+  Result run(const std::string& args, const std::string& env = "") { return strata::test::run_strata(dir_, args, env); }
+  fs::path dir_;
+};
+
+TEST_F(LoraCli, EveryPlacementIsBitwiseTheResidentRun) {
+  const std::string nvme = " --nvme-path " + (dir_ / "swap").string();
+  const std::vector<std::string> placements = {
+      "--offload-params cpu --offload-optimizer cpu --offload-grads cpu",
+      "--offload-params nvme --offload-optimizer nvme --offload-grads nvme --host-mem 1M" + nvme,
+      "--checkpoint-activations full --offload-activations cpu --offload-params cpu",
+      "--checkpoint-activations every:2 --offload-optimizer nvme" + nvme,
+  };
+  for (const char* dtype : {"fp32", "bf16"})
+    for (const char* accum : {"1", "2"}) {
+      const std::string common = lora(4) + "--dtype " + dtype + " --grad-accum " + accum + " ";
+      const fs::path ref = dir_ / "ref";
+      Result r = run(common + "--metrics " + (ref / "m.jsonl").string() + " --out " + (ref / "a").string());
+      ASSERT_EQ(r.status, 0) << r.err;
+      const auto want = exact_metrics(ref / "m.jsonl");
+      ASSERT_EQ(want.size(), 4u);
+      for (const std::string& pl : placements) {
+        const fs::path got = dir_ / "got";
+        r = run(common + pl + " --metrics " + (got / "m.jsonl").string() + " --out " + (got / "a").string());
+        ASSERT_EQ(r.status, 0) << pl << ": " << r.err;
+        EXPECT_EQ(exact_metrics(got / "m.jsonl"), want) << dtype << " accum " << accum << ": " << pl;
+        EXPECT_TRUE(slurp(got / "a" / "adapter_model.safetensors") == slurp(ref / "a" / "adapter_model.safetensors"))
+            << dtype << " accum " << accum << ": " << pl << ": the saved adapters differ";
+        fs::remove_all(got);
+      }
+      fs::remove_all(ref);
+    }
+}
+
+TEST_F(LoraCli, WritesAPeftAdapterAndLeavesTheBaseUntouched) {
+  const std::string before = slurp(base() / "model.safetensors");
+  const fs::path a0 = dir_ / "a0", a = dir_ / "a";
+  Result r = run(lora(1, "0") + "--out " + a0.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("LoRA"), std::string::npos) << r.out;  // the header says what trains
+  r = run(lora(3, "1e-2", "q_proj,v_proj") + "--out " + a.string() + " --lora-rslora");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(slurp(base() / "model.safetensors") == before) << "the base's weights changed";
+
+  const auto cfg = nlohmann::json::parse(slurp(a / "adapter_config.json"));
+  EXPECT_EQ(cfg["peft_type"], "LORA");
+  EXPECT_EQ(cfg["r"], 4);
+  EXPECT_EQ(cfg["lora_alpha"], 8.0);
+  EXPECT_EQ(cfg["use_rslora"], true);
+  EXPECT_EQ(cfg["target_modules"], nlohmann::json({"self_attn.q_proj", "self_attn.v_proj"}));
+  EXPECT_FALSE(fs::exists(a / "model.safetensors"));
+
+  // PEFT's names and shapes: A [r, in], B [out, r]; 3 layers × (q, v) × (A, B).
+  const auto h = safetensors_header(a / "adapter_model.safetensors");
+  EXPECT_EQ(h.size(), 3u * 2 * 2 + (h.contains("__metadata__") ? 1 : 0)) << h.dump();
+  const std::string q = "base_model.model.model.layers.2.self_attn.q_proj.";
+  const std::string v = "base_model.model.model.layers.0.self_attn.v_proj.";
+  ASSERT_TRUE(h.contains(q + "lora_A.weight")) << h.dump();
+  EXPECT_EQ(h[q + "lora_A.weight"]["shape"], nlohmann::json({4, 64}));
+  EXPECT_EQ(h[q + "lora_B.weight"]["shape"], nlohmann::json({64, 4}));
+  EXPECT_EQ(h[v + "lora_B.weight"]["shape"], nlohmann::json({32, 4}));  // 2 kv heads × 16
+
+  // The starting adapter (lr 0): B is zero, A is not.
+  const auto h0 = safetensors_header(a0 / "adapter_model.safetensors");
+  const std::string bytes = slurp(a0 / "adapter_model.safetensors");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  const auto all_zero = [&](const std::string& name) {
+    const auto off = h0[name]["data_offsets"];
+    for (uint64_t i = 8 + n + off[0].get<uint64_t>(); i < 8 + n + off[1].get<uint64_t>(); ++i)
+      if (bytes[i] != 0) return false;
+    return true;
+  };
+  EXPECT_TRUE(all_zero("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
+  EXPECT_FALSE(all_zero("base_model.model.model.layers.1.mlp.down_proj.lora_A.weight"));
+}
+
+TEST_F(LoraCli, ResumeIsBitwiseAndRefusesAnotherBase) {
+  const fs::path ck = dir_ / "ck";
+  Result r = run(lora(4) + "--metrics " + (dir_ / "full.jsonl").string() + " --out " + (dir_ / "full").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run(lora(2) + "--checkpoint-dir " + ck.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  // Only the adapters and their AdamW state are in the checkpoint.
+  const auto h = safetensors_header(ck / "step-00000002" / "model.safetensors");
+  for (const auto& [name, _] : h.items())
+    if (name != "__metadata__") {
+      EXPECT_NE(name.find(".lora_"), std::string::npos) << name;
+    }
+  r = run(lora(4) + "--checkpoint-dir " + ck.string() + " --resume auto --metrics " + (dir_ / "res.jsonl").string() +
+          " --out " + (dir_ / "res").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto full = exact_metrics(dir_ / "full.jsonl");
+  full.erase(full.begin(), full.begin() + 2);
+  EXPECT_EQ(exact_metrics(dir_ / "res.jsonl"), full);
+  EXPECT_TRUE(slurp(dir_ / "res" / "adapter_model.safetensors") == slurp(dir_ / "full" / "adapter_model.safetensors"));
+
+  // Another base (other weights, same shapes): refused, naming the checksum.
+  r = run("train --model " + (dir_ / "cfg").string() + " --threads 1 --seq 16 --steps 1 --lr 0 --seed 9 --out " +
+          (dir_ / "other").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::string args = lora(6);
+  args.replace(args.find(base().string()), base().string().size(), (dir_ / "other").string());
+  r = run(args + "--checkpoint-dir " + ck.string() + " --resume auto");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("crc32c"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(base().string()), std::string::npos) << r.err;  // the base it was trained on
+}
+
+TEST_F(LoraCli, BadFlagsNameTheFlag) {
+  const std::string cmd = "train --model " + base().string() + " --threads 1 --seq 16 --steps 1 ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"--lora-rank -1", "--lora-rank"},
+      {"--lora-rank 4 --lora-alpha 0", "--lora-alpha"},
+      {"--lora-rank 4 --lora-dropout 1.5", "--lora-dropout"},
+      {"--lora-rank 4 --lora-targets q_proj,,v_proj", "--lora-targets"},
+      {"--lora-rank 4 --lora-targets c_attn", "c_attn"},  // a gpt2 module on a llama: the list of modules
+      {"--lora-targets q_proj", "--lora-rank"},
+  };
+  for (const auto& [flags, want] : cases) {
+    const Result r = run(cmd + flags);
+    EXPECT_NE(r.status, 0) << flags;
+    EXPECT_NE(r.err.find(want), std::string::npos) << flags << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  const Result r = run(cmd + "--lora-rank 4 --lora-targets c_attn");
+  EXPECT_NE(r.err.find("self_attn.q_proj"), std::string::npos) << r.err;
+}
+
+}  // namespace
