@@ -21,19 +21,13 @@
 #include "kernels/dtype.h"
 #include "kernels/runtime.h"
 #include "src/comm/communicator.h"
+#include "tests/comm/mpi_check.h"
 
 using namespace strata;
 using kernels::DType;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-#define CHECK(cond, what)                                                                                          \
-  do {                                                                                                             \
-    if (!(cond))                                                                                                   \
-      throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": check failed: " #cond \
-                               " — " + (what));                                                                     \
-  } while (0)
 
 constexpr DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
 
