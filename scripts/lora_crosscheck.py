@@ -134,8 +134,23 @@ def check(name, cfg, strata, tmp):
         worst_w = max(worst_w, e)
         if not e <= 2e-3:
             failures.append(f"{k}: max |strata - torch| / max|torch| = {e:.3g}")
+    # --merge-adapter: each adapted weight is W + s·B·A in float64, rounded once to fp32.
+    merged_dir = os.path.join(d, "merged")
+    run_strata(strata, base_dir, shard, merged_dir, os.path.join(d, "mm.jsonl"),
+               common + ["--adapter", os.path.join(d, "a"), "--merge-adapter", "--steps", "1", "--lr", "0"])
+    merged = read_model_dir(merged_dir)
+    off_by = 0
+    for m in mods:
+        delta = scale * (a1[f"base_model.model.{m}.lora_B.weight"].double() @ a1[f"base_model.model.{m}.lora_A.weight"].double())
+        want = (base[m + ".weight"].double() + (delta.t() if cfg["model_type"] == "gpt2" else delta)).float()
+        off_by += int((merged[m + ".weight"] != want).sum())
+    for k in base:
+        if not any(k == m + ".weight" for m in mods) and not torch.equal(merged[k], base[k]):
+            failures.append(f"merged: {k} is not the base's")
+    if off_by:
+        failures.append(f"merged: {off_by} elements differ from W + s*B*A (float64, rounded once)")
     print(f"{name}: {len(mods)} adapted modules, PEFT files; {steps} steps, loss/grad-norm relative error at most "
-          f"{worst_loss:.1e}/{worst_norm:.1e}; final adapters {worst_w:.1e}; base files unchanged")
+          f"{worst_loss:.1e}/{worst_norm:.1e}; final adapters {worst_w:.1e}; base files unchanged; merged model = W + s·B·A")
     return failures
 
 

@@ -111,10 +111,11 @@ int run_plan(const PlanOptions& po) {
   auto rt = kernels::make_runtime(backend);
   const DType dt = kernels::parse_dtype(o.dtype);
   auto cpu = kernels::make_runtime(kernels::Backend::cpu);
-  Transformer model(p.cfg, dt, o.batch, o.seq, *cpu, parse_checkpointing(o.checkpoint_activations));
+  Transformer model(p.cfg, dt, o.batch, o.seq, *cpu, parse_checkpointing(o.checkpoint_activations), kLogitsChunkBytes,
+                    1, p.lora);
   // The model's own phases on a one-block copy (the GEMMs at its shapes and every other op), on
   // the backend that will run them.
-  const PhaseTimes phases = probe_phases(p.cfg, dt, o.batch, o.seq, *rt, po.probe_s);
+  const PhaseTimes phases = probe_phases(p.cfg, dt, o.batch, o.seq, *rt, po.probe_s, p.lora);
   const bool adam_on_cpu = backend == kernels::Backend::cpu || o.offload_optimizer != "none";
   // AdamW over the model's largest unit (at least 8M, at most 64M parameters): its state must
   // not fit a server's last-level cache, as the model's does not (on the H200's host an 8M probe
@@ -131,7 +132,7 @@ int run_plan(const PlanOptions& po) {
   StepFloor f;
   f.compute_ms = step_compute_ms(phases, model, o.grad_accum);
   const double gflops = step_flops(model) * static_cast<double>(o.grad_accum) / (f.compute_ms * 1e6);  // effective
-  f.adamw_ms = static_cast<double>(p.n_params) / adam_rate * 1e3;
+  f.adamw_ms = static_cast<double>(model.n_trainable_params()) / adam_rate * 1e3;  // LoRA: the adapters
   const double nvme_w = static_cast<double>(mp.link_bytes[2]), nvme_r = static_cast<double>(mp.link_bytes[3]);
   f.link_ms[2] = bw.write_gbps > 0 ? nvme_w / (bw.write_gbps * 1e9) * 1e3 : 0;
   f.link_ms[3] = bw.read_gbps > 0 ? nvme_r / (bw.read_gbps * 1e9) * 1e3 : 0;
@@ -250,7 +251,7 @@ int run_plan(const PlanOptions& po) {
   }
   fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "compute", fmt::format("{:.3g} TFLOP", step_flops(model) * o.grad_accum / 1e12),
              fmt::format("{:.0f} GFLOP/s", gflops), fmt::format("{:.0f} ms", f.compute_ms));
-  fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "adamw", fmt::format("{} params", p.n_params),
+  fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "adamw", fmt::format("{} params", model.n_trainable_params()),
              fmt::format("{:.3g} G/s", adam_rate / 1e9), fmt::format("{:.0f} ms", f.adamw_ms));
   const auto print_barrier = [&] {
     if (!barred) return;

@@ -309,11 +309,11 @@ void Transformer::init_unit(int u, uint64_t seed, float* master) const {
   std::fill(master + unit.n_real, master + unit.numel, 0.f);
 }
 
-void Transformer::load_unit(int u, const HfCheckpoint& ckpt, float* master) const {
+void Transformer::load_unit(int u, const HfCheckpoint& ckpt, float* master, const std::string& name_prefix) const {
   const Unit& unit = units_.at(static_cast<size_t>(u));
   for (int pi : unit.params) {
     const ParamInfo& p = params_[static_cast<size_t>(pi)];
-    std::string name = p.name;
+    std::string name = name_prefix + p.name;
     const std::string_view prefix = recipe_.optional_prefix;
     if (!prefix.empty() && !ckpt.find(name) && name.rfind(prefix, 0) == 0 && ckpt.find(name.substr(prefix.size())))
       name = name.substr(prefix.size());

@@ -241,7 +241,8 @@ class Transformer {
   void init_unit(int u, uint64_t seed, float* master) const;
   // Unit u's parameters from an HF checkpoint into `master` (host, fp32, padding zeroed); a
   // missing tensor or a shape mismatch throws naming it.
-  void load_unit(int u, const HfCheckpoint& ckpt, float* master) const;
+  // name_prefix: the file's names are the model's behind it (a PEFT adapter's "base_model.model.").
+  void load_unit(int u, const HfCheckpoint& ckpt, float* master, const std::string& name_prefix = "") const;
 
   // Phases of one micro-batch (ids, targets: (N) int32 in runtime memory). Unit pointers are
   // the unit's start (working weights `w`, dtype; fp32 grads `g`). `first`: the step's first

@@ -116,6 +116,12 @@ const std::vector<OptionSpec>& option_table() {
        "gate_proj,up_proj,down_proj; gpt2: c_attn,c_proj,c_fc) or all-linear; empty = PEFT's default (q_proj,v_proj; "
        "gpt2: c_attn). The embedding and the LM head stay frozen",
        &O::lora_targets, all},
+      {"--adapter",
+       "LoRA: start from this PEFT adapter directory (adapter_config.json + adapter_model.safetensors); its config "
+       "sets the rank, alpha, rsLoRA and targets",
+       &O::adapter, all},
+      {"--merge-adapter", "LoRA: --out writes the merged model (W + s·B·A, HF layout) instead of the adapter",
+       &O::merge_adapter, cli_agreed},
   };
   return table;
 }
@@ -229,9 +235,10 @@ void validate_options(const TrainOptions& o) {
     if (o.zero_stage == 3)
       throw std::invalid_argument("--lora-rank with --zero-stage 3: adapters are not gathered per unit yet; use stage "
                                   "0-2 (the adapters are small; stage 2 shards their grads and AdamW state)");
-  } else if (!o.lora_targets.empty() || o.lora_rslora) {
-    throw std::invalid_argument("--lora-targets/--lora-rslora need --lora-rank R (> 0)");
+  } else if (!o.lora_targets.empty() || o.lora_rslora || o.merge_adapter) {
+    throw std::invalid_argument("--lora-targets/--lora-rslora/--merge-adapter need --lora-rank R (> 0) or --adapter DIR");
   }
+  if (o.merge_adapter && o.out.empty()) throw std::invalid_argument("--merge-adapter needs --out DIR (where the merged model goes)");
   if (o.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 0 (0 = only at the end)");
   if (o.keep < 1) throw std::invalid_argument("--keep must be at least 1");
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())

@@ -83,6 +83,8 @@ struct TrainOptions {
   bool lora_rslora = false;        // scale alpha / sqrt(rank) instead of alpha / rank
   double lora_dropout = 0;
   std::string lora_targets;        // "" = the family's PEFT default; "all-linear"
+  std::string adapter;             // start from this PEFT adapter (its config sets the --lora-* shape)
+  bool merge_adapter = false;      // --out: the merged model (W + s·B·A), not the adapter
 };
 
 // One row of the option table: the flag, its help text, the field it sets and where it goes.

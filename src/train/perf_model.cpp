@@ -54,6 +54,8 @@ double step_flops(const Transformer& model) {
   const ModelDims& d = model.dims();
   const ModelConfig& c = model.config();
   double flops = step_flops(c, model.n_params(), d.B, d.T);
+  // A frozen parameter's weight gradient is never computed: 4 FLOPs per token, not 6.
+  flops -= 2.0 * static_cast<double>(model.n_params() - model.n_trainable_params()) * static_cast<double>(d.N);
   for (int64_t l = 0; l < d.L; ++l)
     if (model.checkpointing().at(l))
       flops += 2.0 * block_matmul_params(d) * static_cast<double>(d.N) + attention_forward_flops(d.B, d.T, d.Q);
@@ -76,10 +78,10 @@ double probe_adamw_params_per_s(kernels::Runtime& rt, DType dt, int64_t n, doubl
 }
 
 PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t seq, kernels::Runtime& rt,
-                        double seconds) {
+                        double seconds, const LoraSpec& lora) {
   ModelConfig c1 = cfg;
   c1.n_layers = 1;
-  Transformer m(c1, dt, batch, seq, rt);
+  Transformer m(c1, dt, batch, seq, rt, {}, kLogitsChunkBytes, 1, lora);
   const ModelDims& d = m.dims();
   auto s = rt.create_stream();
   kernels::DeviceBuffer ws(rt, m.workspace_bytes());
@@ -111,15 +113,24 @@ PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t
   const auto* in = ids.as<int32_t>();
   const int32_t* targets = in + d.N;
   auto wp = [&](int u) { return w[static_cast<size_t>(u)].data(); };
-  auto gp = [&](int u) { return g[static_cast<size_t>(u)].as<float>(); };
+  // A frozen unit (LoRA's base) has no grads: its phases compute input gradients only.
+  auto gp = [&](int u) {
+    return m.units()[static_cast<size_t>(u)].trainable ? g[static_cast<size_t>(u)].as<float>() : nullptr;
+  };
   const int blk = m.block_unit(0), fn = m.final_norm_unit(), hd = m.head_unit(), emb = m.embed_unit();
-  auto head = [&] { m.head(*s, targets, wp(fn), wp(hd), gp(fn), gp(hd), 1.0f, true); };
+  const int lu = m.lora_unit(0);
+  const void* wl = lu >= 0 ? wp(lu) : nullptr;
+  float* gl = lu >= 0 ? gp(lu) : nullptr;
+  const bool frozen_head = !m.units()[static_cast<size_t>(fn)].trainable;
+  auto head = [&] { m.head(*s, targets, wp(fn), wp(hd), gp(fn), gp(hd), 1.0f, true, frozen_head); };
+  auto block_forward = [&] { m.block_forward(*s, 0, wp(blk), x0.data(), m.final_residual(), wl); };
+  auto block_backward = [&] { m.block_backward(*s, 0, wp(blk), x0.data(), gp(blk), true, wl, gl); };
   auto micro_batch = [&] {
     m.embed_forward(*s, in, wp(emb), x0.data());
-    m.block_forward(*s, 0, wp(blk), x0.data(), m.final_residual());
+    block_forward();
     head();
-    m.block_backward(*s, 0, wp(blk), x0.data(), gp(blk), true);
-    m.embed_backward(*s, in, gp(emb), !m.tied_head());
+    block_backward();
+    if (gp(emb)) m.embed_backward(*s, in, gp(emb), !m.tied_head());
   };
   kernels::DeviceBuffer sums(rt, 8);
   s->memset_async(sums.data(), 0, 8);
@@ -128,17 +139,21 @@ PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t
   const double each = seconds / 5;
   PhaseTimes t;
   const double whole = time_per_call(*s, each, micro_batch) * 1e3;
-  t.block_forward_ms = time_per_call(*s, each, [&] { m.block_forward(*s, 0, wp(blk), x0.data(), m.final_residual()); }) * 1e3;
+  t.block_forward_ms = time_per_call(*s, each, block_forward) * 1e3;
   const double head_ms = time_per_call(*s, each, head) * 1e3;
   // The backward reads the residual gradient the head left, so each repeat starts behind a head.
   t.block_backward_ms = std::max(0.0, time_per_call(*s, each, [&] {
                                         head();
-                                        m.block_backward(*s, 0, wp(blk), x0.data(), gp(blk), true);
+                                        block_backward();
                                       }) * 1e3 - head_ms);
   t.edge_ms = std::max(0.0, whole - t.block_forward_ms - t.block_backward_ms);
-  t.sum_squares_ms = time_per_call(*s, each / 2, [&] { m.grad_sum_squares(*s, blk, gp(blk), sums.as<double>()); }) * 1e3;
+  const int trained_blk = lu >= 0 ? lu : blk;  // a layer's trained unit: its adapters under LoRA
+  t.sum_squares_ms = time_per_call(*s, each / 2, [&] {
+                       m.grad_sum_squares(*s, trained_blk, gp(trained_blk), sums.as<double>());
+                     }) * 1e3;
   t.edge_sum_squares_ms = time_per_call(*s, each / 2, [&] {
-                            for (int u : edges) m.grad_sum_squares(*s, u, gp(u), sums.as<double>());
+                            for (int u : edges)
+                              if (gp(u)) m.grad_sum_squares(*s, u, gp(u), sums.as<double>());
                           }) * 1e3;
   s->synchronize();
   return t;

@@ -34,8 +34,9 @@ struct PhaseTimes {
   double sum_squares_ms = 0;       // Σg² over one block's gradients (once per step)
   double edge_sum_squares_ms = 0;  // ... over the embedding's, final norm's and untied head's
 };
+// lora: the run's adapters (a frozen base computes no weight gradients).
 PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t seq, kernels::Runtime& rt,
-                        double seconds);
+                        double seconds, const LoraSpec& lora = {});
 // A step's compute from the phases: per micro-batch the edges plus every block's forward and
 // backward (checkpointed blocks' forward twice), times the micro-batches, plus the Σg² pass.
 double step_compute_ms(const PhaseTimes& t, const Transformer& model, int grad_accum);

@@ -157,7 +157,10 @@ int Trainer::run(std::FILE* rank0_out) {
   print(tally.done_line(o.steps, m.tokens_done, tokens_per_step(), ms_since(t_start) / 1e3, extra));
   if (!o.out.empty()) {
     save(o.out);
-    print(fmt::format("saved the model to {} (HF layout)\n", o.out));
+    const char* what = !m.model->lora()     ? "the model to {} (HF layout)\n"
+                       : o.merge_adapter ? "the merged model (base + adapters) to {} (HF layout)\n"
+                                         : "the LoRA adapter to {} (PEFT layout)\n";
+    print("saved " + fmt::format(fmt::runtime(what), o.out));
   }
   // A signal during the last step: the run is complete and saved (status 0), say so.
   if (const int sig = stop_requested(); sig && sig != SIGPIPE)

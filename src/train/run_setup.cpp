@@ -7,8 +7,11 @@
 #include <memory>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
 #include "offload/size.h"
 #include "src/checkpoint/hf.h"
+#include "src/checkpoint/safetensors.h"
 #include "src/checkpoint/train_checkpoint.h"
 #include "src/data/doc_rows.h"
 #include "src/data/doc_shards.h"
@@ -70,6 +73,49 @@ bool data_has_documents(const std::vector<fs::path>& files, const std::string& f
 }
 
 }  // namespace
+
+TrainOptions with_adapter_config(const TrainOptions& in) {
+  if (in.adapter.empty()) return in;
+  TrainOptions o = in;
+  const fs::path dir(o.adapter);
+  const fs::path file = dir / "adapter_config.json";
+  if (!fs::is_regular_file(dir / "adapter_model.safetensors") || !fs::is_regular_file(file))
+    throw std::invalid_argument("--adapter " + o.adapter +
+                                ": not a PEFT adapter directory (it needs adapter_config.json and "
+                                "adapter_model.safetensors)");
+  const nlohmann::json c = safetensors::read_json_file(file);
+  const auto bad = [&](const std::string& what) {
+    return std::invalid_argument(file.string() + ": " + what);
+  };
+  try {
+    if (c.value("peft_type", std::string()) != "LORA") throw bad("peft_type is not LORA");
+    const int64_t r = c.at("r").get<int64_t>();
+    if (o.lora_rank != 0 && o.lora_rank != r)
+      throw bad("r is " + std::to_string(r) + " but --lora-rank is " + std::to_string(o.lora_rank) +
+                " (drop --lora-rank: the adapter sets it)");
+    o.lora_rank = r;
+    o.lora_alpha = c.at("lora_alpha").get<double>();
+    o.lora_rslora = c.value("use_rslora", false);
+    std::vector<std::string> names;
+    const auto& t = c.at("target_modules");
+    if (t.is_string()) {
+      if (t.get<std::string>() != "all-linear")
+        throw bad("target_modules is the pattern '" + t.get<std::string>() + "'; only a list of names or all-linear is read");
+      names = {"all-linear"};
+    } else {
+      names = t.get<std::vector<std::string>>();
+    }
+    std::string joined;
+    for (const std::string& n : names) joined += (joined.empty() ? "" : ",") + n;
+    if (!o.lora_targets.empty() && parse_lora_targets(o.lora_targets) != parse_lora_targets(joined))
+      throw bad("target_modules is " + joined + " but --lora-targets is " + o.lora_targets +
+                " (drop --lora-targets: the adapter sets it)");
+    o.lora_targets = joined;
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(std::string("malformed: ") + e.what());
+  }
+  return o;
+}
 
 ResolvedRun resolve_run(const TrainOptions& o, int world, int rank) {
   ResolvedRun r;
@@ -222,7 +268,7 @@ struct SizedRun {
   Transformer model;
   size_t step_buffers;
   SizedRun(const TrainOptions& o, int world)
-      : r((validate_options(o), resolve_run(o, world, 0))),
+      : r((validate_options(with_adapter_config(o)), resolve_run(with_adapter_config(o), world, 0))),
         model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world, r.lora),
         step_buffers(step_buffer_bytes(o, r, model.units().size())) {}
 };
@@ -234,6 +280,7 @@ RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
   RunPlan p;
   p.memory = TieredMemory::plan(run.model, run.r.backend, run.r.placement, o.grad_accum, run.step_buffers, minimums);
   p.cfg = run.r.cfg;
+  p.lora = run.r.lora;
   p.n_params = run.model.n_params();
   p.tokens_per_step = o.batch * o.seq * o.grad_accum * world;
   p.world = world;

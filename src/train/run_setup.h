@@ -36,6 +36,11 @@ struct ResolvedRun {
   bool val_documents = false;  // --val-data has
 };
 
+// `o` with --adapter DIR's adapter_config.json applied: its rank, alpha, rsLoRA and target
+// modules become the --lora-* options (a --lora-rank or --lora-targets given too must agree);
+// `o` itself without --adapter. Throws naming the file and the field.
+TrainOptions with_adapter_config(const TrainOptions& o);
+
 // Resolves `o` (validated: validate_options); throws one line naming the flag and the fix.
 // Reads config.json of --model or of the checkpoint --resume names (which must be found already:
 // the Trainer locks --checkpoint-dir first). `rank` of `world` sets the placement's sharding.

@@ -482,8 +482,10 @@ offload::StepTimeline TieredMemory::estimate(const Transformer& model, kernels::
       if (const int id = l->ids[static_cast<size_t>(r)][u]; id >= 0)
         unit_of[static_cast<size_t>(id)] = static_cast<int>(u);
   std::vector<int> layer_of(model.units().size(), -1);
-  for (int64_t layer = 0; layer < model.dims().L; ++layer)
+  for (int64_t layer = 0; layer < model.dims().L; ++layer) {
     layer_of[static_cast<size_t>(model.block_unit(layer))] = static_cast<int>(layer);
+    if (model.lora()) layer_of[static_cast<size_t>(model.lora_unit(layer))] = static_cast<int>(layer);
+  }
   const PhaseTimes& t = c.phases;
   std::vector<double> cost(ev.size(), 0.0);
   std::vector<offload::BlockId> open;
@@ -495,10 +497,12 @@ offload::StepTimeline TieredMemory::estimate(const Transformer& model, kernels::
     open.push_back(ev[i].block);
     if (i + 1 < ev.size() && !ev[i + 1].release) continue;
     double ms = 0;
-    bool adam = false, grads = false, weights = false;
+    bool adam = false, grads = false, weights = false, head = false;
     int layer = -1;
     for (offload::BlockId b : open) {
       const int role = l->role_of[b], u = unit_of[b];
+      // The head phase (under LoRA the final norm and head are frozen: no grads open there).
+      if (role == static_cast<int>(Role::params) && u == model.final_norm_unit()) head = true;
       if (role == static_cast<int>(Role::adam)) {
         adam = true;
         ms += static_cast<double>(l->specs[b].bytes / 8) / std::max(c.adamw_params_per_ms, 1e-9);
@@ -512,7 +516,7 @@ offload::StepTimeline TieredMemory::estimate(const Transformer& model, kernels::
            t.sum_squares_ms / static_cast<double>(grad_accum);
     else if (!adam && layer >= 0 && weights)
       ms = t.block_forward_ms;
-    else if (!adam && layer < 0 && grads && open.size() > 1)  // the head (with the edges' share)
+    else if (!adam && layer < 0 && (grads || head) && open.size() > 1)  // the head (with the edges' share)
       ms = t.edge_ms + t.edge_sum_squares_ms / static_cast<double>(grad_accum);
     cost[i] = ms;
   }

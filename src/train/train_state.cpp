@@ -62,15 +62,26 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
   }
   // LoRA: the frozen base from --model (a resume's checkpoint holds only the adapters), and the
   // adapters of a fresh start from their init (A Kaiming-uniform, B zero), not from --model.
+  // --adapter: a fresh start's adapters from a PEFT adapter (its names behind "base_model.model.").
   const HfCheckpoint* base = nullptr;
   const HfCheckpoint* adapters = ckpt.get();
+  std::unique_ptr<HfCheckpoint> peft;
+  std::string adapter_prefix;
   if (model->lora()) {
     if (!resumed_from.empty() && base_weights) base_owned = HfCheckpoint::open(o.model);
     base = resumed_from.empty() ? ckpt.get() : base_owned.get();
     if (!base_weights) base = nullptr;
-    if (resumed_from.empty()) adapters = nullptr;
+    if (resumed_from.empty()) {
+      adapters = nullptr;
+      if (!o.adapter.empty()) {
+        peft = HfCheckpoint::open_file(fs::path(o.adapter) / "adapter_model.safetensors");
+        adapters = peft.get();
+        adapter_prefix = "base_model.model.";
+      }
+    }
   }
   base_crc = 0;
+  this->base_weights = base_weights;
   const bool aliased = mem->master_is_weights();
   // Sharded (stage >= 1): each unit is built whole in `full`, and this rank keeps its shard. A
   // frozen unit (LoRA's base) has no master: it is built in `full` and cast to its weights.
@@ -108,7 +119,7 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
     float* master = static_cast<float*>(mem->acquire(Role::master, u, offload::Mode::write, Side::host));
     float* src = sharded ? full.data() : master;
     if (adapters)
-      model->load_unit(u, *adapters, src);
+      model->load_unit(u, *adapters, src, adapter_prefix);
     else
       model->init_unit(u, o.seed, src);
     if (!aliased) {  // stage 3: the weights block is this rank's shard
@@ -147,26 +158,6 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
   mem->drain();  // the start-up includes the writes: the weights are in their tiers
 }
 
-
-// PEFT's adapter_config.json (LoraConfig's fields) for the adapters this run trains.
-nlohmann::json Trainer::Impl::peft_config() const {
-  const LoraSpec& l = model->lora_spec();
-  nlohmann::json j;
-  j["peft_type"] = "LORA";
-  j["task_type"] = "CAUSAL_LM";
-  j["base_model_name_or_path"] = o.model.empty() ? nullptr : nlohmann::json(fs::absolute(o.model).lexically_normal().string());
-  j["r"] = l.rank;
-  j["lora_alpha"] = l.alpha;
-  j["use_rslora"] = l.rslora;
-  j["lora_dropout"] = 0.0;
-  j["target_modules"] = model->lora_modules();
-  j["bias"] = "none";
-  j["fan_in_fan_out"] = cfg.family == Family::gpt2;  // HF Conv1D base weights are (in, out)
-  j["modules_to_save"] = nullptr;
-  j["inference_mode"] = true;
-  j["init_lora_weights"] = true;
-  return j;
-}
 
 // What a checkpoint records besides tensors: enough to continue bit for bit.
 nlohmann::json Trainer::Impl::state_json() const {
@@ -306,6 +297,7 @@ void Trainer::save(const std::string& out_dir) const {
     m.mem->end_step();
   }
   if (m.sh.rank != 0) return;
+  if (m.o.merge_adapter) return m.save_merged(out_dir, whole);
   std::vector<TensorToSave> tensors;
   TieredMemory* mem = m.mem.get();
   const std::string diverged = "the weights are not finite: the run diverged; nothing was saved";

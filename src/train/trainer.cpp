@@ -44,7 +44,7 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   const auto t_start = Clock::now();
   Impl& m = *impl_;
-  m.o = opts;
+  m.o = with_adapter_config(opts);
   const TrainOptions& o = m.o;
   validate_options(o);  // before anything is started
   // The job's ranks (mpirun), then (rank 0) the checkpoint directory locked before the checkpoint

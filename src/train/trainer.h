@@ -51,6 +51,7 @@ struct StepStats {
 // same errors a Trainer would (invalid flags, a budget that cannot fit).
 struct RunPlan {
   ModelConfig cfg;
+  LoraSpec lora;                // --lora-* (an --adapter's config applied)
   int64_t n_params = 0;
   int64_t tokens_per_step = 0;  // the global batch: all ranks
   int world = 1;

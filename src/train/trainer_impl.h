@@ -98,7 +98,11 @@ struct Trainer::Impl {
   // the same order; rank 0 gets numel elements, the others an empty vector.
   std::vector<float> gather_unit(Role role, int u, int64_t offset);
   nlohmann::json state_json() const;
+  // lora_state.cpp: PEFT's adapter_config.json; --merge-adapter's save (rank 0; `whole`: the
+  // gathered masters of a sharded run, else empty).
   nlohmann::json peft_config() const;
+  void save_merged(const std::string& out_dir, const std::vector<std::vector<float>>& whole);
+  bool base_weights = false;  // LoRA: the frozen base is --model's safetensors (else a random init)
   void restore_state(const nlohmann::json& manifest);
 };
 

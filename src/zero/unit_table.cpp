@@ -38,7 +38,12 @@ UnitTable::UnitTable(const Transformer& model, const Placement& pl, const std::v
     const auto span = [&](bool sharded, offload::Tier home) {
       return sharded ? UnitBlock{true, e.shards.dp.offset, S, home} : UnitBlock{true, 0, unit.numel, home};
     };
-    e.params = span(sh_.sharded_weights(), pl.params);
+    // --offload-params places the weights; under LoRA that is the frozen base: the adapters'
+    // working weights are small and stay on the device (beside their master where the two are
+    // one fp32 block).
+    const bool adapter = model.lora() && e.trainable;
+    e.params = span(sh_.sharded_weights(), adapter ? (master_is_weights_ ? pl.optimizer : offload::Tier::device)
+                                                   : pl.params);
     if (e.trainable) {
       e.master_is_weights = master_is_weights_;
       e.master = span(sh_.sharded_optimizer(), pl.optimizer);

@@ -8,10 +8,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <regex>
 #include <string>
 #include <vector>
+
+#include "src/checkpoint/hf.h"
 
 namespace strata::test {
 
@@ -73,6 +76,19 @@ inline std::vector<std::string> exact_metrics(const std::filesystem::path& p) {
     rows.push_back(row);
   }
   return rows;
+}
+
+// Every tensor of a checkpoint, by name, as fp32.
+inline std::map<std::string, std::vector<float>> tensors_of(const HfCheckpoint& ck) {
+  std::map<std::string, std::vector<float>> w;
+  for (const auto& t : ck.tensors()) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    std::vector<float> v(static_cast<size_t>(n));
+    ck.read_into(t.name, t.shape, v.data(), kernels::DType::f32);
+    w[t.name] = std::move(v);
+  }
+  return w;
 }
 
 }  // namespace strata::test

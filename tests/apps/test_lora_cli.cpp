@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "src/checkpoint/hf.h"
 #include "tests/apps/cli_test_util.h"
 
 namespace fs = std::filesystem;
@@ -158,6 +160,58 @@ TEST_F(LoraCli, ResumeIsBitwiseAndRefusesAnotherBase) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("crc32c"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(base().string()), std::string::npos) << r.err;  // the base it was trained on
+}
+
+// Every tensor of a safetensors file, by name, as fp32.
+std::map<std::string, std::vector<float>> tensors_of(const fs::path& file) {
+  return strata::test::tensors_of(*strata::HfCheckpoint::open_file(file));
+}
+
+// --adapter starts from a PEFT adapter (at lr 0 it is saved back byte for byte; its config sets
+// the rank); --merge-adapter writes W + s·B·A in float64 rounded once, every other tensor the
+// base's, and the merged model's loss is the adapted one's.
+TEST_F(LoraCli, AdapterInAndMergedModelOut) {
+  const fs::path a = dir_ / "a", back = dir_ / "back", merged = dir_ / "merged";
+  Result r = run(lora(3, "1e-2", "q_proj,down_proj") + "--out " + a.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string start = "train --model " + base().string() + " --threads 1 --seq 16 --batch 2 --steps 1 --lr 0 ";
+  r = run(start + "--adapter " + a.string() + " --metrics " + (dir_ / "ad.jsonl").string() + " --out " + back.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(slurp(back / "adapter_model.safetensors") == slurp(a / "adapter_model.safetensors"));
+  r = run(start + "--adapter " + a.string() + " --merge-adapter --out " + merged.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run(start + "--adapter " + a.string() + " --lora-rank 8");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--lora-rank"), std::string::npos) << r.err;
+
+  const auto w = tensors_of(base() / "model.safetensors"), m = tensors_of(merged / "model.safetensors");
+  const auto ad = tensors_of(a / "adapter_model.safetensors");
+  ASSERT_EQ(w.size(), m.size());
+  int adapted = 0;
+  for (const auto& [name, base_w] : w) {
+    ASSERT_TRUE(m.count(name)) << name;
+    const std::string mod = "base_model.model." + name.substr(0, name.size() - 7);
+    if (!ad.count(mod + ".lora_A.weight")) {
+      EXPECT_TRUE(m.at(name) == base_w) << name << ": not adapted, so the base's";
+      continue;
+    }
+    ++adapted;
+    const auto& A = ad.at(mod + ".lora_A.weight");
+    const auto& B = ad.at(mod + ".lora_B.weight");
+    const size_t rank = 4, in = A.size() / rank, out = B.size() / rank;
+    for (size_t o = 0; o < out; ++o)
+      for (size_t i = 0; i < in; ++i) {
+        double d = 0;
+        for (size_t k = 0; k < rank; ++k) d += static_cast<double>(B[o * rank + k]) * A[k * in + i];
+        ASSERT_EQ(m.at(name)[o * in + i], static_cast<float>(base_w[o * in + i] + 2.0 * d)) << name << " " << o << "," << i;
+      }
+  }
+  EXPECT_EQ(adapted, 3 * 2);
+  r = run("train --model " + merged.string() + " --threads 1 --seq 16 --batch 2 --steps 1 --lr 0 --metrics " +
+          (dir_ / "m.jsonl").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto loss = [](const fs::path& p) { return nlohmann::json::parse(slurp(p).substr(0, slurp(p).find('\n')))["loss"].get<double>(); };
+  EXPECT_NEAR(loss(dir_ / "m.jsonl"), loss(dir_ / "ad.jsonl"), 1e-6 * loss(dir_ / "ad.jsonl"));
 }
 
 TEST_F(LoraCli, BadFlagsNameTheFlag) {

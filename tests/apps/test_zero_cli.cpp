@@ -96,18 +96,9 @@ class ZeroCli : public ::testing::Test {
     o.weights = slurp(dir_ / tag / "model.safetensors");
     return o;
   }
-  // Every saved tensor, by name, as fp32.
+  // Every saved tensor of a model directory, by name, as fp32.
   static std::map<std::string, std::vector<float>> weights(const fs::path& dir) {
-    auto ck = strata::HfCheckpoint::open(dir);
-    std::map<std::string, std::vector<float>> w;
-    for (const auto& t : ck->tensors()) {
-      int64_t n = 1;
-      for (int64_t d : t.shape) n *= d;
-      std::vector<float> v(static_cast<size_t>(n));
-      ck->read_into(t.name, t.shape, v.data(), strata::kernels::DType::f32);
-      w[t.name] = std::move(v);
-    }
-    return w;
+    return strata::test::tensors_of(*strata::HfCheckpoint::open(dir));
   }
   fs::path dir_;
 };

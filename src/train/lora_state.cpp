@@ -1,0 +1,114 @@
+// LoRA's files: PEFT's adapter_config.json, and --merge-adapter's merged model, written unit by
+// unit (one base unit staged at a time, never the whole model).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "src/checkpoint/hf.h"
+#include "src/train/trainer_impl.h"
+
+namespace strata {
+namespace fs = std::filesystem;
+
+// PEFT's adapter_config.json (LoraConfig's fields) for the adapters this run trains.
+nlohmann::json Trainer::Impl::peft_config() const {
+  const LoraSpec& l = model->lora_spec();
+  nlohmann::json j;
+  j["peft_type"] = "LORA";
+  j["task_type"] = "CAUSAL_LM";
+  j["base_model_name_or_path"] = o.model.empty() ? nullptr : nlohmann::json(fs::absolute(o.model).lexically_normal().string());
+  j["r"] = l.rank;
+  j["lora_alpha"] = l.alpha;
+  j["use_rslora"] = l.rslora;
+  j["lora_dropout"] = 0.0;
+  j["target_modules"] = model->lora_modules();
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = cfg.family == Family::gpt2;  // HF Conv1D base weights are (in, out)
+  j["modules_to_save"] = nullptr;
+  j["inference_mode"] = true;
+  j["init_lora_weights"] = true;
+  return j;
+}
+
+// Each base tensor as the HF save writes it (fp32); an adapted weight is W + s·B·A, the product
+// and the sum in float64 and rounded once. W is the base as loaded (--model's safetensors, or
+// the random init from --seed), not its working-dtype copy.
+void Trainer::Impl::save_merged(const std::string& out_dir, const std::vector<std::vector<float>>& whole) {
+  ModelConfig c = cfg;
+  c.torch_dtype = "float32";
+  std::unique_ptr<HfCheckpoint> base_file;
+  if (base_weights) base_file = HfCheckpoint::open(o.model);
+  const LoraSpec& l = model->lora_spec();  // s in float64, as PEFT's scaling (a Python float)
+  const double s = l.rslora ? l.alpha / std::sqrt(static_cast<double>(l.rank)) : l.alpha / static_cast<double>(l.rank);
+  const bool in_out = cfg.family == Family::gpt2;  // HF Conv1D: W stored (in, out)
+  // The base unit being written, staged whole (fp32).
+  int staged = -1;
+  std::vector<float> unit_buf;
+  const auto base_unit = [&](int u) -> const float* {
+    if (staged != u) {
+      unit_buf.resize(static_cast<size_t>(model->units()[static_cast<size_t>(u)].numel));
+      if (base_file)
+        model->load_unit(u, *base_file, unit_buf.data());
+      else
+        model->init_unit(u, o.seed, unit_buf.data());
+      staged = u;
+    }
+    return unit_buf.data();
+  };
+  // An adapter tensor's fp32 master (a copy: its block is released before the next acquire).
+  const auto adapter = [&](const ParamInfo& p) {
+    std::vector<float> v(static_cast<size_t>(p.numel));
+    if (!whole.empty()) {
+      std::memcpy(v.data(), whole[static_cast<size_t>(p.unit)].data() + p.unit_offset, v.size() * 4);
+    } else {
+      const auto* src = static_cast<const float*>(mem->acquire(Role::master, p.unit, offload::Mode::read, Side::host));
+      std::memcpy(v.data(), src + p.unit_offset, v.size() * 4);
+      mem->release(Role::master, p.unit);
+    }
+    for (float x : v)
+      if (!std::isfinite(x)) throw std::runtime_error("'" + p.name + "' is not finite: the run diverged; nothing was saved");
+    return v;
+  };
+  std::vector<TensorToSave> tensors;
+  for (const ParamInfo& p : model->params()) {
+    if (model->units()[static_cast<size_t>(p.unit)].trainable) continue;  // the adapters go into W
+    const std::string mod = p.name.size() > 7 ? p.name.substr(0, p.name.size() - 7) : "";  // minus ".weight"
+    const ParamInfo* a = p.name.ends_with(".weight") ? model->find_param(mod + ".lora_A.weight") : nullptr;
+    const ParamInfo* b = a ? model->find_param(mod + ".lora_B.weight") : nullptr;
+    tensors.push_back({p.name, p.shape, DType::f32, [&, pp = &p, a, b](void* dst) {
+                         const float* w = base_unit(pp->unit) + pp->unit_offset;
+                         auto* out = static_cast<float*>(dst);
+                         if (!a) {
+                           std::memcpy(out, w, static_cast<size_t>(pp->numel) * 4);
+                           return;
+                         }
+                         const std::vector<float> A = adapter(*a), B = adapter(*b);
+                         const int64_t r = a->shape[0], in = a->shape[1], n_out = b->shape[0];
+                         for (int64_t oi = 0; oi < n_out; ++oi)
+                           for (int64_t ii = 0; ii < in; ++ii) {
+                             double d = 0;
+                             for (int64_t k = 0; k < r; ++k)
+                               d += static_cast<double>(B[static_cast<size_t>(oi * r + k)]) * A[static_cast<size_t>(k * in + ii)];
+                             const size_t at = static_cast<size_t>(in_out ? ii * n_out + oi : oi * in + ii);
+                             out[at] = static_cast<float>(static_cast<double>(w[at]) + s * d);
+                           }
+                       }});
+  }
+  std::vector<fs::path> tokenizer;
+  if (!o.model.empty())
+    for (const char* name : kTokenizerFiles)
+      if (fs::is_regular_file(fs::path(o.model) / name)) tokenizer.push_back(fs::path(o.model) / name);
+  mem->begin_step(TieredMemory::Schedule::aside);
+  try {
+    save_hf_model(out_dir, c, tensors, 5ull << 30, tokenizer);
+  } catch (...) {
+    mem->end_step();
+    throw;
+  }
+  mem->end_step();
+}
+
+}  // namespace strata
