@@ -34,6 +34,10 @@ struct LoraSpec {
   double alpha = 16;
   bool rslora = false;
   std::vector<std::string> targets;  // module names or suffixes ("q_proj", "c_proj"), or {"all-linear"}
+  // --base-dtype: the frozen layers' matrices stored as bf16, fp16, int8 (per row, absmax) or
+  // NF4 (QLoRA's, double-quantized), decoded to the working dtype one layer at a time when used;
+  // "" = the working dtype itself. The embedding and the LM head stay in the working dtype.
+  std::string base_dtype;
   bool on() const { return rank > 0; }
   float scale() const;
 };

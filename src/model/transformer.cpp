@@ -16,6 +16,7 @@
 #include "src/model/family.h"
 #include "src/model/init_normal.h"
 #include "src/model/linear.h"
+#include "src/model/quant.h"
 
 namespace strata {
 using model_detail::at;
@@ -280,6 +281,74 @@ int64_t Transformer::n_params() const {
   int64_t n = 0;
   for (const ParamInfo& p : params_) n += p.numel;
   return n;
+}
+
+namespace {
+// The stored form's pieces: per tensor of the unit, its kind (a matrix: the base's; otherwise
+// the working dtype's) and byte offset.
+struct StoredPiece {
+  const ParamInfo* p;
+  bool matrix;
+  size_t at, bytes;
+};
+QuantKind working_kind(DType dt) { return dt == DType::bf16 ? QuantKind::bf16 : QuantKind::fp16; }
+}  // namespace
+
+bool Transformer::stored_unit(int u) const {
+  if (!lora() || lora_spec_.base_dtype.empty()) return false;
+  const bool layer = u >= block_unit(0) && u < block_unit(dims_.L);  // a frozen layer, not its adapters
+  return layer && !units_.at(static_cast<size_t>(u)).trainable && lora_spec_.base_dtype != kernels::dtype_name(dtype_);
+}
+
+static std::vector<StoredPiece> stored_pieces(const Transformer& m, int u, QuantKind kind) {
+  std::vector<StoredPiece> out;
+  size_t at = 0;
+  const size_t esz = kernels::dtype_size(m.dtype());
+  for (int pi : m.units()[static_cast<size_t>(u)].params) {
+    const ParamInfo& p = m.params()[static_cast<size_t>(pi)];
+    const bool matrix = p.shape.size() == 2;
+    const size_t bytes = matrix ? bytes_for(kind, p.shape[0], p.shape[1]) : static_cast<size_t>(p.numel) * esz;
+    at = (at + 63) / 64 * 64;
+    out.push_back({&p, matrix, at, bytes});
+    at += bytes;
+  }
+  return out;
+}
+
+size_t Transformer::stored_bytes(int u) const {
+  const auto pieces = stored_pieces(*this, u, parse_quant_kind(lora_spec_.base_dtype));
+  return pieces.empty() ? 64 : (pieces.back().at + pieces.back().bytes + 63) / 64 * 64;
+}
+
+void Transformer::store_unit(int u, const float* master, void* stored) const {
+  const QuantKind kind = parse_quant_kind(lora_spec_.base_dtype);
+  auto* dst = static_cast<char*>(stored);
+  std::memset(dst, 0, stored_bytes(u));
+  for (const StoredPiece& s : stored_pieces(*this, u, kind)) {
+    const float* src = master + s.p->unit_offset;
+    if (s.matrix)
+      quantize(kind, src, DType::f32, s.p->shape[0], s.p->shape[1], dst + s.at);
+    else if (dtype_ == DType::f32)
+      std::memcpy(dst + s.at, src, s.bytes);
+    else
+      quantize(working_kind(dtype_), src, DType::f32, 1, s.p->numel, dst + s.at);
+  }
+}
+
+void Transformer::decode_unit(int u, const void* stored, void* working) const {
+  const QuantKind kind = parse_quant_kind(lora_spec_.base_dtype);
+  const auto* src = static_cast<const char*>(stored);
+  const size_t esz = kernels::dtype_size(dtype_);
+  const Unit& unit = units_.at(static_cast<size_t>(u));
+  for (const StoredPiece& s : stored_pieces(*this, u, kind)) {
+    void* out = static_cast<char*>(working) + static_cast<size_t>(s.p->unit_offset) * esz;
+    if (s.matrix)
+      dequantize_rows(kind, src + s.at, s.p->shape[0], s.p->shape[1], 0, s.p->shape[0], out, dtype_);
+    else
+      std::memcpy(out, src + s.at, s.bytes);
+  }
+  std::memset(static_cast<char*>(working) + static_cast<size_t>(unit.n_real) * esz, 0,
+              static_cast<size_t>(unit.numel - unit.n_real) * esz);
 }
 
 int64_t Transformer::n_trainable_params() const {

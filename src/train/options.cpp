@@ -120,6 +120,10 @@ const std::vector<OptionSpec>& option_table() {
        "LoRA: start from this PEFT adapter directory (adapter_config.json + adapter_model.safetensors); its config "
        "sets the rank, alpha, rsLoRA and targets",
        &O::adapter, all},
+      {"--base-dtype",
+       "LoRA: store the frozen layers' matrices as bf16 | fp16 | int8 (per row) | nf4 (QLoRA's, double-quantized), "
+       "decoded one layer at a time (empty = --dtype; the embedding and LM head stay in --dtype)",
+       &O::base_dtype, all},
       {"--merge-adapter", "LoRA: --out writes the merged model (W + s·B·A, HF layout) instead of the adapter",
        &O::merge_adapter, cli_agreed},
   };
@@ -237,6 +241,16 @@ void validate_options(const TrainOptions& o) {
                                   "0-2 (the adapters are small; stage 2 shards their grads and AdamW state)");
   } else if (!o.lora_targets.empty() || o.lora_rslora || o.merge_adapter) {
     throw std::invalid_argument("--lora-targets/--lora-rslora/--merge-adapter need --lora-rank R (> 0) or --adapter DIR");
+  }
+  if (!o.base_dtype.empty()) {
+    if (o.lora_rank == 0) throw std::invalid_argument("--base-dtype needs --lora-rank R (> 0) or --adapter DIR (a frozen base)");
+    if (o.base_dtype != o.dtype && o.base_dtype != "bf16" && o.base_dtype != "fp16" && o.base_dtype != "int8" &&
+        o.base_dtype != "nf4")
+      throw std::invalid_argument("--base-dtype " + o.base_dtype + ": expected bf16, fp16, int8 or nf4");
+    if (o.base_dtype != o.dtype && o.backend != "cpu")
+      throw std::invalid_argument("--base-dtype " + o.base_dtype + " on --backend " + o.backend +
+                                  ": decoding a stored base runs on the CPU backend only so far; use --base-dtype " +
+                                  o.dtype + " (the working dtype)");
   }
   if (o.merge_adapter && o.out.empty()) throw std::invalid_argument("--merge-adapter needs --out DIR (where the merged model goes)");
   if (o.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 0 (0 = only at the end)");

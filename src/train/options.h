@@ -84,6 +84,7 @@ struct TrainOptions {
   double lora_dropout = 0;
   std::string lora_targets;        // "" = the family's PEFT default; "all-linear"
   std::string adapter;             // start from this PEFT adapter (its config sets the --lora-* shape)
+  std::string base_dtype;          // the frozen base's storage: "" (= --dtype) | bf16 | fp16 | int8 | nf4
   bool merge_adapter = false;      // --out: the merged model (W + s·B·A), not the adapter
 };
 

@@ -89,6 +89,10 @@ class RunMemory {
   // turns (the next unit is gathered into one while the current one computes from the other).
   // Null in a dry run and below stage 3.
   virtual void* gathered(int /*slot*/) { return nullptr; }
+  // LoRA --base-dtype: a frozen layer decoded to the working dtype for the phase that uses it
+  // (Transformer::decode_unit), taking turns between two whole-unit slots. Null in a dry run
+  // and without a stored base.
+  virtual void* decoded(int /*slot*/) { return nullptr; }
 };
 
 }  // namespace strata

@@ -127,6 +127,7 @@ struct TieredMemory::Layout {
   int workspace = -1, extra = -1;
   std::array<int, kNumUnitSlots> grad_scratch{-1, -1, -1, -1};  // stage 2: whole-unit grads (RunMemory::grad_scratch)
   std::array<int, kNumUnitSlots> gathered{-1, -1, -1, -1};      // stage 3: whole-unit weights (RunMemory::gathered)
+  std::array<int, 2> decoded{-1, -1};  // LoRA --base-dtype: a frozen layer decoded (RunMemory::decoded)
   // The schedules the manager plans: [step] one training step (the previous step's update inside
   // its forward), [update] a pending update on its own (before a save or checkpoint).
   std::array<offload::Schedule, kNumSchedules> schedules;
@@ -316,6 +317,13 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
     most[slot] = std::max(most[slot], model.units()[u].numel);
   }
   most[3] = most[2];
+  int64_t most_stored = 0;
+  for (size_t u = 0; u < model.units().size(); ++u)
+    if (model.stored_unit(static_cast<int>(u))) most_stored = std::max(most_stored, model.units()[u].numel);
+  if (most_stored > 0)
+    for (size_t slot = 0; slot < 2; ++slot)
+      l->decoded[slot] = l->add("decoded." + std::to_string(slot), static_cast<uint64_t>(most_stored) * esz, Tier::device,
+                                kNumRoles);
   for (size_t slot = 0; slot < kNumUnitSlots; ++slot) {
     if (most[slot] == 0) continue;
     const auto n = static_cast<uint64_t>(most[slot]);
@@ -591,6 +599,8 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
       grad_scratch_[slot] = static_cast<float*>(mgr_->home_data(static_cast<BlockId>(layout_->grad_scratch[slot])));
     if (layout_->gathered[slot] >= 0) gathered_[slot] = mgr_->home_data(static_cast<BlockId>(layout_->gathered[slot]));
   }
+  for (size_t slot = 0; slot < 2; ++slot)
+    if (layout_->decoded[slot] >= 0) decoded_[slot] = mgr_->home_data(static_cast<BlockId>(layout_->decoded[slot]));
   compute.synchronize();
 }
 

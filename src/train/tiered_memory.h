@@ -113,6 +113,7 @@ class TieredMemory final : public RunMemory {
   void handoff(Role r, int index, Side to) override;
   float* grad_scratch(int slot) override { return grad_scratch_[static_cast<size_t>(slot)]; }
   void* gathered(int slot) override { return gathered_[static_cast<size_t>(slot)]; }
+  void* decoded(int slot) override { return decoded_[static_cast<size_t>(slot)]; }
 
   // Initialising and loading (asides). write_back starts writing a released block to its home
   // now, so the write overlaps what the caller does next and evicting the block later writes
@@ -157,6 +158,7 @@ class TieredMemory final : public RunMemory {
   void* extra_ = nullptr;
   std::array<float*, kNumUnitSlots> grad_scratch_{};
   std::array<void*, kNumUnitSlots> gathered_{};
+  std::array<void*, 2> decoded_{};
   double stall_ms_ = 0;
 };
 

@@ -108,7 +108,9 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
         model->init_unit(u, o.seed, full.data());
       base_crc = io::crc32c(full.data(), static_cast<size_t>(unit.n_real) * 4, base_crc);
       void* w = mem->acquire(Role::params, u, offload::Mode::write, Side::host);
-      if (sh.sharded_weights())
+      if (model->stored_unit(u))  // --base-dtype: quantized (or cast) as stored
+        model->store_unit(u, full.data(), w);
+      else if (sh.sharded_weights())
         cast_on_host(full.data() + lo, w, n, dtype);
       else
         cast_on_host(full.data(), w, unit.numel, dtype);

@@ -76,7 +76,16 @@ class UnitLifecycle::WholeWeights final : public UnitLifecycle::WeightPath {
   }
   const void* use(int u) override {
     take(u);
-    return lc_.mem_.acquire(Role::params, u, Mode::read, Side::compute);
+    const void* w = lc_.mem_.acquire(Role::params, u, Mode::read, Side::compute);
+    if (!lc_.model_.stored_unit(u)) return w;
+    // LoRA --base-dtype: the layer decoded into a slot, in compute's order (the slot's previous
+    // layer is done with it by then). CPU backend only (validate_options).
+    void* out = lc_.mem_.decoded(lc_.next_decoded_++ % 2);
+    lc_.compute([&] {
+      const Transformer* m = &lc_.model_;
+      lc_.mem_.stream(Side::compute).host_fn([m, u, w, out] { m->decode_unit(u, w, out); });
+    });
+    return out;
   }
   bool drop(int u, bool spent) override {
     // Spent weights the update rewrites are dropped, not written home; a frozen unit's stay.

@@ -146,6 +146,7 @@ class UnitLifecycle {
   size_t cursor_ = 0;  // the next use
   std::vector<std::pair<int, int>> held_;  // stage 3: (unit, slot) gathered and in use
   bool held_head_ = false;                 // ... the embedding's kept for a tied head's phase
+  int next_decoded_ = 0;                   // LoRA --base-dtype: the decoded slot the next layer takes
   int rest_slot_ = 3;                      // the slot the last "other" unit's grads used
   // Events (created when not dry and world > 1): per whole-unit slot, the gather into it is
   // done (comm) / compute is done with it; per scratch slot, the reduce-scatter read it (comm);

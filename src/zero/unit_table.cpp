@@ -44,6 +44,7 @@ UnitTable::UnitTable(const Transformer& model, const Placement& pl, const std::v
     const bool adapter = model.lora() && e.trainable;
     e.params = span(sh_.sharded_weights(), adapter ? (master_is_weights_ ? pl.optimizer : offload::Tier::device)
                                                    : pl.params);
+    if (model.stored_unit(static_cast<int>(u))) e.stored_bytes = model.stored_bytes(static_cast<int>(u));
     if (e.trainable) {
       e.master_is_weights = master_is_weights_;
       e.master = span(sh_.sharded_optimizer(), pl.optimizer);
@@ -58,6 +59,7 @@ uint64_t UnitTable::bytes(Role r, int u) const {
   const UnitEntry& e = (*this)[u];
   const UnitBlock& b = e.block(r);
   if (!b.exists) return 0;
+  if (r == Role::params && e.stored_bytes) return e.stored_bytes;
   const auto n = static_cast<uint64_t>(r == Role::adam ? e.adam_layout().length() : b.n);
   return n * (r == Role::params ? kernels::dtype_size(dtype_) : 4);
 }

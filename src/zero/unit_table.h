@@ -58,6 +58,9 @@ struct UnitEntry {
   // adam covers the master's elements; its block is laid out as adam_layout() says.
   UnitBlock params, master, adam, grads;  // params: the working weights
   bool master_is_weights = false;  // master and weights are one fp32 block (the weights')
+  // LoRA --base-dtype: the params block holds the weights' stored form, this many bytes
+  // (Transformer::stored_unit); 0: the working dtype, params.n elements.
+  uint64_t stored_bytes = 0;
 
   AdamLayout adam_layout() const { return {adam.n}; }
   // The block of state r (Role::activations is a layer's, not a unit's: logic_error).
