@@ -359,23 +359,29 @@ int64_t Transformer::n_trainable_params() const {
 }
 
 void Transformer::init_unit(int u, uint64_t seed, float* master) const {
+  init_range(u, seed, 0, units_.at(static_cast<size_t>(u)).numel, master);
+}
+
+void Transformer::init_range(int u, uint64_t seed, int64_t lo, int64_t hi, float* out) const {
   const Unit& unit = units_.at(static_cast<size_t>(u));
   for (int pi : unit.params) {
     const ParamInfo& p = params_[static_cast<size_t>(pi)];
-    float* dst = master + p.unit_offset;
+    // This tensor's elements inside [lo, hi): [a, b) of the tensor, at out + (offset + a - lo).
+    const int64_t a = std::max<int64_t>(0, lo - p.unit_offset), b = std::min(p.numel, hi - p.unit_offset);
+    if (b <= a) continue;
+    float* dst = out + (p.unit_offset + a - lo);
     if (p.ones || p.zeros) {
-      std::fill(dst, dst + p.numel, p.ones ? 1.f : 0.f);
+      std::fill(dst, dst + (b - a), p.ones ? 1.f : 0.f);
       continue;
     }
     const uint64_t key = init_stream_key(seed, static_cast<uint64_t>(pi));
     if (p.uniform > 0) {
-      fill_uniform(key, 0, p.numel, p.uniform, dst);
+      fill_uniform(key, a, b - a, p.uniform, dst);
       continue;
     }
-    kernels::cpu::parallel_for(0, p.numel, 1 << 16,
-                               [&](int64_t lo, int64_t hi) { fill_normal(key, lo, hi - lo, 0.02f, dst + lo); });
+    kernels::cpu::parallel_for(a, b, 1 << 16, [&](int64_t x, int64_t y) { fill_normal(key, x, y - x, 0.02f, dst + (x - a)); });
   }
-  std::fill(master + unit.n_real, master + unit.numel, 0.f);
+  if (hi > unit.n_real) std::fill(out + (std::max(lo, unit.n_real) - lo), out + (hi - lo), 0.f);
 }
 
 void Transformer::load_unit(int u, const HfCheckpoint& ckpt, float* master, const std::string& name_prefix) const {

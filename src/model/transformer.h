@@ -246,6 +246,8 @@ class Transformer {
   // elements, padding zeroed) from `seed`: matrices ~ N(0, 0.02), norm gains 1, biases 0.
   // The same values whatever the thread count or the other units.
   void init_unit(int u, uint64_t seed, float* master) const;
+  // The same init's elements [lo, hi) of unit u into out (hi - lo floats): a unit in pieces.
+  void init_range(int u, uint64_t seed, int64_t lo, int64_t hi, float* out) const;
   // Unit u's parameters from an HF checkpoint into `master` (host, fp32, padding zeroed); a
   // missing tensor or a shape mismatch throws naming it.
   // name_prefix: the file's names are the model's behind it (a PEFT adapter's "base_model.model.").

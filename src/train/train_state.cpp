@@ -86,11 +86,19 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
   // Sharded (stage >= 1): each unit is built whole in `full`, and this rank keeps its shard. A
   // frozen unit (LoRA's base) has no master: it is built in `full` and cast to its weights.
   const bool sharded = sh.sharded_optimizer();
+  // A frozen unit from a random init that is not stored otherwise is cast in pieces of this many
+  // elements (the 8B model's embedding would stage 2 GiB whole).
+  constexpr int64_t kPiece = int64_t{1} << 24;
+  const auto in_pieces = [&](const Unit& unit, int u) {
+    return !unit.trainable && !base && !model->stored_unit(u) && !sh.sharded_weights();
+  };
   std::vector<float> full;
   if (sharded || model->lora()) {
     int64_t most = 0;
-    for (const Unit& unit : model->units())
-      if (sharded || !unit.trainable) most = std::max(most, unit.numel);
+    for (size_t ui = 0; ui < model->units().size(); ++ui) {
+      const Unit& unit = model->units()[ui];
+      if (sharded || !unit.trainable) most = std::max(most, in_pieces(unit, static_cast<int>(ui)) ? kPiece : unit.numel);
+    }
     full.resize(static_cast<size_t>(most));
   }
   mem->begin_step(TieredMemory::Schedule::aside);
@@ -101,6 +109,20 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
     const int u = static_cast<int>(ui);
     const Unit& unit = model->units()[ui];
     const int64_t n = sharded ? sh.shard(unit.numel) : unit.numel, lo = sharded ? sh.rank * n : 0;
+    if (in_pieces(unit, u)) {
+      char* w = static_cast<char*>(mem->acquire(Role::params, u, offload::Mode::write, Side::host));
+      const size_t esz = kernels::dtype_size(dtype);
+      for (int64_t lo = 0; lo < unit.numel; lo += kPiece) {
+        const int64_t n_piece = std::min(kPiece, unit.numel - lo);
+        model->init_range(u, o.seed, lo, lo + n_piece, full.data());
+        if (lo < unit.n_real)
+          base_crc = io::crc32c(full.data(), static_cast<size_t>(std::min(n_piece, unit.n_real - lo)) * 4, base_crc);
+        cast_on_host(full.data(), w + static_cast<size_t>(lo) * esz, n_piece, dtype);
+      }
+      mem->release(Role::params, u);
+      mem->write_back(Role::params, u);
+      continue;
+    }
     if (!unit.trainable) {
       if (base)
         model->load_unit(u, *base, full.data());

@@ -346,7 +346,7 @@ TEST(Model, LlamaGqaBiasLlama3RopeMatchesFloat64) { check_against_float64(tiny_l
 // frozen base gets no gradient (its grads stay as poisoned: nothing writes them).
 void check_lora_against_float64(const ModelConfig& cfg, const std::string& targets, bool rslora) {
   auto rt = kernels::make_runtime(kernels::Backend::cpu);
-  LoraSpec lora{.rank = 3, .alpha = 5, .rslora = rslora, .targets = parse_lora_targets(targets)};
+  LoraSpec lora{.rank = 3, .alpha = 5, .rslora = rslora, .targets = parse_lora_targets(targets), .base_dtype = ""};
   TestModel m(cfg, DType::f32, 2, 7, *rt, kLogitsChunkBytes, {}, lora);
   randomize(m, 7);
   const Batch b = random_batch(14, cfg.vocab_size, 11);
@@ -404,6 +404,21 @@ void check_lora_against_float64(const ModelConfig& cfg, const std::string& targe
     EXPECT_LE(max_err, 1e-4 * max_ref + 1e-7) << p.name << ": max |grad - finite difference| " << max_err;
   }
   EXPECT_GT(adapters, 0);
+}
+
+// A unit's random init in pieces (any cut, across tensors and into the padding) is its whole
+// init, bit for bit: what a frozen base's init streams in pieces.
+TEST(Model, InitInPiecesIsTheWholeInit) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  LoraSpec lora{.rank = 2, .alpha = 4, .rslora = false, .targets = parse_lora_targets("all-linear"), .base_dtype = ""};
+  Transformer m(tiny_llama(false), DType::f32, 1, 4, *rt, {}, kLogitsChunkBytes, 1, lora);
+  for (int u : {m.embed_unit(), m.block_unit(1), m.lora_unit(0), m.final_norm_unit()}) {
+    const int64_t n = m.units()[static_cast<size_t>(u)].numel;
+    std::vector<float> whole(static_cast<size_t>(n)), pieces(static_cast<size_t>(n), -1.f);
+    m.init_unit(u, 42, whole.data());
+    for (int64_t lo = 0; lo < n; lo += 37) m.init_range(u, 42, lo, std::min(n, lo + 37), pieces.data() + lo);
+    EXPECT_TRUE(std::memcmp(whole.data(), pieces.data(), whole.size() * 4) == 0) << m.units()[static_cast<size_t>(u)].name;
+  }
 }
 
 TEST(Model, LoraLlamaAllLinearMatchesFloat64) { check_lora_against_float64(tiny_llama(false), "all-linear", false); }
