@@ -21,7 +21,7 @@ TEST(Options, ACheckpointRecordsTheSameFlagsUnderTheSameKeys) {
       "min_lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "loss_scale", "seed", "offload_params",
       "offload_grads", "offload_optimizer", "offload_activations", "checkpoint_activations", "nvme_path",
       "device_mem", "host_mem", "zero_stage", "lora_rank", "lora_alpha", "lora_rslora", "lora_dropout",
-      "lora_targets"};
+      "lora_targets", "adapter", "base_dtype"};
   TrainOptions o;
   o.nvme_paths = {"/a", "/b"};
   o.seed = 18446744073709551615ull;
