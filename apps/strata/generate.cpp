@@ -30,7 +30,7 @@ using nlohmann::json;
 namespace {
 
 struct GenerateOptions {
-  std::string model, prompt, prompt_ids, batch_file;
+  std::string model, adapter, prompt, prompt_ids, batch_file;
   bool chat = false, json_out = false;
   int64_t max_new_tokens = 128;
   double temperature = 1.0, top_p = 1.0;
@@ -239,7 +239,7 @@ int run_generate(const GenerateOptions& o) {
   }
   shape.capacity += shape.max_prompt;
   Generator gen(cfg, kernels::parse_dtype(o.dtype), *rt, *stream, pl, shape);
-  gen.load(*HfCheckpoint::open(dir));
+  gen.load(*HfCheckpoint::open(dir), o.adapter);
 
   // Stops: each item's decoded text is checked as it grows; a single streamed prompt prints
   // what can no longer turn into a stop text, in whole UTF-8 characters.
@@ -310,6 +310,8 @@ void register_generate(CLI::App& app, Run& run) {
   CLI::App* cmd = app.add_subcommand("generate", "Sample text from a model (KV cache; batched with --batch-file)");
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--model", o.model, "HF model directory, strata train --out directory or training checkpoint");
+  cmd->add_option("--adapter", o.adapter,
+                  "a PEFT LoRA adapter (strata train --lora-rank --out DIR) merged into --model's weights as they load");
   cmd->add_option("--prompt", o.prompt, "prompt text (the model's tokenizer.json; bytes for a 256-token model)");
   cmd->add_flag("--chat", o.chat, "the prompt is a user message, rendered with the model's chat template");
   cmd->add_option("--prompt-ids", o.prompt_ids, "prompt as token ids, e.g. 1,2,3 (no tokenizer needed)");

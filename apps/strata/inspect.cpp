@@ -13,6 +13,7 @@
 #include "kernels/dtype.h"
 #include "src/checkpoint/hf.h"
 #include "src/checkpoint/train_checkpoint.h"
+#include "src/model/lora.h"
 
 namespace strata::app {
 namespace {
@@ -83,7 +84,7 @@ std::string file_type_name(fs::file_type t) {
 int inspect(const std::string& path_text, bool list) {
   const fs::path path(path_text);
   const std::string expected = "expected a model directory (config.json), a training checkpoint, a checkpoint "
-                               "directory or a .safetensors file";
+                               "directory, a PEFT adapter directory or a .safetensors file";
   // The file type from stat, before anything opens the path: a FIFO would block the open.
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
@@ -95,6 +96,15 @@ int inspect(const std::string& path_text, bool list) {
   }
   if (!fs::is_directory(st))
     throw std::runtime_error("inspect " + path_text + ": is a " + file_type_name(st.type()) + "; " + expected);
+  if (fs::exists(path / "adapter_config.json", ec)) {  // a PEFT LoRA adapter (strata train --lora-rank --out)
+    const LoraSpec l = read_peft_config(path);
+    std::string targets;
+    for (const std::string& t : l.targets) targets += (targets.empty() ? "" : ",") + t;
+    fmt::print("{}: PEFT LoRA adapter\n", path_text);
+    fmt::print("  lora       rank {}, alpha {} (scale {}{}) on {}\n", l.rank, l.alpha, peft_scale(l),
+               l.rslora ? ", rsLoRA" : "", targets);
+    return print_tensors(*HfCheckpoint::open_file(path / "adapter_model.safetensors"), list) ? 1 : 0;
+  }
   fs::path ckpt = path;
   if (!is_train_checkpoint(path) && !fs::exists(path / "config.json", ec)) {
     ckpt = find_resume_checkpoint("auto", path_text);  // a checkpoint directory: its newest (empty: none)

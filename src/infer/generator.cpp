@@ -185,8 +185,39 @@ void Generator::set_unit(int u, const std::vector<float>& master) {
   mgr_->end_step();
 }
 
-void Generator::load(const HfCheckpoint& ckpt) {
-  fill_units([&](int u, float* master) { model_.load_unit(u, ckpt, master); });
+void Generator::load(const HfCheckpoint& ckpt, const std::filesystem::path& adapter) {
+  if (adapter.empty()) {
+    fill_units([&](int u, float* master) { model_.load_unit(u, ckpt, master); });
+    return;
+  }
+  const double s = peft_scale(read_peft_config(adapter));
+  const auto file = HfCheckpoint::open_file(adapter / "adapter_model.safetensors");
+  const bool in_out = model_.config().family == Family::gpt2;  // HF Conv1D weights are (in, out)
+  int merged = 0;
+  std::vector<float> A, B;
+  fill_units([&](int u, float* master) {
+    model_.load_unit(u, ckpt, master);
+    for (int pi : model_.units()[static_cast<size_t>(u)].params) {
+      const ParamInfo& p = model_.params()[static_cast<size_t>(pi)];
+      if (!p.name.ends_with(".weight")) continue;
+      const std::string mod = "base_model.model." + p.name.substr(0, p.name.size() - 7);
+      const StoredTensor* a = file->find(mod + ".lora_A.weight");
+      const StoredTensor* b = file->find(mod + ".lora_B.weight");
+      if (!a || !b) continue;
+      if (a->shape.size() != 2 || b->shape.size() != 2 || a->shape[0] != b->shape[1] ||
+          a->shape[1] * b->shape[0] != p.numel)
+        throw std::invalid_argument(adapter.string() + ": " + mod + "'s lora_A/lora_B shapes do not fit " + p.name);
+      A.resize(static_cast<size_t>(a->shape[0] * a->shape[1]));
+      B.resize(static_cast<size_t>(b->shape[0] * b->shape[1]));
+      file->read_into(a->name, a->shape, A.data(), DType::f32);
+      file->read_into(b->name, b->shape, B.data(), DType::f32);
+      add_lora_delta(master + p.unit_offset, A.data(), B.data(), a->shape[0], a->shape[1], b->shape[0], s, in_out);
+      ++merged;
+    }
+  });
+  if (merged == 0)
+    throw std::invalid_argument(adapter.string() + ": the adapter adapts no weight of this model (its names do not "
+                                "match; is it for another base?)");
 }
 
 void Generator::init_random(uint64_t seed) {

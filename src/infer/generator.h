@@ -54,7 +54,10 @@ class Generator {
 
   // The working weights, one unit at a time: from a checkpoint (converted to the working dtype),
   // or GPT-2-style random init from `seed` (what strata train starts from).
-  void load(const HfCheckpoint& ckpt);
+  // adapter: a PEFT LoRA adapter directory merged into the weights as they load (each adapted
+  // weight W + s·B·A in float64, rounded once: the same weights as `strata train
+  // --merge-adapter`); throws naming the adapter when it adapts no weight of the model.
+  void load(const HfCheckpoint& ckpt, const std::filesystem::path& adapter = {});
   void init_random(uint64_t seed);
   // Unit u's working weights from its fp32 values (host, the unit's numel, padding zeroed).
   void set_unit(int u, const std::vector<float>& master);

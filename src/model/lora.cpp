@@ -4,6 +4,9 @@
 #include <cmath>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
+#include "src/checkpoint/safetensors.h"
 #include "src/model/linear.h"
 #include "src/model/transformer.h"
 
@@ -59,6 +62,49 @@ std::vector<LinearModule> match_lora_targets(const std::vector<LinearModule>& mo
     if (on) out.push_back(m);
   }
   return out;
+}
+
+LoraSpec read_peft_config(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "adapter_config.json";
+  if (!std::filesystem::is_regular_file(dir / "adapter_model.safetensors") || !std::filesystem::is_regular_file(file))
+    throw std::invalid_argument(dir.string() +
+                                ": not a PEFT adapter directory (it needs adapter_config.json and adapter_model.safetensors)");
+  const auto bad = [&](const std::string& what) { return std::invalid_argument(file.string() + ": " + what); };
+  LoraSpec l;
+  try {
+    const nlohmann::json c = safetensors::read_json_file(file);
+    if (c.value("peft_type", std::string()) != "LORA") throw bad("peft_type is not LORA");
+    l.rank = c.at("r").get<int64_t>();
+    if (l.rank <= 0) throw bad("r must be positive");
+    l.alpha = c.at("lora_alpha").get<double>();
+    l.rslora = c.value("use_rslora", false);
+    const auto& t = c.at("target_modules");
+    if (t.is_string()) {
+      if (t.get<std::string>() != "all-linear")
+        throw bad("target_modules is the pattern '" + t.get<std::string>() + "'; only a list of names or all-linear is read");
+      l.targets = {"all-linear"};
+    } else {
+      l.targets = t.get<std::vector<std::string>>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(std::string("malformed: ") + e.what());
+  }
+  return l;
+}
+
+double peft_scale(const LoraSpec& l) {
+  return l.rslora ? l.alpha / std::sqrt(static_cast<double>(l.rank)) : l.alpha / static_cast<double>(l.rank);
+}
+
+void add_lora_delta(float* w, const float* A, const float* B, int64_t r, int64_t in, int64_t out, double s,
+                    bool w_in_out) {
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) {
+      double d = 0;
+      for (int64_t k = 0; k < r; ++k) d += static_cast<double>(B[o * r + k]) * A[k * in + i];
+      float& x = w[w_in_out ? i * out + o : o * in + i];
+      x = static_cast<float>(static_cast<double>(x) + s * d);
+    }
 }
 
 namespace model_detail {

@@ -6,6 +6,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,16 @@ struct LoraLayout {
   int64_t max_kr = 0;  // the widest slot: the (N, max_kr) scratch its GEMMs use
   std::array<LoraSlotLayout, kLoraSlots> slots;
 };
+
+// A PEFT adapter directory's adapter_config.json (peft_type LORA): its rank, alpha, rsLoRA and
+// target modules (a list, or "all-linear"); throws std::invalid_argument naming the file.
+LoraSpec read_peft_config(const std::filesystem::path& dir);
+// The adapter's scale in float64, as PEFT's `scaling` (a Python float): alpha / r or alpha / √r.
+double peft_scale(const LoraSpec& spec);
+// w += s·B·A in float64, rounded once per element: A (r, in), B (out, r); w (out, in), or
+// (in, out) where the base stores its weight transposed (HF Conv1D).
+void add_lora_delta(float* w, const float* A, const float* B, int64_t r, int64_t in, int64_t out, double s,
+                    bool w_in_out);
 
 namespace model_detail {
 // y[:, col..] (rows N, row stride ldy) += s · (x A_tᵀ) B_tᵀ for each of the slot's targets.

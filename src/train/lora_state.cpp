@@ -41,8 +41,7 @@ void Trainer::Impl::save_merged(const std::string& out_dir, const std::vector<st
   c.torch_dtype = "float32";
   std::unique_ptr<HfCheckpoint> base_file;
   if (base_weights) base_file = HfCheckpoint::open(o.model);
-  const LoraSpec& l = model->lora_spec();  // s in float64, as PEFT's scaling (a Python float)
-  const double s = l.rslora ? l.alpha / std::sqrt(static_cast<double>(l.rank)) : l.alpha / static_cast<double>(l.rank);
+  const double s = peft_scale(model->lora_spec());
   const bool in_out = cfg.family == Family::gpt2;  // HF Conv1D: W stored (in, out)
   // The base unit being written, staged whole (fp32).
   int staged = -1;
@@ -86,15 +85,8 @@ void Trainer::Impl::save_merged(const std::string& out_dir, const std::vector<st
                            return;
                          }
                          const std::vector<float> A = adapter(*a), B = adapter(*b);
-                         const int64_t r = a->shape[0], in = a->shape[1], n_out = b->shape[0];
-                         for (int64_t oi = 0; oi < n_out; ++oi)
-                           for (int64_t ii = 0; ii < in; ++ii) {
-                             double d = 0;
-                             for (int64_t k = 0; k < r; ++k)
-                               d += static_cast<double>(B[static_cast<size_t>(oi * r + k)]) * A[static_cast<size_t>(k * in + ii)];
-                             const size_t at = static_cast<size_t>(in_out ? ii * n_out + oi : oi * in + ii);
-                             out[at] = static_cast<float>(static_cast<double>(w[at]) + s * d);
-                           }
+                         std::memcpy(out, w, static_cast<size_t>(pp->numel) * 4);
+                         add_lora_delta(out, A.data(), B.data(), a->shape[0], a->shape[1], b->shape[0], s, in_out);
                        }});
   }
   std::vector<fs::path> tokenizer;

@@ -77,43 +77,25 @@ bool data_has_documents(const std::vector<fs::path>& files, const std::string& f
 TrainOptions with_adapter_config(const TrainOptions& in) {
   if (in.adapter.empty()) return in;
   TrainOptions o = in;
-  const fs::path dir(o.adapter);
-  const fs::path file = dir / "adapter_config.json";
-  if (!fs::is_regular_file(dir / "adapter_model.safetensors") || !fs::is_regular_file(file))
-    throw std::invalid_argument("--adapter " + o.adapter +
-                                ": not a PEFT adapter directory (it needs adapter_config.json and "
-                                "adapter_model.safetensors)");
-  const nlohmann::json c = safetensors::read_json_file(file);
-  const auto bad = [&](const std::string& what) {
-    return std::invalid_argument(file.string() + ": " + what);
-  };
+  LoraSpec l;
   try {
-    if (c.value("peft_type", std::string()) != "LORA") throw bad("peft_type is not LORA");
-    const int64_t r = c.at("r").get<int64_t>();
-    if (o.lora_rank != 0 && o.lora_rank != r)
-      throw bad("r is " + std::to_string(r) + " but --lora-rank is " + std::to_string(o.lora_rank) +
-                " (drop --lora-rank: the adapter sets it)");
-    o.lora_rank = r;
-    o.lora_alpha = c.at("lora_alpha").get<double>();
-    o.lora_rslora = c.value("use_rslora", false);
-    std::vector<std::string> names;
-    const auto& t = c.at("target_modules");
-    if (t.is_string()) {
-      if (t.get<std::string>() != "all-linear")
-        throw bad("target_modules is the pattern '" + t.get<std::string>() + "'; only a list of names or all-linear is read");
-      names = {"all-linear"};
-    } else {
-      names = t.get<std::vector<std::string>>();
-    }
-    std::string joined;
-    for (const std::string& n : names) joined += (joined.empty() ? "" : ",") + n;
-    if (!o.lora_targets.empty() && parse_lora_targets(o.lora_targets) != parse_lora_targets(joined))
-      throw bad("target_modules is " + joined + " but --lora-targets is " + o.lora_targets +
-                " (drop --lora-targets: the adapter sets it)");
-    o.lora_targets = joined;
-  } catch (const nlohmann::json::exception& e) {
-    throw bad(std::string("malformed: ") + e.what());
+    l = read_peft_config(o.adapter);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("--adapter " + o.adapter + ": " + e.what());
   }
+  const std::string file = (fs::path(o.adapter) / "adapter_config.json").string();
+  if (o.lora_rank != 0 && o.lora_rank != l.rank)
+    throw std::invalid_argument(file + ": r is " + std::to_string(l.rank) + " but --lora-rank is " +
+                                std::to_string(o.lora_rank) + " (drop --lora-rank: the adapter sets it)");
+  std::string joined;
+  for (const std::string& n : l.targets) joined += (joined.empty() ? "" : ",") + n;
+  if (!o.lora_targets.empty() && parse_lora_targets(o.lora_targets) != l.targets)
+    throw std::invalid_argument(file + ": target_modules is " + joined + " but --lora-targets is " + o.lora_targets +
+                                " (drop --lora-targets: the adapter sets it)");
+  o.lora_rank = l.rank;
+  o.lora_alpha = l.alpha;
+  o.lora_rslora = l.rslora;
+  o.lora_targets = joined;
   return o;
 }
 

@@ -106,6 +106,10 @@ TEST_F(LoraCli, WritesAPeftAdapterAndLeavesTheBaseUntouched) {
   EXPECT_EQ(cfg["use_rslora"], true);
   EXPECT_EQ(cfg["target_modules"], nlohmann::json({"self_attn.q_proj", "self_attn.v_proj"}));
   EXPECT_FALSE(fs::exists(a / "model.safetensors"));
+  const Result inspected = run("inspect " + a.string());
+  EXPECT_EQ(inspected.status, 0) << inspected.err;
+  EXPECT_NE(inspected.out.find("PEFT LoRA adapter"), std::string::npos) << inspected.out;
+  EXPECT_NE(inspected.out.find("rank 4, alpha 8"), std::string::npos) << inspected.out;
 
   // PEFT's names and shapes: A [r, in], B [out, r]; 3 layers × (q, v) × (A, B).
   const auto h = safetensors_header(a / "adapter_model.safetensors");
@@ -171,7 +175,8 @@ std::map<std::string, std::vector<float>> tensors_of(const fs::path& file) {
 
 // --adapter starts from a PEFT adapter (at lr 0 it is saved back byte for byte; its config sets
 // the rank); --merge-adapter writes W + s·B·A in float64 rounded once, every other tensor the
-// base's, and the merged model's loss is the adapted one's.
+// base's, and the merged model's loss is the adapted one's; generate --adapter gives the merged
+// model's tokens.
 TEST_F(LoraCli, AdapterInAndMergedModelOut) {
   const fs::path a = dir_ / "a", back = dir_ / "back", merged = dir_ / "merged";
   Result r = run(lora(3, "1e-2", "q_proj,down_proj") + "--out " + a.string());
@@ -214,6 +219,16 @@ TEST_F(LoraCli, AdapterInAndMergedModelOut) {
   ASSERT_EQ(r.status, 0) << r.err;
   const auto loss = [](const fs::path& p) { return nlohmann::json::parse(slurp(p).substr(0, slurp(p).find('\n')))["loss"].get<double>(); };
   EXPECT_NEAR(loss(dir_ / "m.jsonl"), loss(dir_ / "ad.jsonl"), 1e-6 * loss(dir_ / "ad.jsonl"));
+
+  // `strata generate --adapter` merges as it loads: the merged model's tokens.
+  const std::string gen = " --prompt-ids 5,6,7,8 --max-new-tokens 16 --temperature 0 --threads 1 --json";
+  const Result with_adapter = run("generate --model " + base().string() + " --adapter " + a.string() + gen);
+  const Result from_merged = run("generate --model " + merged.string() + gen);
+  ASSERT_EQ(with_adapter.status, 0) << with_adapter.err;
+  ASSERT_EQ(from_merged.status, 0) << from_merged.err;
+  EXPECT_EQ(nlohmann::json::parse(with_adapter.out)["ids"], nlohmann::json::parse(from_merged.out)["ids"]);
+  EXPECT_NE(nlohmann::json::parse(with_adapter.out)["ids"],
+            nlohmann::json::parse(run("generate --model " + base().string() + gen).out)["ids"]);
 }
 
 // --base-dtype int8/nf4: the run equals, bit for bit, the same run on a base that holds the
