@@ -175,6 +175,15 @@ void check_run_paths(const TrainOptions& o, const RunPaths& reads) {
         throw std::invalid_argument("--nvme-path " + swap + " is --out " + o.out + " or inside it: the swap files "
                                     "would sit in the directory the final save replaces whole (and it would refuse "
                                     "to); put them elsewhere");
+  // A LoRA run's --out is an adapter (or, merged, a model): written over its own base, the base
+  // the adapter needs would be gone, whatever --overwrite-model says.
+  if (has_out && !reads.model_dir.empty() && out == real(reads.model_dir) && o.lora_rank > 0 && !o.merge_adapter)
+    throw std::invalid_argument("--out " + o.out + " is the base --model: the adapter would replace the base it "
+                                "needs; give --out a directory of its own (--overwrite-model does not apply to an "
+                                "adapter)");
+  if (has_out && !o.adapter.empty() && out == real(o.adapter) && o.merge_adapter)
+    throw std::invalid_argument("--out " + o.out + " is the --adapter being merged: give the merged model a directory "
+                                "of its own");
   if (has_out && !reads.model_dir.empty() && out == real(reads.model_dir) && !o.overwrite_model)
     throw std::invalid_argument("--out " + o.out + " is the input --model: saving would replace the model the run "
                                 "started from; give --out another directory, or add --overwrite-model to replace it");

@@ -287,8 +287,14 @@ TEST_F(LoraCli, BadFlagsNameTheFlag) {
     EXPECT_NE(r.err.find(want), std::string::npos) << flags << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
-  const Result r = run(cmd + "--lora-rank 4 --lora-targets c_attn");
+  Result r = run(cmd + "--lora-rank 4 --lora-targets c_attn");
   EXPECT_NE(r.err.find("self_attn.q_proj"), std::string::npos) << r.err;
+  // An adapter never replaces its own base, --overwrite-model or not; the base stays whole.
+  const std::string before = slurp(base() / "model.safetensors");
+  r = run(cmd + "--lora-rank 4 --out " + base().string() + " --overwrite-model");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("the adapter would replace the base"), std::string::npos) << r.err;
+  EXPECT_TRUE(slurp(base() / "model.safetensors") == before);
 }
 
 }  // namespace
