@@ -107,6 +107,14 @@ void add_lora_delta(float* w, const float* A, const float* B, int64_t r, int64_t
     }
 }
 
+bool lora_dropout_keeps(uint64_t key, int64_t i, float p) {
+  uint64_t z = key + (static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ull;  // SplitMix64 output i
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * 5.9604645e-8f >= p;
+}
+
 namespace model_detail {
 namespace {
 
@@ -130,6 +138,43 @@ void adapters_in(const BlockCtx& c, const LoraSlotLayout& sl, const void* x) {
   c.ops->matmul(*c.stream, m);
 }
 
+// Dropout: target t's mask key in this layer and slot.
+uint64_t target_key(const BlockCtx& c, LoraSlot slot, size_t t) {
+  return c.lora_dropout_key * 0xbf58476d1ce4e5b9ull + static_cast<uint64_t>(slot) * 64 + t + 1;
+}
+
+// out (N, in) = x ⊙ mask / (1 - p), or (accumulate) out += x ⊙ mask / (1 - p); on the host, in
+// the stream's order (the CPU backend's memory is host memory).
+void masked(const BlockCtx& c, uint64_t key, const void* x, void* out, int64_t in, bool accumulate) {
+  const DType dt = c.dtype;
+  const int64_t n = c.dims->N * in;
+  const float p = c.lora->dropout, keep_scale = 1.f / (1.f - p);
+  c.stream->host_fn([=] {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = lora_dropout_keeps(key, i, p) ? kernels::load_as_f32(x, dt, static_cast<size_t>(i)) * keep_scale : 0.f;
+      kernels::store_from_f32(out, dt, static_cast<size_t>(i),
+                              accumulate ? kernels::load_as_f32(out, dt, static_cast<size_t>(i)) + v : v);
+    }
+  });
+}
+
+// u_t (N, r) (columns t·r.. of lora_u) = xd · A_tᵀ.
+void adapter_in(const BlockCtx& c, const LoraSlotLayout& sl, size_t t, const void* xd) {
+  const int64_t r = c.lora->rank;
+  kernels::MatmulArgs m = gemm(c.dtype, c.dtype);
+  m.a = xd;
+  m.b = at(c.lora_w, sl.a + static_cast<int64_t>(t) * r * sl.in, c.dtype);
+  m.c = at(c.lora_u, static_cast<int64_t>(t) * r, c.dtype);
+  m.ldc = sl.kr;
+  m.m = c.dims->N;
+  m.n = r;
+  m.k = sl.in;
+  m.trans_b = true;
+  c.ops->matmul(*c.stream, m);
+}
+
+bool dropping(const BlockCtx& c) { return c.lora_dropout_key != 0 && c.lora->dropout > 0; }
+
 }  // namespace
 
 void lora_forward(const BlockCtx& c, LoraSlot slot, const void* x, void* y, int64_t ldy) {
@@ -137,7 +182,14 @@ void lora_forward(const BlockCtx& c, LoraSlot slot, const void* x, void* y, int6
   const LoraLayout& lay = *c.lora;
   const LoraSlotLayout& sl = lay.slots[static_cast<size_t>(slot)];
   if (sl.targets.empty()) return;
-  adapters_in(c, sl, x);
+  if (dropping(c)) {  // each target its own mask: its own A GEMM
+    for (size_t t = 0; t < sl.targets.size(); ++t) {
+      masked(c, target_key(c, slot, t), x, c.lora_x, sl.in, false);
+      adapter_in(c, sl, t, c.lora_x);
+    }
+  } else {
+    adapters_in(c, sl, x);
+  }
   const int64_t r = lay.rank;
   for (size_t t = 0; t < sl.targets.size(); ++t) {
     const LoraTargetLayout& tl = sl.targets[t];
@@ -165,11 +217,16 @@ void lora_backward(const BlockCtx& c, LoraSlot slot, const void* x, const void* 
   if (sl.targets.empty()) return;
   const int64_t N = c.dims->N, r = lay.rank;
   const float beta = c.accumulate_grads ? 1.f : 0.f;
-  adapters_in(c, sl, x);  // u again (recomputed, not kept: N × kr is cheap)
+  const bool drop = dropping(c);
+  if (!drop) adapters_in(c, sl, x);  // u again (recomputed, not kept: N × kr is cheap)
   for (size_t t = 0; t < sl.targets.size(); ++t) {
     const LoraTargetLayout& tl = sl.targets[t];
     const void* dy_t = at(dy, tl.col, c.dtype);
     void* du_t = at(c.lora_du, static_cast<int64_t>(t) * r, c.dtype);
+    if (drop) {  // this target's dropped input and u_t again
+      masked(c, target_key(c, slot, t), x, c.lora_x, sl.in, false);
+      adapter_in(c, sl, t, c.lora_x);
+    }
     if (c.lora_g) {  // dB_t (out, r) (+)= s · dy_tᵀ · u_t
       kernels::MatmulArgs g = gemm(c.dtype, DType::f32);
       g.a = dy_t;
@@ -197,7 +254,34 @@ void lora_backward(const BlockCtx& c, LoraSlot slot, const void* x, const void* 
     m.k = tl.out;
     m.alpha = lay.scale;
     c.ops->matmul(*c.stream, m);
+    if (!drop) continue;
+    if (c.lora_g) {  // dA_t (r, in) (+)= du_tᵀ · xd
+      kernels::MatmulArgs g = gemm(c.dtype, DType::f32);
+      g.a = du_t;
+      g.lda = sl.kr;
+      g.trans_a = true;
+      g.b = c.lora_x;
+      g.c = c.lora_g + sl.a + static_cast<int64_t>(t) * r * sl.in;
+      g.m = r;
+      g.n = sl.in;
+      g.k = N;
+      g.beta = beta;
+      c.ops->matmul(*c.stream, g);
+    }
+    if (dx) {  // dx += (du_t · A_t) ⊙ mask / (1 - p)
+      kernels::MatmulArgs d = gemm(c.dtype, c.dtype);
+      d.a = du_t;
+      d.lda = sl.kr;
+      d.b = at(c.lora_w, sl.a + static_cast<int64_t>(t) * r * sl.in, c.dtype);
+      d.c = c.lora_t;
+      d.m = N;
+      d.n = sl.in;
+      d.k = r;
+      c.ops->matmul(*c.stream, d);
+      masked(c, target_key(c, slot, t), c.lora_t, dx, sl.in, true);
+    }
   }
+  if (drop) return;
   if (c.lora_g) {  // dA_all (kr, in) (+)= du_allᵀ · x
     kernels::MatmulArgs g = gemm(c.dtype, DType::f32);
     g.a = c.lora_du;

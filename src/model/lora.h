@@ -39,6 +39,10 @@ struct LoraSpec {
   // NF4 (QLoRA's, double-quantized), decoded to the working dtype one layer at a time when used;
   // "" = the working dtype itself. The embedding and the LM head stay in the working dtype.
   std::string base_dtype;
+  // PEFT's lora_dropout: each target's own mask on its adapter input (x ⊙ m / (1 - p)), drawn
+  // from a counter-based stream keyed by the micro-batch (Transformer::set_lora_dropout_key),
+  // so a recomputed forward and the backward see the same mask. CPU backend only.
+  double dropout = 0;
   bool on() const { return rank > 0; }
   float scale() const;
 };
@@ -63,6 +67,8 @@ struct LoraSlotLayout {
 struct LoraLayout {
   int64_t rank = 0;
   float scale = 0;
+  float dropout = 0;   // p
+  int64_t max_in = 0;  // the widest adapter input (dropout's (N, max_in) scratch)
   int64_t max_kr = 0;  // the widest slot: the (N, max_kr) scratch its GEMMs use
   std::array<LoraSlotLayout, kLoraSlots> slots;
 };
@@ -76,6 +82,10 @@ double peft_scale(const LoraSpec& spec);
 // (in, out) where the base stores its weight transposed (HF Conv1D).
 void add_lora_delta(float* w, const float* A, const float* B, int64_t r, int64_t in, int64_t out, double s,
                     bool w_in_out);
+
+// Dropout's mask element i of the stream `key`: kept with probability 1 - p (the top 24 bits of
+// SplitMix64 output i as a uniform in [0, 1), kept when >= p).
+bool lora_dropout_keeps(uint64_t key, int64_t i, float p);
 
 namespace model_detail {
 // y[:, col..] (rows N, row stride ldy) += s · (x A_tᵀ) B_tᵀ for each of the slot's targets.

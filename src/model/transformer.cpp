@@ -157,6 +157,7 @@ void Transformer::build_layout(int shard_world) {
     lora_layout_ = LoraLayout{};
     lora_layout_.rank = r;
     lora_layout_.scale = lora_spec_.scale();
+    lora_layout_.dropout = static_cast<float>(lora_spec_.dropout);
     for (int64_t l = 0; l < d.L; ++l) {
       begin_unit("block." + std::to_string(l) + ".lora");
       const std::string h = std::string(recipe_.layer_prefix) + std::to_string(l) + ".";
@@ -175,6 +176,7 @@ void Transformer::build_layout(int shard_world) {
         for (const LinearModule* m : in_slot)
           sl.targets.push_back({m->col, m->out, add(h + m->name + ".lora_B.weight", {m->out, r}, InitKind::zeros)});
         lora_layout_.max_kr = std::max(lora_layout_.max_kr, sl.kr);
+        lora_layout_.max_in = std::max(lora_layout_.max_in, sl.in);
         lora_layout_.slots[static_cast<size_t>(s)] = std::move(sl);
       }
       end_unit();
@@ -240,6 +242,9 @@ void Transformer::plan_workspace(char* base) {
   losses_ = cv.take_f32(d.N);
   lora_u_ = lora() ? cv.take_dt(d.N * lora_layout_.max_kr, dt) : nullptr;
   lora_du_ = lora() ? cv.take_dt(d.N * lora_layout_.max_kr, dt) : nullptr;
+  const bool drop = lora() && lora_layout_.dropout > 0;
+  lora_x_ = drop ? cv.take_dt(d.N * lora_layout_.max_in, dt) : nullptr;
+  lora_t_ = drop ? cv.take_dt(d.N * lora_layout_.max_in, dt) : nullptr;
   if (recipe_.positions == PositionKind::learned)
     pos_ids_ = static_cast<int32_t*>(cv.take(static_cast<size_t>(d.N) * sizeof(int32_t)));
   else
@@ -412,6 +417,10 @@ BlockCtx Transformer::block_ctx(kernels::Stream& s, int64_t layer, const void* w
     c.lora_g = g_lora;
     c.lora_u = lora_u_;
     c.lora_du = lora_du_;
+    c.lora_x = lora_x_;
+    c.lora_t = lora_t_;
+    // Each layer its own stream of masks (0 stays 0: no dropout).
+    c.lora_dropout_key = lora_dropout_key_ ? lora_dropout_key_ * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(layer) + 1 : 0;
   }
   c.ops = &rt_.ops();
   c.stream = &s;

@@ -164,6 +164,11 @@ struct BlockCtx {
   float* lora_g = nullptr;
   void* lora_u = nullptr;
   void* lora_du = nullptr;
+  // Dropout (LoraLayout::dropout > 0, a training micro-batch): this layer's mask key (0: no
+  // dropout), and two (N, max_in) scratch buffers (the dropped input; the input gradient).
+  uint64_t lora_dropout_key = 0;
+  void* lora_x = nullptr;
+  void* lora_t = nullptr;
 };
 
 struct FamilyRecipe;
@@ -221,6 +226,9 @@ class Transformer {
   int lora_unit(int64_t layer) const { return lora() ? lora_first_unit_ + static_cast<int>(layer) : -1; }
   const LoraLayout& lora_layout() const { return lora_layout_; }
   const LoraSpec& lora_spec() const { return lora_spec_; }
+  // LoRA dropout's key for the phases from now on (a training micro-batch's; 0: no dropout, as
+  // a validation pass runs).
+  void set_lora_dropout_key(uint64_t key) { lora_dropout_key_ = key; }
   // The linear modules given adapters, by their names inside a layer ("self_attn.q_proj").
   const std::vector<std::string>& lora_modules() const { return lora_modules_; }
   int64_t n_trainable_params() const;
@@ -316,6 +324,9 @@ class Transformer {
   int lora_first_unit_ = -1;
   void* lora_u_ = nullptr;   // (N, max_kr) scratch of the adapters' GEMMs
   void* lora_du_ = nullptr;
+  uint64_t lora_dropout_key_ = 0;
+  void* lora_x_ = nullptr;  // (N, max_in) dropout scratch
+  void* lora_t_ = nullptr;
   OuterLayout outer_;
 
   size_t workspace_bytes_ = 0;

@@ -23,7 +23,7 @@ nlohmann::json Trainer::Impl::peft_config() const {
   j["r"] = l.rank;
   j["lora_alpha"] = l.alpha;
   j["use_rslora"] = l.rslora;
-  j["lora_dropout"] = 0.0;
+  j["lora_dropout"] = o.lora_dropout;
   j["target_modules"] = model->lora_modules();
   j["bias"] = "none";
   j["fan_in_fan_out"] = cfg.family == Family::gpt2;  // HF Conv1D base weights are (in, out)

@@ -110,7 +110,8 @@ const std::vector<OptionSpec>& option_table() {
       {"--lora-rank", "LoRA: train rank-R adapters on a frozen base (0 = full fine-tuning)", &O::lora_rank, all},
       {"--lora-alpha", "LoRA: the adapters' scale is alpha / rank", &O::lora_alpha, all},
       {"--lora-rslora", "LoRA: scale alpha / sqrt(rank) (rsLoRA)", &O::lora_rslora, all},
-      {"--lora-dropout", "LoRA: dropout on the adapters' input (only 0 so far)", &O::lora_dropout, all},
+      {"--lora-dropout", "LoRA: dropout on each adapter's input, a mask per target module (CPU backend)",
+       &O::lora_dropout, all},
       {"--lora-targets",
        "LoRA: the linear modules given adapters, by Hugging Face name or suffix (q_proj,k_proj,v_proj,o_proj,"
        "gate_proj,up_proj,down_proj; gpt2: c_attn,c_proj,c_fc) or all-linear; empty = PEFT's default (q_proj,v_proj; "
@@ -233,9 +234,9 @@ void validate_options(const TrainOptions& o) {
   if (!(o.lora_dropout >= 0 && o.lora_dropout < 1))
     throw std::invalid_argument("--lora-dropout " + flag_value(o.lora_dropout) + ": must be in [0, 1)");
   if (o.lora_rank > 0) {
-    if (o.lora_dropout > 0)
-      throw std::invalid_argument("--lora-dropout " + flag_value(o.lora_dropout) +
-                                  ": adapter dropout is not built yet; use 0 (the default)");
+    if (o.lora_dropout > 0 && o.backend != "cpu")
+      throw std::invalid_argument("--lora-dropout " + flag_value(o.lora_dropout) + " on --backend " + o.backend +
+                                  ": adapter dropout runs on the CPU backend only so far; use 0");
     if (o.zero_stage == 3)
       throw std::invalid_argument("--lora-rank with --zero-stage 3: adapters are not gathered per unit yet; use stage "
                                   "0-2 (the adapters are small; stage 2 shards their grads and AdamW state)");

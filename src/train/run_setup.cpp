@@ -111,6 +111,7 @@ ResolvedRun resolve_run(const TrainOptions& o, int world, int rank) {
   r.lora.rank = o.lora_rank;
   r.lora.alpha = o.lora_alpha;
   r.lora.rslora = o.lora_rslora;
+  r.lora.dropout = o.lora_dropout;
   r.lora.base_dtype = o.base_dtype == o.dtype ? "" : o.base_dtype;
   if (!o.lora_targets.empty()) r.lora.targets = parse_lora_targets(o.lora_targets);
   Placement& pl = r.placement;

@@ -218,6 +218,10 @@ StepStats Trainer::step() {
   for (const MicroBatch& mb : StepProgram(o.grad_accum, m.placement)) {
     const int32_t* ids = m.dev_tokens + mb.index * m.arrays * n;
     if (m.data->documents()) m.model->set_documents(ids + 2 * n, ids + 3 * n);
+    // LoRA dropout: masks of this step, micro-batch and rank (a resume draws the same ones).
+    if (o.lora_dropout > 0)
+      m.model->set_lora_dropout_key((o.seed * 0x100000001b3ull + static_cast<uint64_t>(st.step)) * 0x9e3779b97f4a7c15ull +
+                                    static_cast<uint64_t>(mb.index * m.sh.world + m.sh.rank) + 1);
     m.driver->micro_batch(mb, ids, ids + n, grad_scale, m.dev_norm2, update, &this_step);
     s.memcpy_async(m.host_losses.data() + mb.index * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
   }
@@ -293,6 +297,7 @@ Trainer::EvalStats Trainer::evaluate() {
   Impl& m = *impl_;
   const TrainOptions& o = m.o;
   if (!has_validation()) throw std::logic_error("Trainer::evaluate: no --val-data");
+  m.model->set_lora_dropout_key(0);  // validation: no dropout
   const auto t0 = Clock::now();
   const int64_t n = m.N();
   kernels::Stream& s = *m.stream;

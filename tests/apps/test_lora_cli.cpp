@@ -271,6 +271,37 @@ TEST_F(LoraCli, QuantizedBaseEqualsItsDecodedWeights) {
   }
 }
 
+// --lora-dropout: masks from the step and micro-batch, so a run with dropout differs from one
+// without, and is bitwise itself on NVMe with recomputed (checkpointed) layers and across a
+// resume.
+TEST_F(LoraCli, DropoutIsDeterministicEverywhere) {
+  const std::string cmd = lora(4) + "--grad-accum 2 --lora-dropout 0.25 ";
+  Result r = run(lora(4) + "--grad-accum 2 --metrics " + (dir_ / "none.jsonl").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run(cmd + "--metrics " + (dir_ / "ref.jsonl").string() + " --out " + (dir_ / "ref").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto ref = exact_metrics(dir_ / "ref.jsonl");
+  ASSERT_EQ(ref.size(), 4u);
+  // B starts at zero: step 1's loss is the base's either way (its gradients are not).
+  const auto loss_of = [](const std::string& row) { return row.substr(0, row.find(' ', row.find(' ') + 1)); };
+  EXPECT_EQ(loss_of(ref[0]), loss_of(exact_metrics(dir_ / "none.jsonl")[0]));
+  EXPECT_NE(ref, exact_metrics(dir_ / "none.jsonl"));
+  r = run(cmd + "--checkpoint-activations full --offload-params nvme --offload-optimizer nvme --host-mem 1M "
+                "--nvme-path " + (dir_ / "swap").string() + " --metrics " + (dir_ / "nv.jsonl").string() + " --out " +
+          (dir_ / "nv").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(exact_metrics(dir_ / "nv.jsonl"), ref);
+  EXPECT_TRUE(slurp(dir_ / "nv" / "adapter_model.safetensors") == slurp(dir_ / "ref" / "adapter_model.safetensors"));
+  const std::string half = lora(2) + "--grad-accum 2 --lora-dropout 0.25 ";
+  r = run(half + "--checkpoint-dir " + (dir_ / "ck").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run(cmd + "--checkpoint-dir " + (dir_ / "ck").string() + " --resume auto --metrics " + (dir_ / "res.jsonl").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(exact_metrics(dir_ / "res.jsonl"), std::vector<std::string>(ref.begin() + 2, ref.end()));
+  const auto cfg = nlohmann::json::parse(slurp(dir_ / "ref" / "adapter_config.json"));
+  EXPECT_EQ(cfg["lora_dropout"], 0.25);
+}
+
 TEST_F(LoraCli, BadFlagsNameTheFlag) {
   const std::string cmd = "train --model " + base().string() + " --threads 1 --seq 16 --steps 1 ";
   const std::pair<std::string, std::string> cases[] = {

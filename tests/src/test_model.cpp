@@ -346,7 +346,7 @@ TEST(Model, LlamaGqaBiasLlama3RopeMatchesFloat64) { check_against_float64(tiny_l
 // frozen base gets no gradient (its grads stay as poisoned: nothing writes them).
 void check_lora_against_float64(const ModelConfig& cfg, const std::string& targets, bool rslora) {
   auto rt = kernels::make_runtime(kernels::Backend::cpu);
-  LoraSpec lora{.rank = 3, .alpha = 5, .rslora = rslora, .targets = parse_lora_targets(targets), .base_dtype = ""};
+  LoraSpec lora{.rank = 3, .alpha = 5, .rslora = rslora, .targets = parse_lora_targets(targets), .base_dtype = "", .dropout = 0};
   TestModel m(cfg, DType::f32, 2, 7, *rt, kLogitsChunkBytes, {}, lora);
   randomize(m, 7);
   const Batch b = random_batch(14, cfg.vocab_size, 11);
@@ -410,7 +410,7 @@ void check_lora_against_float64(const ModelConfig& cfg, const std::string& targe
 // init, bit for bit: what a frozen base's init streams in pieces.
 TEST(Model, InitInPiecesIsTheWholeInit) {
   auto rt = kernels::make_runtime(kernels::Backend::cpu);
-  LoraSpec lora{.rank = 2, .alpha = 4, .rslora = false, .targets = parse_lora_targets("all-linear"), .base_dtype = ""};
+  LoraSpec lora{.rank = 2, .alpha = 4, .rslora = false, .targets = parse_lora_targets("all-linear"), .base_dtype = "", .dropout = 0};
   Transformer m(tiny_llama(false), DType::f32, 1, 4, *rt, {}, kLogitsChunkBytes, 1, lora);
   for (int u : {m.embed_unit(), m.block_unit(1), m.lora_unit(0), m.final_norm_unit()}) {
     const int64_t n = m.units()[static_cast<size_t>(u)].numel;
@@ -419,6 +419,42 @@ TEST(Model, InitInPiecesIsTheWholeInit) {
     for (int64_t lo = 0; lo < n; lo += 37) m.init_range(u, 42, lo, std::min(n, lo + 37), pieces.data() + lo);
     EXPECT_TRUE(std::memcmp(whole.data(), pieces.data(), whole.size() * 4) == 0) << m.units()[static_cast<size_t>(u)].name;
   }
+}
+
+// LoRA dropout: with the masks fixed (one key), every adapter's gradient is the derivative of
+// the model's own loss (central differences in fp32 of its forward, which draws the same masks),
+// and the masks matter (another key, another loss).
+TEST(Model, LoraDropoutGradientsAreTheLossDerivative) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  LoraSpec lora{.rank = 3, .alpha = 5, .rslora = false, .targets = parse_lora_targets("all-linear"), .base_dtype = "",
+                .dropout = 0.3};
+  TestModel m(tiny_llama(false), DType::f32, 2, 7, *rt, kLogitsChunkBytes, {}, lora);
+  randomize(m, 7);
+  const Batch b = random_batch(14, 23, 11);
+  m.model().set_lora_dropout_key(12345);
+  model_loss_and_grads(m, *rt, b);
+  const std::vector<float> g(m.grads(), m.grads() + m.n_flat());
+  const auto loss = [&] { return model_loss_and_grads(m, *rt, b, /*backward=*/false); };
+  int checked = 0;
+  for (const ParamInfo& p : m.params()) {
+    if (!m.units()[static_cast<size_t>(p.unit)].trainable) continue;
+    for (int64_t i = 0; i < p.numel; i += 7) {
+      float& w = m.master()[p.offset + i];
+      const float keep = w, h = 2e-3f;
+      w = keep + h;
+      const double lp = loss();
+      w = keep - h;
+      const double lm = loss();
+      w = keep;
+      const double fd = (lp - lm) / (2.0 * h);
+      EXPECT_NEAR(g[static_cast<size_t>(p.offset + i)], fd, 2e-3 + 2e-2 * std::abs(fd)) << p.name << " " << i;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 50);
+  const double l1 = loss();
+  m.model().set_lora_dropout_key(999);
+  EXPECT_NE(loss(), l1);
 }
 
 TEST(Model, LoraLlamaAllLinearMatchesFloat64) { check_lora_against_float64(tiny_llama(false), "all-linear", false); }
