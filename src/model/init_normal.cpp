@@ -58,12 +58,12 @@ inline float radius(int32_t b) {
 
 uint64_t init_stream_key(uint64_t seed, uint64_t param) { return mix64(seed * 0x100000001b3ull + param + kGamma); }
 
+float uniform_at(uint64_t key, int64_t i) {
+  return static_cast<float>(mix64(key + (static_cast<uint64_t>(i) + 1) * kGamma) >> 40) * 5.9604645e-8f;
+}
+
 void fill_uniform(uint64_t key, int64_t first, int64_t n, float bound, float* out) {
-  for (int64_t k = 0; k < n; ++k) {
-    const uint64_t r = mix64(key + (static_cast<uint64_t>(first + k) + 1) * kGamma);
-    const float u = static_cast<float>(r >> 40) * 5.9604645e-8f;  // [0, 1), 2^-24 steps
-    out[k] = bound * (2.0f * u - 1.0f);
-  }
+  for (int64_t k = 0; k < n; ++k) out[k] = bound * (2.0f * uniform_at(key, first + k) - 1.0f);
 }
 
 // One clone per x86-64 level (AVX-512 runs ~5x faster than SSE2): each does the same IEEE

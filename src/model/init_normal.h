@@ -15,8 +15,11 @@ uint64_t init_stream_key(uint64_t seed, uint64_t param);
 // for the radius, so |z| reaches 6.55; 24 for the angle). Single-threaded; split large fills.
 void fill_normal(uint64_t key, int64_t first, int64_t n, float scale, float* out);
 
-// out[k] = bound * (2 u_{first + k} - 1), u uniform in [0, 1) on a 2^-24 grid (the top 24 bits
-// of SplitMix64 output i of stream `key`): U(-bound, bound), exact in float.
+// Uniform value i of stream `key` in [0, 1) on a 2^-24 grid: the top 24 bits of SplitMix64
+// output i (LoRA's init and its dropout masks).
+float uniform_at(uint64_t key, int64_t i);
+// out[k] = bound * (2 u_{first + k} - 1), u = uniform_at(key, first + k): U(-bound, bound),
+// exact in float.
 void fill_uniform(uint64_t key, int64_t first, int64_t n, float bound, float* out);
 
 }  // namespace strata

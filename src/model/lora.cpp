@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/checkpoint/safetensors.h"
+#include "src/model/init_normal.h"
 #include "src/model/linear.h"
 #include "src/model/transformer.h"
 
@@ -107,13 +108,7 @@ void add_lora_delta(float* w, const float* A, const float* B, int64_t r, int64_t
     }
 }
 
-bool lora_dropout_keeps(uint64_t key, int64_t i, float p) {
-  uint64_t z = key + (static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ull;  // SplitMix64 output i
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * 5.9604645e-8f >= p;
-}
+bool lora_dropout_keeps(uint64_t key, int64_t i, float p) { return uniform_at(key, i) >= p; }
 
 namespace model_detail {
 namespace {

@@ -408,7 +408,6 @@ const BlockActs& Transformer::acts_for(int64_t layer) const {
 
 BlockCtx Transformer::block_ctx(kernels::Stream& s, int64_t layer, const void* w, float* g, const void* w_lora,
                                 float* g_lora) const {
-  (void)layer;
   BlockCtx c;
   if (lora()) {
     if (!w_lora) throw std::logic_error("Transformer: layer " + std::to_string(layer) + " without its LoRA adapters");

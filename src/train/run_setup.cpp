@@ -247,12 +247,14 @@ namespace {
 // One rank of a `world`-rank run, sized for planning: its model on a CPU runtime (shapes only, no
 // device needed) and its placement with this rank's sharding.
 struct SizedRun {
+  TrainOptions o;  // an --adapter's config applied (read once)
   ResolvedRun r;
   std::unique_ptr<kernels::Runtime> rt = kernels::make_runtime(kernels::Backend::cpu);
   Transformer model;
   size_t step_buffers;
-  SizedRun(const TrainOptions& o, int world)
-      : r((validate_options(with_adapter_config(o)), resolve_run(with_adapter_config(o), world, 0))),
+  SizedRun(const TrainOptions& given, int world)
+      : o(with_adapter_config(given)),
+        r((validate_options(o), resolve_run(o, world, 0))),
         model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world, r.lora),
         step_buffers(step_buffer_bytes(o, r, model.units().size())) {}
 };

@@ -67,18 +67,12 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
   const HfCheckpoint* adapters = ckpt.get();
   std::unique_ptr<HfCheckpoint> peft;
   std::string adapter_prefix;
-  if (model->lora()) {
-    if (!resumed_from.empty() && base_weights) base_owned = HfCheckpoint::open(o.model);
-    base = resumed_from.empty() ? ckpt.get() : base_owned.get();
-    if (!base_weights) base = nullptr;
-    if (resumed_from.empty()) {
-      adapters = nullptr;
-      if (!o.adapter.empty()) {
-        peft = HfCheckpoint::open_file(fs::path(o.adapter) / "adapter_model.safetensors");
-        adapters = peft.get();
-        adapter_prefix = "base_model.model.";
-      }
-    }
+  if (model->lora() && base_weights)
+    base = resumed_from.empty() ? ckpt.get() : (base_owned = HfCheckpoint::open(o.model)).get();
+  if (model->lora() && resumed_from.empty()) {
+    if (!o.adapter.empty()) peft = HfCheckpoint::open_file(fs::path(o.adapter) / "adapter_model.safetensors");
+    adapters = peft.get();  // null: their init
+    adapter_prefix = "base_model.model.";
   }
   base_crc = 0;
   this->base_weights = base_weights;
@@ -112,12 +106,12 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
     if (in_pieces(unit, u)) {
       char* w = static_cast<char*>(mem->acquire(Role::params, u, offload::Mode::write, Side::host));
       const size_t esz = kernels::dtype_size(dtype);
-      for (int64_t lo = 0; lo < unit.numel; lo += kPiece) {
-        const int64_t n_piece = std::min(kPiece, unit.numel - lo);
-        model->init_range(u, o.seed, lo, lo + n_piece, full.data());
-        if (lo < unit.n_real)
-          base_crc = io::crc32c(full.data(), static_cast<size_t>(std::min(n_piece, unit.n_real - lo)) * 4, base_crc);
-        cast_on_host(full.data(), w + static_cast<size_t>(lo) * esz, n_piece, dtype);
+      for (int64_t at = 0; at < unit.numel; at += kPiece) {
+        const int64_t n_piece = std::min(kPiece, unit.numel - at);
+        model->init_range(u, o.seed, at, at + n_piece, full.data());
+        if (at < unit.n_real)
+          base_crc = io::crc32c(full.data(), static_cast<size_t>(std::min(n_piece, unit.n_real - at)) * 4, base_crc);
+        cast_on_host(full.data(), w + static_cast<size_t>(at) * esz, n_piece, dtype);
       }
       mem->release(Role::params, u);
       mem->write_back(Role::params, u);
