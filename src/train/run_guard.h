@@ -56,7 +56,7 @@ std::filesystem::path dir_lock_file(const std::filesystem::path& dir);
 // is the input model unless overwrite_model. Throws one line naming both flags and the fix.
 struct RunPaths {
   std::filesystem::path model_dir;                 // --model (empty: none)
-  std::vector<std::filesystem::path> model_files;  // what is read from it
+  std::vector<std::filesystem::path> model_files;  // what is read from it (and an --adapter's files)
   std::vector<std::filesystem::path> data_files;   // token shards
   std::filesystem::path resume;                    // the checkpoint resumed (empty: none)
 };

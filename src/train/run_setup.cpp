@@ -208,6 +208,9 @@ RunPaths run_reads(const TrainOptions& o, const ResolvedRun& r) {
     for (fs::directory_iterator it(o.model, ec), end; !ec && it != end; it.increment(ec))
       reads.model_files.push_back(it->path());
   }
+  if (!o.adapter.empty())  // read at start-up, like --model's files
+    for (const char* f : {"adapter_config.json", "adapter_model.safetensors"})
+      reads.model_files.push_back(fs::path(o.adapter) / f);
   reads.data_files = r.data_files;
   reads.data_files.insert(reads.data_files.end(), r.val_files.begin(), r.val_files.end());
   return reads;

@@ -187,6 +187,12 @@ TEST_F(LoraCli, AdapterInAndMergedModelOut) {
   EXPECT_TRUE(slurp(back / "adapter_model.safetensors") == slurp(a / "adapter_model.safetensors"));
   r = run(start + "--adapter " + a.string() + " --merge-adapter --out " + merged.string());
   ASSERT_EQ(r.status, 0) << r.err;
+  // The adapter is read: --metrics over one of its files is refused, and the file kept.
+  const std::string cfg_before = slurp(a / "adapter_config.json");
+  r = run(start + "--adapter " + a.string() + " --metrics " + (a / "adapter_config.json").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("which this run reads"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(a / "adapter_config.json"), cfg_before);
   r = run(start + "--adapter " + a.string() + " --lora-rank 8");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("--lora-rank"), std::string::npos) << r.err;
