@@ -237,9 +237,6 @@ void validate_options(const TrainOptions& o) {
     if (o.lora_dropout > 0 && o.backend != "cpu")
       throw std::invalid_argument("--lora-dropout " + flag_value(o.lora_dropout) + " on --backend " + o.backend +
                                   ": adapter dropout runs on the CPU backend only so far; use 0");
-    if (o.zero_stage == 3)
-      throw std::invalid_argument("--lora-rank with --zero-stage 3: adapters are not gathered per unit yet; use stage "
-                                  "0-2 (the adapters are small; stage 2 shards their grads and AdamW state)");
   } else if (!o.lora_targets.empty() || o.lora_rslora || o.merge_adapter) {
     throw std::invalid_argument("--lora-targets/--lora-rslora/--merge-adapter need --lora-rank R (> 0) or --adapter DIR");
   }
@@ -252,6 +249,10 @@ void validate_options(const TrainOptions& o) {
       throw std::invalid_argument("--base-dtype " + o.base_dtype + " on --backend " + o.backend +
                                   ": decoding a stored base runs on the CPU backend only so far; use --base-dtype " +
                                   o.dtype + " (the working dtype)");
+    if (o.base_dtype != o.dtype && o.zero_stage == 3)
+      throw std::invalid_argument("--base-dtype " + o.base_dtype +
+                                  " with --zero-stage 3: a stored base is not sharded across ranks yet; use stage 0-2 "
+                                  "(the base is then whole on every rank) or --base-dtype " + o.dtype);
   }
   if (o.merge_adapter && o.out.empty()) throw std::invalid_argument("--merge-adapter needs --out DIR (where the merged model goes)");
   if (o.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 0 (0 = only at the end)");

@@ -229,20 +229,23 @@ uint64_t comm_bytes_per_step(const Transformer& model, const Sharding& sh, int64
   const double part = static_cast<double>(sh.world - 1) / sh.world;
   const double esz = static_cast<double>(kernels::dtype_size(model.dtype()));
   double b = 0;
+  const double accum = static_cast<double>(grad_accum);
   for (const Unit& u : model.units()) {
     const double n = static_cast<double>(u.numel);
-    const double accum = static_cast<double>(grad_accum);
-    if (sh.stage <= 1) b += 2 * part * n * 4;                        // grads all-reduced
-    if (sh.stage == 1 || sh.stage == 2) b += part * n * esz;         // new weights all-gathered
-    if (sh.stage >= 2) b += part * n * 4 * accum;                    // grads reduce-scattered
-    if (sh.stage >= 3) b += part * n * esz * accum;                  // gathered for the forward
+    if (u.trainable) {  // a frozen unit (LoRA's base) has no grads and is never updated
+      if (sh.stage <= 1) b += 2 * part * n * 4;                 // grads all-reduced
+      if (sh.stage == 1 || sh.stage == 2) b += part * n * esz;  // new weights all-gathered
+      if (sh.stage >= 2) b += part * n * 4 * accum;             // grads reduce-scattered
+    }
+    if (sh.stage >= 3) b += part * n * esz * accum;  // gathered for the forward
   }
-  // Stage 3 gathers each block again for its backward (the final norm and the head are used
-  // once, forward and backward in one phase; a tied head is the embedding, still gathered).
+  // Stage 3 gathers each block (and its adapters) again for its backward (the final norm and the
+  // head are used once, forward and backward in one phase; a tied head is the embedding, still
+  // gathered).
   if (sh.stage >= 3)
     for (int64_t l = 0; l < model.dims().L; ++l)
-      b += part * static_cast<double>(model.units()[static_cast<size_t>(model.block_unit(l))].numel) * esz *
-           static_cast<double>(grad_accum);
+      for (int u : {model.block_unit(l), model.lora_unit(l)})
+        if (u >= 0) b += part * static_cast<double>(model.units()[static_cast<size_t>(u)].numel) * esz * accum;
   return static_cast<uint64_t>(b);
 }
 

@@ -114,6 +114,12 @@ io::EngineOptions engine_options(std::shared_ptr<const std::vector<std::string>>
 
 }  // namespace
 
+constexpr std::array<int, kNumUnitSlots> no_slots() {
+  std::array<int, kNumUnitSlots> a{};
+  a.fill(-1);
+  return a;
+}
+
 // The block table: one block per (role, index), registered in this order by every user (the
 // planner's simulation and the manager), so block ids agree.
 struct TieredMemory::Layout {
@@ -125,8 +131,8 @@ struct TieredMemory::Layout {
   std::vector<int> role_of;                   // per block: its role (kNumRoles = a buffer)
   std::array<std::vector<int>, kNumRoles> ids;  // [role][index] -> block (-1: a frozen unit's absent state)
   int workspace = -1, extra = -1;
-  std::array<int, kNumUnitSlots> grad_scratch{-1, -1, -1, -1};  // stage 2: whole-unit grads (RunMemory::grad_scratch)
-  std::array<int, kNumUnitSlots> gathered{-1, -1, -1, -1};      // stage 3: whole-unit weights (RunMemory::gathered)
+  std::array<int, kNumUnitSlots> grad_scratch = no_slots();  // stage 2: whole-unit grads (RunMemory::grad_scratch)
+  std::array<int, kNumUnitSlots> gathered = no_slots();      // stage 3: whole-unit weights (RunMemory::gathered)
   std::array<int, 2> decoded{-1, -1};  // LoRA --base-dtype: a frozen layer decoded (RunMemory::decoded)
   // The schedules the manager plans: [step] one training step (the previous step's update inside
   // its forward), [update] a pending update on its own (before a save or checkpoint).
@@ -308,15 +314,16 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   l->workspace = l->add("workspace", model.workspace_bytes(), Tier::device, kNumRoles);
   l->extra = l->add("step_buffers", extra_bytes, Tier::device, kNumRoles);
   // Buffers without a home of their own, in the device budget: one whole unit per slot (0 the
-  // embedding, 1 an untied head, 2 and 3 the largest other unit), for the grads (stage 2) and
-  // the gathered weights (stage 3).
-  std::array<int64_t, kNumUnitSlots> most{};
+  // embedding, 1 an untied head, 2 and 3 the largest other unit, 4 and 5 the largest adapter
+  // unit), for the grads of the trainable units (stage 2) and the gathered weights (stage 3).
+  std::array<int64_t, kNumUnitSlots> most{}, most_trained{};
   for (size_t u = 0; u < model.units().size(); ++u) {
-    const int ui = static_cast<int>(u);
-    const size_t slot = ui == model.embed_unit() ? 0 : (ui == model.head_unit() && !model.tied_head()) ? 1 : 2;
-    most[slot] = std::max(most[slot], model.units()[u].numel);
+    const auto slot = static_cast<size_t>(unit_slot(model, static_cast<int>(u)));
+    for (size_t s : {slot, slot == 2 || slot == 4 ? slot + 1 : slot}) {
+      most[s] = std::max(most[s], model.units()[u].numel);
+      if (ut[static_cast<int>(u)].trainable) most_trained[s] = std::max(most_trained[s], model.units()[u].numel);
+    }
   }
-  most[3] = most[2];
   int64_t most_stored = 0;
   for (size_t u = 0; u < model.units().size(); ++u)
     if (model.stored_unit(static_cast<int>(u))) most_stored = std::max(most_stored, model.units()[u].numel);
@@ -325,12 +332,12 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
       l->decoded[slot] = l->add("decoded." + std::to_string(slot), static_cast<uint64_t>(most_stored) * esz, Tier::device,
                                 kNumRoles);
   for (size_t slot = 0; slot < kNumUnitSlots; ++slot) {
-    if (most[slot] == 0) continue;
-    const auto n = static_cast<uint64_t>(most[slot]);
-    if (sh.sharded_grads())
-      l->grad_scratch[slot] = l->add("grad_scratch." + std::to_string(slot), n * 4, Tier::device, kNumRoles);
-    if (sh.sharded_weights())
-      l->gathered[slot] = l->add("gathered." + std::to_string(slot), n * esz, Tier::device, kNumRoles);
+    if (sh.sharded_grads() && most_trained[slot] > 0)
+      l->grad_scratch[slot] = l->add("grad_scratch." + std::to_string(slot),
+                                     static_cast<uint64_t>(most_trained[slot]) * 4, Tier::device, kNumRoles);
+    if (sh.sharded_weights() && most[slot] > 0)
+      l->gathered[slot] = l->add("gathered." + std::to_string(slot), static_cast<uint64_t>(most[slot]) * esz,
+                                 Tier::device, kNumRoles);
   }
 
   // The step's program, as the driver will run it: grad_accum micro-batches, the first with the

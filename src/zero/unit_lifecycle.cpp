@@ -45,14 +45,14 @@ class UnitLifecycle::WeightPath {
     return &x;
   }
   // The forward's units in order of use, each with the pending update where there is one.
-  void forward_uses(bool gather, int& turn) {
+  void forward_uses(bool gather, std::array<int, kNumUnitSlots>& turn) {
     const Transformer& m = lc_.model_;
     auto add = [&](int u) {
       Use x;
       x.unit = u;
       x.update = lc_.pass_.update != nullptr && lc_.trains(u);
       x.gather = gather;
-      if (gather) x.slot = lc_.slot_of(u) == 2 ? 2 + (turn++ % 2) : lc_.slot_of(u);
+      if (gather) x.slot = lc_.gather_slot(u, turn);
       if (x.update || x.gather) lc_.uses_.push_back(x);
     };
     add(m.embed_unit());
@@ -71,7 +71,7 @@ class UnitLifecycle::WholeWeights final : public UnitLifecycle::WeightPath {
  public:
   using WeightPath::WeightPath;
   void plan_uses(bool) override {
-    int turn = 0;
+    std::array<int, kNumUnitSlots> turn{};
     forward_uses(false, turn);
   }
   const void* use(int u) override {
@@ -103,18 +103,19 @@ class UnitLifecycle::GatheredWeights final : public UnitLifecycle::WeightPath {
  public:
   using WeightPath::WeightPath;
   void plan_uses(bool backward) override {
-    if (lc_.model_.lora()) throw std::logic_error("UnitLifecycle: LoRA adapters are not gathered at ZeRO stage 3 yet");
-    int turn = 0;
+    std::array<int, kNumUnitSlots> turn{};
     forward_uses(true, turn);
     if (!backward) return;
     const Transformer& m = lc_.model_;
-    for (int64_t l = m.dims().L - 1; l >= 0; --l) {  // gathered again: the recompute and backward use it
-      Use x;
-      x.unit = m.block_unit(l);
-      x.gather = true;
-      x.slot = 2 + (turn++ % 2);
-      lc_.uses_.push_back(x);
-    }
+    for (int64_t l = m.dims().L - 1; l >= 0; --l)  // gathered again: the recompute and backward use it
+      for (int u : {m.block_unit(l), m.lora_unit(l)}) {
+        if (u < 0) continue;  // no adapters
+        Use x;
+        x.unit = u;
+        x.gather = true;
+        x.slot = lc_.gather_slot(u, turn);
+        lc_.uses_.push_back(x);
+      }
   }
   const void* use(int u) override {
     const Use* x = take(u);
@@ -363,17 +364,14 @@ void UnitLifecycle::optimizer(const AdamWStep& st, bool apply) {
   end_pass();
 }
 
-int UnitLifecycle::slot_of(int u) const {
-  if (u == model_.embed_unit()) return 0;
-  return u == model_.head_unit() && !model_.tied_head() ? 1 : 2;
+// Slots 2 and 4 are pairs: their units take turns between the slot and the one after it.
+int UnitLifecycle::gather_slot(int u, std::array<int, kNumUnitSlots>& turn) const {
+  const int slot = unit_slot(model_, u);
+  if (slot != 2 && slot != 4) return slot;
+  return slot + turn[static_cast<size_t>(slot)]++ % 2;
 }
 
-int UnitLifecycle::next_scratch_slot(int u) {
-  const int slot = slot_of(u);
-  if (slot != 2) return slot;
-  rest_slot_ = rest_slot_ == 2 ? 3 : 2;
-  return rest_slot_;
-}
+int UnitLifecycle::next_scratch_slot(int u) { return gather_slot(u, scratch_turn_); }
 
 float* UnitLifecycle::scratch_for(int slot) {
   compute([&] { await_on_compute(*scratch_read_ev_[static_cast<size_t>(slot)]); });

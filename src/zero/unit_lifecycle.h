@@ -102,7 +102,9 @@ class UnitLifecycle {
   std::string name(int u) const;
   bool trains(int u) const;  // false: a frozen unit (weights only)
   [[noreturn]] void out_of_order(int u, const char* call) const;
-  int slot_of(int u) const;  // RunMemory's slots: 0 embedding, 1 untied head, 2 the rest
+  // The whole-unit slot (RunMemory's) of unit u's next use: unit_slot's, the units of a pair
+  // taking turns (turn: per slot, the uses so far).
+  int gather_slot(int u, std::array<int, kNumUnitSlots>& turn) const;
   // The pending update and (stage 3) the gather of use i, once.
   void prepare(size_t i);
   // AdamW over one unit; returns the event compute waits on before using the new weights
@@ -147,7 +149,7 @@ class UnitLifecycle {
   std::vector<std::pair<int, int>> held_;  // stage 3: (unit, slot) gathered and in use
   bool held_head_ = false;                 // ... the embedding's kept for a tied head's phase
   int next_decoded_ = 0;                   // LoRA --base-dtype: the decoded slot the next layer takes
-  int rest_slot_ = 3;                      // the slot the last "other" unit's grads used
+  std::array<int, kNumUnitSlots> scratch_turn_{};  // per slot pair: the grads' scratch slots taken so far
   // Events (created when not dry and world > 1): per whole-unit slot, the gather into it is
   // done (comm) / compute is done with it; per scratch slot, the reduce-scatter read it (comm);
   // a ring for prepared weights; one per side for plain ordering.

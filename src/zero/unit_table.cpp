@@ -64,4 +64,10 @@ uint64_t UnitTable::bytes(Role r, int u) const {
   return n * (r == Role::params ? kernels::dtype_size(dtype_) : 4);
 }
 
+int unit_slot(const Transformer& m, int u) {
+  if (u == m.embed_unit()) return 0;
+  if (u == m.head_unit() && !m.tied_head()) return 1;
+  return m.lora() && u >= m.lora_unit(0) ? 4 : 2;
+}
+
 }  // namespace strata

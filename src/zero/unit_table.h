@@ -95,4 +95,8 @@ class UnitTable {
   bool master_is_weights_ = false;
 };
 
+// The whole-unit slot (kNumUnitSlots) unit u's gathered weights and scratch grads take: 0 the
+// embedding, 1 an untied head, 4 a LoRA adapter unit, 2 any other (2 and 4: first of a pair).
+int unit_slot(const Transformer& m, int u);
+
 }  // namespace strata

@@ -317,6 +317,8 @@ TEST_F(LoraCli, BadFlagsNameTheFlag) {
       {"--lora-rank 4 --lora-targets q_proj,,v_proj", "--lora-targets"},
       {"--lora-rank 4 --lora-targets c_attn", "c_attn"},  // a gpt2 module on a llama: the list of modules
       {"--lora-targets q_proj", "--lora-rank"},
+      {"--lora-rank 4 --base-dtype int9", "--base-dtype int9"},
+      {"--lora-rank 4 --base-dtype nf4 --zero-stage 3", "--zero-stage 3"},  // a stored base is not sharded
   };
   for (const auto& [flags, want] : cases) {
     const Result r = run(cmd + flags);
