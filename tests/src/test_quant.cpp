@@ -211,6 +211,9 @@ void expect_matches_reference(QuantKind kind, const std::vector<float>& w32, Sha
   std::vector<float> r_bf16(r.values.size());
   for (size_t i = 0; i < r.values.size(); ++i) r_bf16[i] = kernels::bf16_to_f32(kernels::f32_to_bf16(r.values[i]));
   EXPECT_EQ(bits_of(decode(q, DType::bf16)), bits_of(r_bf16));
+  std::vector<float> r_f16(r.values.size());
+  for (size_t i = 0; i < r.values.size(); ++i) r_f16[i] = kernels::f16_to_f32(kernels::f32_to_f16(r.values[i]));
+  EXPECT_EQ(bits_of(decode(q, DType::f16)), bits_of(r_f16));
 }
 
 // ---- tests ------------------------------------------------------------------------------------
