@@ -24,7 +24,11 @@ UnitTable::UnitTable(const Transformer& model, const Placement& pl, const std::v
   if (!trainable.empty() && trainable.size() != model.units().size())
     throw std::logic_error("UnitTable: " + std::to_string(trainable.size()) + " trainable flags for " +
                            std::to_string(model.units().size()) + " units");
-  master_is_weights_ = dtype_ == DType::f32 && pl.params == pl.optimizer && !sh_.sharded_optimizer();
+  // One fp32 block for both where they cover the same elements on the same tier: the whole
+  // unit (unsharded), or at stage 3 this rank's shard of each (the working weights are
+  // gathered from the shards when used, so the master shard can be the weights shard).
+  master_is_weights_ = dtype_ == DType::f32 && pl.params == pl.optimizer &&
+                       (!sh_.sharded_optimizer() || sh_.sharded_weights());
   for (size_t u = 0; u < model.units().size(); ++u) {
     const Unit& unit = model.units()[u];
     UnitEntry e;
