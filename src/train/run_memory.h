@@ -39,11 +39,13 @@ struct Sharding {
   int64_t shard(int64_t numel) const { return numel / world; }  // elements per rank
 };
 
-// Whole-unit buffers of grad_scratch() and gathered() (see there): 0 the embedding, 1 an
-// untied head, 2 and 3 every other unit of the base, 4 and 5 LoRA's adapter units (a layer
-// uses its block and its adapters at once). unit_slot (src/zero/unit_table.h) is a unit's
-// first slot; the units of slots 2 and 4 take turns with the slot after it.
-constexpr int kNumUnitSlots = 6;
+// Whole-unit buffers of grad_scratch() and gathered() (see there): 0 the embedding and the
+// head (an untied head's phase comes after the embedding's forward and before its backward, so
+// the two share one buffer: the vocabulary-sized units are the largest), 1 and 2 every other
+// unit of the base, 3 and 4 LoRA's adapter units (a layer uses its block and its adapters at
+// once). unit_slot (src/zero/unit_table.h) is a unit's first slot; the units of slots 1 and 3
+// take turns with the slot after it.
+constexpr int kNumUnitSlots = 5;
 
 // A unit's states, named as the --offload-* flags name them: params (the working weights the
 // model computes with), master (fp32 copy for AdamW), adam (m and v), grads, activations (the
@@ -82,17 +84,19 @@ class RunMemory {
   virtual void handoff(Role /*r*/, int /*index*/, Side /*to*/) {}
   // ZeRO stage 2: whole-unit fp32 grads on the compute side, into which a unit's backward
   // writes before the reduce-scatter keeps this rank's shard. Slot 0: the embedding (with a
-  // tied head, written by the head phase and added to by the embedding's backward), 1: an
-  // untied head, 2 and 3: every other unit, taking turns (one is reduce-scattered while the
-  // next unit's backward writes the other), 4 and 5 the same for LoRA's adapter units. Sized
-  // by the trainable units of each slot. Null in a dry run and below stage 2.
+  // tied head, written by the head phase and added to by the embedding's backward) and an
+  // untied head (reduce-scattered before the embedding's backward writes the slot), 1 and 2:
+  // every other unit, taking turns (one is reduce-scattered while the next unit's backward
+  // writes the other), 3 and 4 the same for LoRA's adapter units. Sized by the trainable units
+  // of each slot. Null in a dry run and below stage 2.
   virtual float* grad_scratch(int /*slot*/) { return nullptr; }
   // ZeRO stage 3: whole-unit working weights on the compute side, into which a unit's shards
   // are all-gathered before a phase uses it. Slots as grad_scratch's: 0 the embedding (a tied
-  // head's too, across the head phase), 1 an untied head, 2 and 3 every other unit, taking
-  // turns (the next unit is gathered into one while the current one computes from the other),
-  // 4 and 5 the same for LoRA's adapter units (gathered beside their layer's block). Null in a
-  // dry run and below stage 3.
+  // head's too, across the head phase) and an untied head (gathered once the embedding's
+  // forward is done with the slot), 1 and 2 every other unit, taking turns (the next unit is
+  // gathered into one while the current one computes from the other), 3 and 4 the same for
+  // LoRA's adapter units (gathered beside their layer's block). Null in a dry run and below
+  // stage 3.
   virtual void* gathered(int /*slot*/) { return nullptr; }
   // LoRA --base-dtype: a frozen layer decoded to the working dtype for the phase that uses it
   // (Transformer::decode_unit), taking turns between two whole-unit slots. Null in a dry run

@@ -314,12 +314,13 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   l->workspace = l->add("workspace", model.workspace_bytes(), Tier::device, kNumRoles);
   l->extra = l->add("step_buffers", extra_bytes, Tier::device, kNumRoles);
   // Buffers without a home of their own, in the device budget: one whole unit per slot (0 the
-  // embedding, 1 an untied head, 2 and 3 the largest other unit, 4 and 5 the largest adapter
-  // unit), for the grads of the trainable units (stage 2) and the gathered weights (stage 3).
+  // larger of the embedding and an untied head, 1 and 2 the largest other unit, 3 and 4 the
+  // largest adapter unit), for the grads of the trainable units (stage 2) and the gathered
+  // weights (stage 3).
   std::array<int64_t, kNumUnitSlots> most{}, most_trained{};
   for (size_t u = 0; u < model.units().size(); ++u) {
     const auto slot = static_cast<size_t>(unit_slot(model, static_cast<int>(u)));
-    for (size_t s : {slot, slot == 2 || slot == 4 ? slot + 1 : slot}) {
+    for (size_t s : {slot, slot == 1 || slot == 3 ? slot + 1 : slot}) {
       most[s] = std::max(most[s], model.units()[u].numel);
       if (ut[static_cast<int>(u)].trainable) most_trained[s] = std::max(most_trained[s], model.units()[u].numel);
     }

@@ -364,10 +364,10 @@ void UnitLifecycle::optimizer(const AdamWStep& st, bool apply) {
   end_pass();
 }
 
-// Slots 2 and 4 are pairs: their units take turns between the slot and the one after it.
+// Slots 1 and 3 are pairs: their units take turns between the slot and the one after it.
 int UnitLifecycle::gather_slot(int u, std::array<int, kNumUnitSlots>& turn) const {
   const int slot = unit_slot(model_, u);
-  if (slot != 2 && slot != 4) return slot;
+  if (slot != 1 && slot != 3) return slot;
   return slot + turn[static_cast<size_t>(slot)]++ % 2;
 }
 

@@ -69,9 +69,8 @@ uint64_t UnitTable::bytes(Role r, int u) const {
 }
 
 int unit_slot(const Transformer& m, int u) {
-  if (u == m.embed_unit()) return 0;
-  if (u == m.head_unit() && !m.tied_head()) return 1;
-  return m.lora() && u >= m.lora_unit(0) ? 4 : 2;
+  if (u == m.embed_unit() || u == m.head_unit()) return 0;
+  return m.lora() && u >= m.lora_unit(0) ? 3 : 1;
 }
 
 }  // namespace strata

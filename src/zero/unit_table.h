@@ -96,7 +96,7 @@ class UnitTable {
 };
 
 // The whole-unit slot (kNumUnitSlots) unit u's gathered weights and scratch grads take: 0 the
-// embedding, 1 an untied head, 4 a LoRA adapter unit, 2 any other (2 and 4: first of a pair).
+// embedding and the head, 3 a LoRA adapter unit, 1 any other (1 and 3: first of a pair).
 int unit_slot(const Transformer& m, int u);
 
 }  // namespace strata
