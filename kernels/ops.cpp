@@ -240,6 +240,27 @@ void validate(const CastArgs& a) {
   need_ptr(a.dst, "cast", "dst");
 }
 
+void validate(const DequantizeArgs& a) {
+  need_pos(a.rows, "dequantize", "rows");
+  need_pos(a.cols, "dequantize", "cols");
+  need(a.row_lo >= 0 && a.row_lo < a.hi() && a.hi() <= a.rows, "dequantize", "row range outside the matrix");
+  need_ptr(a.codes, "dequantize", "codes");
+  need_ptr(a.out, "dequantize", "out");
+  if (a.format == StoredFormat::int8 || a.format == StoredFormat::nf4) need_ptr(a.scales, "dequantize", "scales");
+  if (a.format == StoredFormat::nf4) {
+    need_ptr(a.absmax_codes, "dequantize", "absmax_codes");
+    need_ptr(a.levels, "dequantize", "levels");
+    need_ptr(a.map, "dequantize", "map");
+  }
+}
+
+void validate(const DropoutArgs& a) {
+  need_pos(a.n, "dropout", "n");
+  need_ptr(a.x, "dropout", "x");
+  need_ptr(a.out, "dropout", "out");
+  need(a.p >= 0.f && a.p < 1.f, "dropout", "p outside [0, 1)");
+}
+
 #define STRATA_OP(name, Args, ...)                    \
   void Ops::name(Stream& s, const Args& a) {          \
     validate(a __VA_OPT__(, ) __VA_ARGS__);           \
@@ -267,6 +288,8 @@ STRATA_OP(adamw, AdamWArgs)
 STRATA_OP(sum_squares, SumSquaresArgs)
 STRATA_OP(scale, ScaleArgs)
 STRATA_OP(cast, CastArgs)
+STRATA_OP(dequantize, DequantizeArgs)
+STRATA_OP(dropout, DropoutArgs)
 #undef STRATA_OP
 
 }  // namespace strata::kernels

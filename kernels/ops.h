@@ -294,6 +294,44 @@ struct CastArgs {
   DType dst_dtype = DType::f32;
 };
 
+// LoRA's adapter dropout (PEFT's lora_dropout), a mask drawn from a counter-based stream
+// (kernels/counter_rng.h), so every backend, thread split and recomputation draws the same one:
+//   v = counter_uniform(key, i) >= p ? x[i] * (1 / (1 - p)) : 0    (1 / (1 - p) rounded to fp32)
+//   out[i] = accumulate ? out[i] + v : v                             (fp32, then rounded to dtype)
+struct DropoutArgs {
+  DType dtype = DType::f32;
+  int64_t n = 0;
+  const void* x = nullptr;
+  void* out = nullptr;
+  uint64_t key = 0;
+  float p = 0.f;  // in [0, 1)
+  bool accumulate = false;
+};
+
+// A frozen weight matrix (rows, cols) as LoRA's --base-dtype stores it (src/model/quant.h has
+// the format and the arithmetic), decoded into out (f32, bf16 or f16, rounded to nearest even):
+//   bf16, fp16  values at codes.
+//   int8        w = codes[r][c] * scales[r] (fp32).
+//   nf4         block b = e / 64: absmax = map[absmax_codes[b]] * scales[1 + b / 256] + scales[0],
+//               w = levels[nibble e] * absmax, each product and sum rounded to fp32 on its own;
+//               element 2i in the high nibble of codes[i]. levels (16) and map (256) are host
+//               values the op copies (the device kernels take them by value).
+// Rows [row_lo, row_hi) of the matrix land at out (row row_lo first); a whole matrix by default.
+enum class StoredFormat : uint8_t { bf16, fp16, int8, nf4 };
+struct DequantizeArgs {
+  StoredFormat format = StoredFormat::bf16;
+  int64_t rows = 0, cols = 0;
+  int64_t row_lo = 0, row_hi = -1;  // -1: rows
+  const void* codes = nullptr;
+  const uint8_t* absmax_codes = nullptr;  // nf4
+  const float* scales = nullptr;          // int8, nf4
+  const float* levels = nullptr;          // nf4, host
+  const float* map = nullptr;             // nf4, host
+  void* out = nullptr;
+  DType out_dtype = DType::f32;
+  int64_t hi() const { return row_hi < 0 ? rows : row_hi; }
+};
+
 // The op set of one backend. Each call validates, then enqueues on `s`.
 class Ops {
  public:
@@ -320,6 +358,8 @@ class Ops {
   void sum_squares(Stream& s, const SumSquaresArgs& a);
   void scale(Stream& s, const ScaleArgs& a);
   void cast(Stream& s, const CastArgs& a);
+  void dequantize(Stream& s, const DequantizeArgs& a);
+  void dropout(Stream& s, const DropoutArgs& a);
 
  protected:
   // Backend hooks: called with validated arguments.
@@ -345,6 +385,8 @@ class Ops {
   virtual void do_sum_squares(Stream& s, const SumSquaresArgs& a) = 0;
   virtual void do_scale(Stream& s, const ScaleArgs& a) = 0;
   virtual void do_cast(Stream& s, const CastArgs& a) = 0;
+  virtual void do_dequantize(Stream& s, const DequantizeArgs& a) = 0;
+  virtual void do_dropout(Stream& s, const DropoutArgs& a) = 0;
 };
 
 // Argument validation shared by all backends (throws std::invalid_argument "op: field ...").
@@ -368,5 +410,7 @@ void validate(const AdamWArgs& a);
 void validate(const SumSquaresArgs& a);
 void validate(const ScaleArgs& a);
 void validate(const CastArgs& a);
+void validate(const DequantizeArgs& a);
+void validate(const DropoutArgs& a);
 
 }  // namespace strata::kernels

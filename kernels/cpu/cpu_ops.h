@@ -33,6 +33,8 @@ void adamw(const AdamWArgs& a);
 void sum_squares(const SumSquaresArgs& a);
 void scale(const ScaleArgs& a);
 void cast(const CastArgs& a);
+void dequantize(const DequantizeArgs& a);
+void dropout(const DropoutArgs& a);
 
 // Runs fn on CPU stream s's worker, in order (s must be a CPU stream).
 void enqueue(Stream& s, std::function<void()> fn);
@@ -79,6 +81,8 @@ class CpuOps final : public Ops {
   STRATA_CPU_OP(sum_squares, SumSquaresArgs)
   STRATA_CPU_OP(scale, ScaleArgs)
   STRATA_CPU_OP(cast, CastArgs)
+  STRATA_CPU_OP(dequantize, DequantizeArgs)
+  STRATA_CPU_OP(dropout, DropoutArgs)
 #undef STRATA_CPU_OP
 };
 

@@ -119,6 +119,8 @@ class CudaOps final : public Ops {
   void do_sum_squares(Stream& s, const SumSquaresArgs& a) override;
   void do_scale(Stream& s, const ScaleArgs& a) override;
   void do_cast(Stream& s, const CastArgs& a) override;
+  void do_dequantize(Stream& s, const DequantizeArgs& a) override;
+  void do_dropout(Stream& s, const DropoutArgs& a) override;
 
  private:
   int device_;

@@ -10,16 +10,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/counter_rng.h"
+
 namespace strata {
 namespace {
 
-constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ull;  // SplitMix64's increment
-
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+using kernels::kSplitMixGamma;
+using kernels::splitmix64_mix;
 
 constexpr int kBlock = 256;  // pairs per pass: the scratch stays in L1
 
@@ -56,11 +53,11 @@ inline float radius(int32_t b) {
 
 }  // namespace
 
-uint64_t init_stream_key(uint64_t seed, uint64_t param) { return mix64(seed * 0x100000001b3ull + param + kGamma); }
-
-float uniform_at(uint64_t key, int64_t i) {
-  return static_cast<float>(mix64(key + (static_cast<uint64_t>(i) + 1) * kGamma) >> 40) * 5.9604645e-8f;
+uint64_t init_stream_key(uint64_t seed, uint64_t param) {
+  return splitmix64_mix(seed * 0x100000001b3ull + param + kSplitMixGamma);
 }
+
+float uniform_at(uint64_t key, int64_t i) { return kernels::counter_uniform(key, i); }
 
 void fill_uniform(uint64_t key, int64_t first, int64_t n, float bound, float* out) {
   for (int64_t k = 0; k < n; ++k) out[k] = bound * (2.0f * uniform_at(key, first + k) - 1.0f);
@@ -82,7 +79,7 @@ void fill_normal(uint64_t key, int64_t first, int64_t n, float scale, float* out
     const int np = static_cast<int>(std::min<int64_t>(kBlock, (end + 1) / 2 - j0));
     // Output j of SplitMix64 seeded with `key`: 31 bits for the radius, 24 for the angle.
     for (int i = 0; i < np; ++i) {
-      const uint64_t r = mix64(key + (static_cast<uint64_t>(j0 + i) + 1) * kGamma);
+      const uint64_t r = splitmix64_mix(key + (static_cast<uint64_t>(j0 + i) + 1) * kSplitMixGamma);
       rbits[i] = static_cast<int32_t>(r >> 33);
       abits[i] = static_cast<int32_t>(r & 0xffffffu);
     }

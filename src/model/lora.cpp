@@ -6,8 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/counter_rng.h"
 #include "src/checkpoint/safetensors.h"
-#include "src/model/init_normal.h"
 #include "src/model/linear.h"
 #include "src/model/transformer.h"
 
@@ -108,7 +108,7 @@ void add_lora_delta(float* w, const float* A, const float* B, int64_t r, int64_t
     }
 }
 
-bool lora_dropout_keeps(uint64_t key, int64_t i, float p) { return uniform_at(key, i) >= p; }
+bool lora_dropout_keeps(uint64_t key, int64_t i, float p) { return kernels::counter_uniform(key, i) >= p; }
 
 namespace model_detail {
 namespace {
@@ -138,19 +138,10 @@ uint64_t target_key(const BlockCtx& c, LoraSlot slot, size_t t) {
   return c.lora_dropout_key * 0xbf58476d1ce4e5b9ull + static_cast<uint64_t>(slot) * 64 + t + 1;
 }
 
-// out (N, in) = x ⊙ mask / (1 - p), or (accumulate) out += x ⊙ mask / (1 - p); on the host, in
-// the stream's order (the CPU backend's memory is host memory).
+// out (N, in) = x ⊙ mask / (1 - p), or (accumulate) out += x ⊙ mask / (1 - p) (Ops::dropout).
 void masked(const BlockCtx& c, uint64_t key, const void* x, void* out, int64_t in, bool accumulate) {
-  const DType dt = c.dtype;
-  const int64_t n = c.dims->N * in;
-  const float p = c.lora->dropout, keep_scale = 1.f / (1.f - p);
-  c.stream->host_fn([=] {
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = lora_dropout_keeps(key, i, p) ? kernels::load_as_f32(x, dt, static_cast<size_t>(i)) * keep_scale : 0.f;
-      kernels::store_from_f32(out, dt, static_cast<size_t>(i),
-                              accumulate ? kernels::load_as_f32(out, dt, static_cast<size_t>(i)) + v : v);
-    }
-  });
+  c.ops->dropout(*c.stream, {.dtype = c.dtype, .n = c.dims->N * in, .x = x, .out = out, .key = key,
+                             .p = c.lora->dropout, .accumulate = accumulate});
 }
 
 // u_t (N, r) (columns t·r.. of lora_u) = xd · A_tᵀ.

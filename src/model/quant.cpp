@@ -13,11 +13,9 @@
 #include <string>
 #include <type_traits>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "kernels/cpu/act_types.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
 
 namespace strata {
@@ -238,137 +236,6 @@ STRATA_QUANT_CLONES void int8_quantize_rows(const void* src, DType t, int64_t co
   with_dtype(t, src, [&](auto e, auto* s) STRATA_LAMBDA_INLINE { int8_rows<decltype(e)>(s, cols, r_lo, r_hi, codes, scales); });
 }
 
-// Elements [e_lo, e_hi) of an NF4 matrix into out (element e_lo at out[0]), blocks
-// [b_lo, b_hi) of them.
-template <class E>
-STRATA_INLINE void nf4_decode(const uint8_t* codes, const uint8_t* q8, const float* absmax2, float offset,
-                              int64_t e_lo, int64_t e_hi, int64_t b_lo, int64_t b_hi, typename E::T* out) {
-  const float* map = dynamic_map_signed().data();
-  for (int64_t b = b_lo; b < b_hi; ++b) {
-    float a = map[q8[b]] * absmax2[b / kNf4AbsmaxBlock];
-    a = a + offset;
-    typename E::T level[16];  // the block's 16 values, stored: each element is then a lookup
-    for (int k = 0; k < 16; ++k) level[k] = E::store(kNf4[static_cast<size_t>(k)] * a);
-    const int64_t s = std::max(b * kNf4Block, e_lo), e = std::min((b + 1) * kNf4Block, e_hi);
-    if ((s & 1) == 0 && (e & 1) == 0) {
-      typename E::T* o = out + (s - e_lo);
-      for (int64_t j = 0; j < (e - s) / 2; ++j) {
-        const uint8_t byte = codes[s / 2 + j];
-        o[2 * j] = level[byte >> 4];
-        o[2 * j + 1] = level[byte & 15];
-      }
-      continue;
-    }
-    for (int64_t i = s; i < e; ++i) {
-      const uint8_t byte = codes[i >> 1];
-      out[i - e_lo] = level[(i & 1) ? (byte & 15) : (byte >> 4)];
-    }
-  }
-}
-
-STRATA_QUANT_CLONES void nf4_decode_blocks(const uint8_t* codes, const uint8_t* q8, const float* absmax2, float offset,
-                                           int64_t e_lo, int64_t e_hi, int64_t b_lo, int64_t b_hi, void* out,
-                                           DType t) {
-  with_dtype(t, out, [&](auto e, auto* o) STRATA_LAMBDA_INLINE {
-    nf4_decode<decltype(e)>(codes, q8, absmax2, offset, e_lo, e_hi, b_lo, b_hi, o);
-  });
-}
-
-#if defined(__x86_64__)
-#define STRATA_NF4_AVX512 1
-// The same decode with AVX-512BW's permutes for the lookup: a block's 16 stored levels are a
-// table, each code byte's two nibbles index it. Same levels, same bytes out as nf4_decode; 2.5x
-// its speed on one core (bench_quant), which the NF4 base pays for every layer, twice a step.
-template <class E>
-__attribute__((target("avx512f,avx512bw"))) void nf4_decode_avx512(const uint8_t* codes, const uint8_t* q8,
-                                                                   const float* absmax2, float offset, int64_t e_lo,
-                                                                   int64_t e_hi, int64_t b_lo, int64_t b_hi,
-                                                                   typename E::T* out) {
-  using T = typename E::T;
-  const float* map = dynamic_map_signed().data();
-  // The all-lanes masks: the unmasked intrinsics start from _mm512_undefined, which GCC 12
-  // reports as maybe-uninitialized.
-  constexpr __mmask16 kAll16 = 0xffff;
-  constexpr __mmask32 kAll32 = 0xffffffffu;
-  const __m512i nibble = _mm512_set1_epi32(15);
-  // 32 floats from 16 bytes: [hi_0, lo_0, hi_1, lo_1, ...], from the two lookups' halves.
-  const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  alignas(64) T level[64 / sizeof(T)] = {};  // one 512-bit table, the 16 levels first
-  for (int64_t b = b_lo; b < b_hi; ++b) {
-    float a = map[q8[b]] * absmax2[b / kNf4AbsmaxBlock];
-    a = a + offset;
-    for (int k = 0; k < 16; ++k) level[k] = E::store(kNf4[static_cast<size_t>(k)] * a);
-    const int64_t s = std::max(b * kNf4Block, e_lo), e = std::min((b + 1) * kNf4Block, e_hi);
-    if (e - s != kNf4Block) {  // a block cut by the range: element by element
-      for (int64_t i = s; i < e; ++i) {
-        const uint8_t byte = codes[i >> 1];
-        out[i - e_lo] = level[(i & 1) ? (byte & 15) : (byte >> 4)];
-      }
-      continue;
-    }
-    const uint8_t* c = codes + s / 2;
-    T* o = out + (s - e_lo);
-    for (int half = 0; half < 2; ++half) {
-      const __m512i v = _mm512_maskz_cvtepu8_epi32(kAll16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * half)));
-      const __m512i hi = _mm512_maskz_srli_epi32(kAll16, v, 4), lo = _mm512_and_si512(v, nibble);
-      if constexpr (sizeof(T) == 2) {  // 16-bit lanes hi_j, lo_j: the output's order
-        const __m512i table = _mm512_load_si512(level);
-        const __m512i idx = _mm512_or_si512(hi, _mm512_maskz_slli_epi32(kAll16, lo, 16));
-        _mm512_storeu_si512(o + 32 * half, _mm512_maskz_permutexvar_epi16(kAll32, idx, table));
-      } else {
-        const __m512 table = _mm512_load_ps(level);
-        const __m512 h = _mm512_maskz_permutexvar_ps(kAll16, hi, table), l = _mm512_maskz_permutexvar_ps(kAll16, lo, table);
-        _mm512_storeu_ps(o + 32 * half, _mm512_maskz_permutex2var_ps(kAll16, h, first, l));
-        _mm512_storeu_ps(o + 32 * half + 16, _mm512_maskz_permutex2var_ps(kAll16, h, second, l));
-      }
-    }
-  }
-}
-
-bool has_avx512bw() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  return yes;
-}
-#endif
-
-// nf4_decode for blocks [b_lo, b_hi), with AVX-512BW where the CPU has it.
-void nf4_decode_range(const uint8_t* codes, const uint8_t* q8, const float* absmax2, float offset, int64_t e_lo,
-                      int64_t e_hi, int64_t b_lo, int64_t b_hi, void* out, DType t) {
-#ifdef STRATA_NF4_AVX512
-  if (has_avx512bw()) {
-    switch (t) {
-      case DType::f32:
-        return nf4_decode_avx512<Elem<DType::f32>>(codes, q8, absmax2, offset, e_lo, e_hi, b_lo, b_hi,
-                                                   static_cast<float*>(out));
-      case DType::bf16:
-        return nf4_decode_avx512<Elem<DType::bf16>>(codes, q8, absmax2, offset, e_lo, e_hi, b_lo, b_hi,
-                                                    static_cast<uint16_t*>(out));
-      case DType::f16:
-        return nf4_decode_avx512<Elem<DType::f16>>(codes, q8, absmax2, offset, e_lo, e_hi, b_lo, b_hi,
-                                                   static_cast<uint16_t*>(out));
-    }
-  }
-#endif
-  nf4_decode_blocks(codes, q8, absmax2, offset, e_lo, e_hi, b_lo, b_hi, out, t);
-}
-
-template <class E>
-STRATA_INLINE void int8_decode(const int8_t* codes, const float* scales, int64_t cols, int64_t r_lo, int64_t r_hi,
-                               typename E::T* out) {
-  for (int64_t r = r_lo; r < r_hi; ++r) {
-    const float scale = scales[r];
-    const int8_t* q = codes + r * cols;
-    for (int64_t j = 0; j < cols; ++j) out[j] = E::store(static_cast<float>(q[j]) * scale);
-    out += cols;
-  }
-}
-
-STRATA_QUANT_CLONES void int8_decode_rows(const int8_t* codes, const float* scales, int64_t cols, int64_t r_lo,
-                                          int64_t r_hi, void* out, DType t) {
-  with_dtype(t, out, [&](auto e, auto* o) STRATA_LAMBDA_INLINE { int8_decode<decltype(e)>(codes, scales, cols, r_lo, r_hi, o); });
-}
-
 // Elements [lo, hi) of src (dtype from) to dst (dtype to), through fp32: the bf16/fp16 kinds.
 STRATA_QUANT_CLONES void convert_range(const void* src, DType from, void* dst, DType to, int64_t lo, int64_t hi) {
   with_dtype(from, src, [&](auto f, auto* s) STRATA_LAMBDA_INLINE {
@@ -483,43 +350,37 @@ void quantize(QuantKind kind, const void* src, DType src_dtype, int64_t rows, in
 
 void dequantize_rows(QuantKind kind, const void* q, int64_t rows, int64_t cols, int64_t row_lo, int64_t row_hi,
                      void* out, DType out_dtype) {
-  const QuantLayout l = quant_layout(kind, rows, cols);
+  quant_layout(kind, rows, cols);  // checks the shape
   if (row_lo < 0 || row_hi > rows || row_lo >= row_hi)
     throw std::invalid_argument("dequantize_rows: row range [" + std::to_string(row_lo) + ", " +
                                 std::to_string(row_hi) + ") is empty or outside the matrix's " +
                                 std::to_string(rows) + " rows");
   check_pointer("dequantize_rows", "q", q);
   check_pointer("dequantize_rows", "out", out);
+  kernels::DequantizeArgs a = dequantize_args(kind, q, rows, cols, out, out_dtype);
+  a.row_lo = row_lo;
+  a.row_hi = row_hi;
+  kernels::cpu::dequantize(a);
+}
+
+kernels::DequantizeArgs dequantize_args(QuantKind kind, const void* q, int64_t rows, int64_t cols, void* out,
+                                        DType out_dtype) {
+  const QuantLayout l = quant_layout(kind, rows, cols);
   const auto* in = static_cast<const uint8_t*>(q);
-  const int64_t e_lo = row_lo * cols, e_hi = row_hi * cols;
-  switch (kind) {
-    case QuantKind::bf16:
-    case QuantKind::fp16: {
-      const void* src = in + 2 * e_lo;
-      kernels::cpu::parallel_for(0, e_hi - e_lo, kGrainElems, [&](int64_t lo, int64_t hi) {
-        convert_range(src, storage_dtype(kind), out, out_dtype, lo, hi);
-      });
-      return;
-    }
-    case QuantKind::int8: {
-      const auto* codes = reinterpret_cast<const int8_t*>(in);
-      const auto* scales = reinterpret_cast<const float*>(in + l.scales_offset);
-      const size_t out_row = static_cast<size_t>(cols) * kernels::dtype_size(out_dtype);
-      kernels::cpu::parallel_for(row_lo, row_hi, std::max<int64_t>(1, kGrainElems / cols), [&](int64_t lo, int64_t hi) {
-        int8_decode_rows(codes, scales, cols, lo, hi, static_cast<uint8_t*>(out) + static_cast<size_t>(lo - row_lo) * out_row,
-                         out_dtype);
-      });
-      return;
-    }
-    case QuantKind::nf4: {
-      const auto* scales = reinterpret_cast<const float*>(in + l.scales_offset);
-      const int64_t b_lo = e_lo / kNf4Block, b_hi = (e_hi + kNf4Block - 1) / kNf4Block;
-      kernels::cpu::parallel_for(b_lo, b_hi, kGrainElems / kNf4Block, [&](int64_t lo, int64_t hi) {
-        nf4_decode_range(in, in + l.absmax_codes_offset, scales + 1, scales[0], e_lo, e_hi, lo, hi, out, out_dtype);
-      });
-      return;
-    }
+  kernels::DequantizeArgs a;
+  a.format = static_cast<kernels::StoredFormat>(kind);
+  a.rows = rows;
+  a.cols = cols;
+  a.codes = q;
+  if (kind == QuantKind::int8 || kind == QuantKind::nf4) a.scales = reinterpret_cast<const float*>(in + l.scales_offset);
+  if (kind == QuantKind::nf4) {
+    a.absmax_codes = in + l.absmax_codes_offset;
+    a.levels = kNf4.data();
+    a.map = dynamic_map_signed().data();
   }
+  a.out = out;
+  a.out_dtype = out_dtype;
+  return a;
 }
 
 QuantizedTensor QuantizedTensor::make(QuantKind kind, const void* src, DType src_dtype, int64_t rows, int64_t cols) {

@@ -11,10 +11,13 @@
 #include <vector>
 
 #include "kernels/dtype.h"
+#include "kernels/ops.h"
 
 namespace strata {
 
+// The formats as the op set decodes them (kernels::StoredFormat, the same values).
 enum class QuantKind : uint8_t { bf16, fp16, int8, nf4 };
+static_assert(static_cast<int>(QuantKind::nf4) == static_cast<int>(kernels::StoredFormat::nf4));
 
 std::string_view quant_kind_name(QuantKind k);  // "bf16", "fp16", "int8", "nf4"
 // Parses the names above ("fp16" also as "f16"); throws std::invalid_argument naming the text.
@@ -76,6 +79,11 @@ void quantize(QuantKind kind, const void* src, kernels::DType src_dtype, int64_t
 // for a shape or row range that does not fit.
 void dequantize_rows(QuantKind kind, const void* q, int64_t rows, int64_t cols, int64_t row_lo, int64_t row_hi,
                      void* out, kernels::DType out_dtype);
+
+// The op set's arguments that decode the whole quantized matrix q into out (Ops::dequantize,
+// on any backend; q and out in that backend's memory, the NF4 tables on the host).
+kernels::DequantizeArgs dequantize_args(QuantKind kind, const void* q, int64_t rows, int64_t cols, void* out,
+                                        kernels::DType out_dtype);
 
 // The 16 NormalFloat4 levels (bitsandbytes' get_4bit_type("nf4")), ascending.
 const std::array<float, 16>& nf4_levels();

@@ -340,20 +340,21 @@ void Transformer::store_unit(int u, const float* master, void* stored) const {
   }
 }
 
-void Transformer::decode_unit(int u, const void* stored, void* working) const {
+void Transformer::decode_unit(kernels::Stream& s, kernels::Ops& ops, int u, const void* stored, void* working) const {
   const QuantKind kind = parse_quant_kind(lora_spec_.base_dtype);
   const auto* src = static_cast<const char*>(stored);
   const size_t esz = kernels::dtype_size(dtype_);
   const Unit& unit = units_.at(static_cast<size_t>(u));
-  for (const StoredPiece& s : stored_pieces(*this, u, kind)) {
-    void* out = static_cast<char*>(working) + static_cast<size_t>(s.p->unit_offset) * esz;
-    if (s.matrix)
-      dequantize_rows(kind, src + s.at, s.p->shape[0], s.p->shape[1], 0, s.p->shape[0], out, dtype_);
+  for (const StoredPiece& p : stored_pieces(*this, u, kind)) {
+    void* out = static_cast<char*>(working) + static_cast<size_t>(p.p->unit_offset) * esz;
+    if (p.matrix)
+      ops.dequantize(s, dequantize_args(kind, src + p.at, p.p->shape[0], p.p->shape[1], out, dtype_));
     else
-      std::memcpy(out, src + s.at, s.bytes);
+      s.memcpy_async(out, src + p.at, p.bytes);
   }
-  std::memset(static_cast<char*>(working) + static_cast<size_t>(unit.n_real) * esz, 0,
-              static_cast<size_t>(unit.numel - unit.n_real) * esz);
+  if (unit.numel > unit.n_real)
+    s.memset_async(static_cast<char*>(working) + static_cast<size_t>(unit.n_real) * esz, 0,
+                   static_cast<size_t>(unit.numel - unit.n_real) * esz);
 }
 
 int64_t Transformer::n_trainable_params() const {

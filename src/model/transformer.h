@@ -234,11 +234,12 @@ class Transformer {
   int64_t n_trainable_params() const;
   // LoRA --base-dtype (src/model/quant.h): unit u's weights block holds their stored form (a
   // frozen layer's matrices quantized, its norms and biases in the working dtype, each tensor 64
-  // bytes aligned), stored_bytes(u) of it; decode_unit writes the whole unit in the working dtype.
+  // bytes aligned), stored_bytes(u) of it; decode_unit enqueues on s the decode of the whole
+  // unit into `working` in the working dtype (stored and working in s's backend's memory).
   bool stored_unit(int u) const;
   size_t stored_bytes(int u) const;
   void store_unit(int u, const float* master, void* stored) const;
-  void decode_unit(int u, const void* stored, void* working) const;
+  void decode_unit(kernels::Stream& s, kernels::Ops& ops, int u, const void* stored, void* working) const;
   // Where the tensors live inside their units (elements; -1 = absent): every block's, and the
   // embedding tables', final norm's and head's.
   const BlockLayout& block_layout() const { return layout_; }

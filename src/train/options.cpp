@@ -110,7 +110,7 @@ const std::vector<OptionSpec>& option_table() {
       {"--lora-rank", "LoRA: train rank-R adapters on a frozen base (0 = full fine-tuning)", &O::lora_rank, all},
       {"--lora-alpha", "LoRA: the adapters' scale is alpha / rank", &O::lora_alpha, all},
       {"--lora-rslora", "LoRA: scale alpha / sqrt(rank) (rsLoRA)", &O::lora_rslora, all},
-      {"--lora-dropout", "LoRA: dropout on each adapter's input, a mask per target module (CPU backend)",
+      {"--lora-dropout", "LoRA: dropout on each adapter's input, a mask per target module",
        &O::lora_dropout, all},
       {"--lora-targets",
        "LoRA: the linear modules given adapters, by Hugging Face name or suffix (q_proj,k_proj,v_proj,o_proj,"
@@ -234,9 +234,6 @@ void validate_options(const TrainOptions& o) {
   if (!(o.lora_dropout >= 0 && o.lora_dropout < 1))
     throw std::invalid_argument("--lora-dropout " + flag_value(o.lora_dropout) + ": must be in [0, 1)");
   if (o.lora_rank > 0) {
-    if (o.lora_dropout > 0 && o.backend != "cpu")
-      throw std::invalid_argument("--lora-dropout " + flag_value(o.lora_dropout) + " on --backend " + o.backend +
-                                  ": adapter dropout runs on the CPU backend only so far; use 0");
   } else if (!o.lora_targets.empty() || o.lora_rslora || o.merge_adapter) {
     throw std::invalid_argument("--lora-targets/--lora-rslora/--merge-adapter need --lora-rank R (> 0) or --adapter DIR");
   }
@@ -245,10 +242,6 @@ void validate_options(const TrainOptions& o) {
     if (o.base_dtype != o.dtype && o.base_dtype != "bf16" && o.base_dtype != "fp16" && o.base_dtype != "int8" &&
         o.base_dtype != "nf4")
       throw std::invalid_argument("--base-dtype " + o.base_dtype + ": expected bf16, fp16, int8 or nf4");
-    if (o.base_dtype != o.dtype && o.backend != "cpu")
-      throw std::invalid_argument("--base-dtype " + o.base_dtype + " on --backend " + o.backend +
-                                  ": decoding a stored base runs on the CPU backend only so far; use --base-dtype " +
-                                  o.dtype + " (the working dtype)");
     if (o.base_dtype != o.dtype && o.zero_stage == 3)
       throw std::invalid_argument("--base-dtype " + o.base_dtype +
                                   " with --zero-stage 3: a stored base is not sharded across ranks yet; use stage 0-2 "

@@ -79,12 +79,9 @@ class UnitLifecycle::WholeWeights final : public UnitLifecycle::WeightPath {
     const void* w = lc_.mem_.acquire(Role::params, u, Mode::read, Side::compute);
     if (!lc_.model_.stored_unit(u)) return w;
     // LoRA --base-dtype: the layer decoded into a slot, in compute's order (the slot's previous
-    // layer is done with it by then). CPU backend only (validate_options).
+    // layer is done with it by then).
     void* out = lc_.mem_.decoded(lc_.next_decoded_++ % 2);
-    lc_.compute([&] {
-      const Transformer* m = &lc_.model_;
-      lc_.mem_.stream(Side::compute).host_fn([m, u, w, out] { m->decode_unit(u, w, out); });
-    });
+    lc_.compute([&] { lc_.model_.decode_unit(lc_.mem_.stream(Side::compute), lc_.mem_.ops(Side::compute), u, w, out); });
     return out;
   }
   bool drop(int u, bool spent) override {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/runtime.h"
 #include "src/checkpoint/hf.h"
 #include "src/model/quant.h"
 #include "tests/apps/cli_test_util.h"
@@ -263,17 +264,22 @@ TEST_F(LoraCli, QuantizedBaseEqualsItsDecodedWeights) {
     const fs::path dq = dir_ / (std::string("dq_") + kind);
     strata::save_hf_model(dq, cfg, tensors);
 
-    const std::string common = " --threads 1 --seq 16 --batch 2 --lr 1e-2 --lr-schedule constant --warmup 0 --steps 3 "
-                               "--lora-rank 4 --lora-targets all-linear --metrics ";
-    Result r = run("train --model " + dq.string() + common + (dir_ / "dq.jsonl").string());
-    ASSERT_EQ(r.status, 0) << r.err;
-    r = run("train --model " + base().string() + common + (dir_ / "q.jsonl").string() + " --base-dtype " + kind);
-    ASSERT_EQ(r.status, 0) << r.err;
-    EXPECT_EQ(exact_metrics(dir_ / "q.jsonl"), exact_metrics(dir_ / "dq.jsonl")) << kind;
-    r = run("train --model " + base().string() + common + (dir_ / "qn.jsonl").string() + " --base-dtype " + kind +
-            " --offload-params nvme --host-mem 1M --nvme-path " + (dir_ / "swap").string());
-    ASSERT_EQ(r.status, 0) << r.err;
-    EXPECT_EQ(exact_metrics(dir_ / "qn.jsonl"), exact_metrics(dir_ / "dq.jsonl")) << kind << " on NVMe";
+    // The CUDA backend's decode kernel too, where a GPU is present.
+    for (const std::string backend : {"cpu", "cuda"}) {
+      if (backend == "cuda" && !strata::kernels::cuda_available()) continue;
+      const std::string common = " --backend " + backend +
+                                 " --threads 1 --seq 16 --batch 2 --lr 1e-2 --lr-schedule constant --warmup 0 "
+                                 "--steps 3 --lora-rank 4 --lora-targets all-linear --metrics ";
+      Result r = run("train --model " + dq.string() + common + (dir_ / "dq.jsonl").string());
+      ASSERT_EQ(r.status, 0) << r.err;
+      r = run("train --model " + base().string() + common + (dir_ / "q.jsonl").string() + " --base-dtype " + kind);
+      ASSERT_EQ(r.status, 0) << r.err;
+      EXPECT_EQ(exact_metrics(dir_ / "q.jsonl"), exact_metrics(dir_ / "dq.jsonl")) << kind << " " << backend;
+      r = run("train --model " + base().string() + common + (dir_ / "qn.jsonl").string() + " --base-dtype " + kind +
+              " --offload-params nvme --host-mem 1M --nvme-path " + (dir_ / "swap").string());
+      ASSERT_EQ(r.status, 0) << r.err;
+      EXPECT_EQ(exact_metrics(dir_ / "qn.jsonl"), exact_metrics(dir_ / "dq.jsonl")) << kind << " on NVMe, " << backend;
+    }
   }
 }
 
@@ -306,6 +312,15 @@ TEST_F(LoraCli, DropoutIsDeterministicEverywhere) {
   EXPECT_EQ(exact_metrics(dir_ / "res.jsonl"), std::vector<std::string>(ref.begin() + 2, ref.end()));
   const auto cfg = nlohmann::json::parse(slurp(dir_ / "ref" / "adapter_config.json"));
   EXPECT_EQ(cfg["lora_dropout"], 0.25);
+  // On a GPU the masks are the CUDA kernel's: the resident run and the recomputed one on NVMe
+  // agree bit for bit there too.
+  if (!strata::kernels::cuda_available()) return;
+  r = run(cmd + "--backend cuda --metrics " + (dir_ / "g.jsonl").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run(cmd + "--backend cuda --checkpoint-activations full --offload-params nvme --nvme-path " +
+          (dir_ / "gswap").string() + " --metrics " + (dir_ / "gnv.jsonl").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(exact_metrics(dir_ / "gnv.jsonl"), exact_metrics(dir_ / "g.jsonl"));
 }
 
 TEST_F(LoraCli, BadFlagsNameTheFlag) {

@@ -215,6 +215,65 @@ TEST(CudaOps, CastMatchesCpuBitForBitOnFiniteValues) {
     }
 }
 
+// LoRA's stored base: every format decoded on the GPU as on the CPU, bit for bit (fp32, bf16,
+// fp16 out), whole and as a row slice cut through NF4's 64-element blocks, from random bytes
+// (any bytes decode: codes, 8-bit absmax codes, scales and tables are all just values here).
+TEST(CudaOps, DequantizeMatchesCpuBitForBit) {
+  STRATA_SKIP_WITHOUT_CUDA();
+  Gpu gpu;
+  const int64_t rows = 37, cols = 100, n = rows * cols;
+  std::mt19937 rng(11);
+  std::vector<uint8_t> codes(static_cast<size_t>(2 * n)), absmax_codes(static_cast<size_t>((n + 63) / 64));
+  for (auto& c : codes) c = static_cast<uint8_t>(rng());
+  for (auto& c : absmax_codes) c = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> d(-1, 1);
+  std::vector<float> scales(static_cast<size_t>(rows + 1)), levels(16), map(256);
+  for (auto& v : scales) v = d(rng) * 0.05f;
+  for (auto& v : levels) v = d(rng);
+  for (auto& v : map) v = d(rng);
+  // bf16 and fp16 codes must be finite values: the low bytes random, the high ones moderate.
+  for (int64_t i = 0; i < n; ++i) codes[static_cast<size_t>(2 * i + 1)] = static_cast<uint8_t>(0x30 + rng() % 0x10);
+  DeviceBuffer dcodes = gpu.up_bytes(codes.data(), codes.size()), dabs = gpu.up_bytes(absmax_codes.data(), absmax_codes.size());
+  DeviceBuffer dscales = gpu.up_bytes(scales.data(), scales.size() * 4);
+  for (StoredFormat f : {StoredFormat::bf16, StoredFormat::fp16, StoredFormat::int8, StoredFormat::nf4})
+    for (DType to : {DType::f32, DType::bf16, DType::f16})
+      for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, rows}, {5, 29}}) {
+        DequantizeArgs a{.format = f, .rows = rows, .cols = cols, .row_lo = lo, .row_hi = hi, .codes = codes.data(),
+                         .absmax_codes = absmax_codes.data(), .scales = scales.data(), .levels = levels.data(),
+                         .map = map.data(), .out = nullptr, .out_dtype = to};
+        HostBuf want(to, static_cast<size_t>((hi - lo) * cols));
+        a.out = want.data();
+        cpu::dequantize(a);
+        DeviceBuffer dout(gpu.rt(), want.size_bytes());
+        a.codes = dcodes.data();
+        a.absmax_codes = static_cast<const uint8_t*>(dabs.data());
+        a.scales = static_cast<const float*>(dscales.data());
+        a.out = dout.data();
+        gpu.ops().dequantize(gpu.stream(), a);
+        EXPECT_TRUE(bitwise_equal(gpu.down(dout, want), want))
+            << "dequantize format " << static_cast<int>(f) << " -> " << dtype_name(to) << " rows [" << lo << ", " << hi
+            << ") differs from the CPU";
+      }
+}
+
+// LoRA's adapter dropout: the same mask and the same bits as the CPU (every dtype; plain and
+// accumulating into what is there).
+TEST_P(CudaOpsTest, DropoutMatchesCpuBitForBit) {
+  STRATA_SKIP_WITHOUT_CUDA();
+  Gpu gpu;
+  const int64_t n = 10007;
+  const HostBuf x = HostBuf::random(dtype(), n, 3), base = HostBuf::random(dtype(), n, 4);
+  for (const bool accumulate : {false, true}) {
+    HostBuf want = base;
+    cpu::dropout({.dtype = dtype(), .n = n, .x = x.data(), .out = want.data(), .key = 0x1234567ull, .p = 0.1f,
+                  .accumulate = accumulate});
+    DeviceBuffer dx = gpu.up(x), dout = gpu.up(base);
+    gpu.ops().dropout(gpu.stream(), {.dtype = dtype(), .n = n, .x = dx.data(), .out = dout.data(), .key = 0x1234567ull,
+                                     .p = 0.1f, .accumulate = accumulate});
+    EXPECT_TRUE(bitwise_equal(gpu.down(dout, want), want)) << "dropout, accumulate " << accumulate;
+  }
+}
+
 // ---- embedding -------------------------------------------------------------------------------
 
 TEST_P(CudaOpsTest, EmbeddingForwardAccumulateAndDeterministicBackward) {

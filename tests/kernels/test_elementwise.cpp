@@ -8,6 +8,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "kernels/counter_rng.h"
 #include "kernels/cpu/act_types.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/runtime.h"
@@ -153,6 +154,32 @@ TEST_P(ElementwiseTest, AddInPlaceAndOutOfPlace) {
     cpu::add({.dtype = t, .n = n, .a = a.data(), .b = b.data(), .out = a.data()});  // out aliases a
     expect_close(a.values(), want, 1e-7, rtol_for(t), "add in place");
   }
+}
+
+// LoRA's adapter dropout against float64: element i kept iff its counter uniform is >= p, kept
+// ones scaled by 1 / (1 - p), added to what is there when accumulating; about p of them dropped;
+// another key gives another mask.
+TEST_P(ElementwiseTest, DropoutKeepsTheCounterMaskAndScales) {
+  const DType t = dtype();
+  const int64_t n = 40000;
+  const float p = 0.25f;
+  TypedBuf x(t, random_vec(n, 42)), out(t, n), acc(t, random_vec(n, 43)), other(t, n);
+  const auto xv = x.values(), av = acc.values();
+  std::vector<double> want(n), want_acc(n);
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep = static_cast<double>(counter_uniform(77, i)) >= p;
+    dropped += !keep;
+    want[i] = keep ? xv[i] / (1.0 - p) : 0.0;
+    want_acc[i] = av[i] + want[i];
+  }
+  EXPECT_NEAR(static_cast<double>(dropped) / n, p, 0.01);
+  cpu::dropout({.dtype = t, .n = n, .x = x.data(), .out = out.data(), .key = 77, .p = p, .accumulate = false});
+  expect_close(out.values(), want, 1e-7, rtol_for(t), "dropout");
+  cpu::dropout({.dtype = t, .n = n, .x = x.data(), .out = acc.data(), .key = 77, .p = p, .accumulate = true});
+  expect_close(acc.values(), want_acc, 1e-6, 2 * rtol_for(t), "dropout accumulating");
+  cpu::dropout({.dtype = t, .n = n, .x = x.data(), .out = other.data(), .key = 78, .p = p, .accumulate = false});
+  EXPECT_NE(other.values(), out.values()) << "another key, the same mask";
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, ElementwiseTest, dtype_isa_values(), dtype_isa_name);

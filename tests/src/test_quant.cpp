@@ -20,7 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/dtype.h"
 #include "src/model/quant.h"
 
@@ -411,6 +413,35 @@ TEST(Quant, RowSlicesDecodeAsTheWhole) {
               << quant_kind_name(kind) << " " << s.rows << "x" << s.cols << " rows [" << lo << ", " << hi << ") "
               << kernels::dtype_name(out);
         }
+      }
+    }
+  }
+}
+
+// The decode's AVX-512 path (NF4: the levels as a permute table) and its portable one write the
+// same bytes, for whole matrices and row slices cut through blocks; and the op set's dequantize,
+// enqueued on a CPU stream, is dequantize_rows.
+TEST(Quant, DecodePathsAndTheOpAgree) {
+  auto rt = kernels::cpu::make_cpu_runtime();
+  auto stream = rt->create_stream();
+  for (const Shape s : {Shape{130, 257}, Shape{33, 64}, Shape{7, 3}}) {
+    const std::vector<float> w = heavy_weights(s.rows * s.cols, s.cols, 11);
+    for (QuantKind kind : {QuantKind::bf16, QuantKind::fp16, QuantKind::int8, QuantKind::nf4}) {
+      const QuantizedTensor q = QuantizedTensor::make(kind, w.data(), DType::f32, s.rows, s.cols);
+      for (DType out : {DType::f32, DType::bf16, DType::f16}) {
+        const size_t bytes = static_cast<size_t>(s.rows * s.cols) * kernels::dtype_size(out);
+        std::vector<uint8_t> vec(bytes), portable(bytes), op(bytes, 0xAB);
+        const int64_t lo = s.rows / 3, hi = s.rows - s.rows / 4;
+        q.dequantize_rows(lo, hi, vec.data(), out);
+        kernels::cpu::set_avx512_enabled(false);
+        q.dequantize_rows(lo, hi, portable.data(), out);
+        kernels::cpu::set_avx512_enabled(true);
+        EXPECT_EQ(vec, portable) << quant_kind_name(kind) << " " << s.rows << "x" << s.cols << " " << kernels::dtype_name(out);
+        std::vector<uint8_t> whole(bytes);
+        q.dequantize_rows(0, s.rows, whole.data(), out);
+        rt->ops().dequantize(*stream, dequantize_args(kind, q.bytes.data(), s.rows, s.cols, op.data(), out));
+        stream->synchronize();
+        EXPECT_EQ(op, whole) << quant_kind_name(kind) << " " << kernels::dtype_name(out) << ": Ops::dequantize";
       }
     }
   }
