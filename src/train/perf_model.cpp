@@ -232,12 +232,16 @@ PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t
   auto head = [&] { m.head(*s, targets, wp(fn), wp(hd), gp(fn), gp(hd), 1.0f, true, frozen_head); };
   auto block_forward = [&] { m.block_forward(*s, 0, wp(blk), x0.data(), m.final_residual(), wl); };
   auto block_backward = [&] { m.block_backward(*s, 0, wp(blk), x0.data(), gp(blk), true, wl, gl); };
+  auto embed_forward = [&] { m.embed_forward(*s, in, wp(emb), x0.data()); };
+  auto embed_backward = [&] {
+    if (gp(emb)) m.embed_backward(*s, in, gp(emb), !m.tied_head());
+  };
   auto micro_batch = [&] {
-    m.embed_forward(*s, in, wp(emb), x0.data());
+    embed_forward();
     block_forward();
     head();
     block_backward();
-    if (gp(emb)) m.embed_backward(*s, in, gp(emb), !m.tied_head());
+    embed_backward();
   };
   kernels::DeviceBuffer sums(rt, 8);
   s->memset_async(sums.data(), 0, 8);
@@ -245,7 +249,10 @@ PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t
   if (!m.tied_head()) edges.push_back(hd);
   const double each = seconds / 5;
   PhaseTimes t;
-  const double whole = time_per_call(*s, each, micro_batch) * 1e3;
+  // The model's own shape: the edges are the micro-batch less the block's phases. A scaled
+  // probe times them directly instead: its head is small beside its block, so that difference
+  // would be mostly the block's noise, multiplied by the extrapolation.
+  const double whole = ps.scaled() ? 0 : time_per_call(*s, each, micro_batch) * 1e3;
   t.block_forward_ms = time_per_call(*s, each, block_forward) * 1e3;
   const double head_ms = time_per_call(*s, each, head) * 1e3;
   // The backward reads the residual gradient the head left, so each repeat starts behind a head.
@@ -253,7 +260,12 @@ PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t
                                         head();
                                         block_backward();
                                       }) * 1e3 - head_ms);
-  t.edge_ms = std::max(0.0, whole - t.block_forward_ms - t.block_backward_ms);
+  t.edge_ms = !ps.scaled() ? std::max(0.0, whole - t.block_forward_ms - t.block_backward_ms)
+                           : time_per_call(*s, each, [&] {
+                               embed_forward();
+                               head();
+                               embed_backward();
+                             }) * 1e3;
   const int trained_blk = lu >= 0 ? lu : blk;  // a layer's trained unit: its adapters under LoRA
   t.sum_squares_ms = time_per_call(*s, each / 2, [&] {
                        m.grad_sum_squares(*s, trained_blk, gp(trained_blk), sums.as<double>());
