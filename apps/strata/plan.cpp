@@ -34,10 +34,11 @@ namespace strata::app {
 namespace {
 
 // The largest one-block micro-batch (block and head, forward and backward) the phases are
-// timed on as is; above it the probe is scaled (perf_model.h ProbeShape). At ~0.5 TFLOP/s (bf16
-// on the 2-core development VM) the probe's nine calls of it take about 10 s: an 8B llama
-// (2.3 TFLOP at 512 tokens, 1.6 of it the head) is probed on 1/16 of its vocabulary and
-// 256-token rows; models to about 3B at 256-512 tokens are probed whole, as before.
+// timed on as is; above it the probe is scaled (perf_model.h ProbeShape). The probe runs each
+// phase at least four times, so on the 2-core development VM (0.2-0.6 TFLOP/s bf16, as loaded)
+// a probe at the budget takes 3-10 s: an 8B llama (2.3 TFLOP at 512 tokens, 1.6 of it the
+// head) is probed on 1/16 of its vocabulary and 256-token rows; a 1.5B one at 256 tokens (180
+// GFLOP) whole, as before.
 constexpr double kDefaultProbeGflop = 500;
 
 struct PlanOptions {
