@@ -129,18 +129,17 @@ std::optional<GpuSpec> modeled_gpu(const PlanOptions& po) {
   if (po.mem_given) g.mem_gib = po.gpu_mem_gib;
   if (po.pcie_given) g.pcie_gbs = po.pcie_gbs;
   if (po.hbm_given) g.hbm_gbs = po.gpu_hbm_gbs;
-  const uint64_t cap = static_cast<uint64_t>(g.mem_gib * static_cast<double>(1ull << 30));
-  if (!po.train.device_mem.empty() && offload::parse_size(po.train.device_mem) > cap)
+  if (!po.train.device_mem.empty() && offload::parse_size(po.train.device_mem) > g.mem_bytes())
     throw std::invalid_argument(fmt::format("plan --device-mem {}: more than the modeled {} has ({}); give "
                                             "--device-mem {}G or less",
-                                            po.train.device_mem, g.name, offload::format_size(cap),
+                                            po.train.device_mem, g.name, offload::format_size(g.mem_bytes()),
                                             static_cast<uint64_t>(g.mem_gib)));
   return g;
 }
 
 // A modeled GPU must hold what the run keeps on the device.
 void check_fits_gpu(const GpuSpec& g, const MemoryPlan& mp) {
-  const uint64_t cap = static_cast<uint64_t>(g.mem_gib * static_cast<double>(1ull << 30));
+  const uint64_t cap = g.mem_bytes();
   const std::string gpu = fmt::format("the modeled {} ({} of memory)", g.name, offload::format_size(cap));
   if (mp.minimum[0] > cap)
     throw std::runtime_error(fmt::format("plan: the run needs at least {} of device memory and {} has less: offload "

@@ -2,6 +2,7 @@
 // user can size a machine before renting it: vendor datasheet figures (dense tensor rates, not
 // the 2:4-sparse ones the datasheets print first), and the efficiency the plan applies to them.
 #pragma once
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -16,6 +17,7 @@ struct GpuSpec {
   double mem_gib = 0;        // device memory (HBM "GB" are GiB: the H200 reported 143771 MiB)
   double pcie_gbs = 0;       // host link, GB/s each way
   double hbm_gbs = 0;        // device memory bandwidth, GB/s; 0: not known (custom without --gpu-hbm-gbs)
+  uint64_t mem_bytes() const { return static_cast<uint64_t>(mem_gib * static_cast<double>(uint64_t{1} << 30)); }
 };
 
 // h100, h200, a100-80g, rtx4090, l40s.
