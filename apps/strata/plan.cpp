@@ -38,20 +38,22 @@ namespace {
 // phase at least four times, so on the 2-core development VM (0.2-0.6 TFLOP/s bf16, as loaded)
 // a probe at the budget takes 3-10 s: an 8B llama (2.3 TFLOP at 512 tokens, 1.6 of it the
 // head) is probed on 1/16 of its vocabulary and 256-token rows; a 1.5B one at 256 tokens (180
-// GFLOP) whole, as before.
-constexpr double kDefaultProbeGflop = 500;
+// GFLOP) whole, as before. A GPU runs 100 TFLOP in a fraction of a second, and its GEMMs lose
+// far more than a CPU's when made small, so on --backend cuda the budget is 200× larger: a
+// 1B llama at 8 × 2048 tokens (11 TFLOP) or an 8B one at 2048 is probed whole there, as before.
+constexpr double kDefaultProbeGflop = 500, kDefaultProbeGflopCuda = 100000;
 
 struct PlanOptions {
   TrainOptions train;
   double nvme_bw = 0;      // GB/s, both directions; 0: probe the --nvme-path directories
   double probe_s = 2;      // seconds per probe
-  double probe_gflop = kDefaultProbeGflop;
+  double probe_gflop = 0;  // 0: not given, the backend's default
   bool json = false;
   int world = 1;           // plan one rank of a job of this many ranks
   // --backend cuda modeled on a GPU that need not be here: a known one by name, and/or figures.
   std::string gpu;
   double gpu_tflops = 0, gpu_mem_gib = 0, pcie_gbs = 0, gpu_hbm_gbs = 0;
-  bool tflops_given = false, mem_given = false, pcie_given = false, hbm_given = false;
+  bool probe_gflop_given = false, tflops_given = false, mem_given = false, pcie_given = false, hbm_given = false;
 };
 
 std::string gib(uint64_t b) { return b ? offload::format_size(b) : std::string("-"); }
@@ -74,10 +76,12 @@ void check_plan_flags(const PlanOptions& po) {
   if (po.world < 1 || po.world > kMaxWorld)
     throw std::invalid_argument(
         fmt::format("plan --world {}: give the number of ranks, between 1 and {}", po.world, kMaxWorld));
-  if (!std::isfinite(po.probe_gflop) || po.probe_gflop < kMinProbeGflop || po.probe_gflop > kMaxProbeGflop)
+  if (po.probe_gflop_given &&
+      (!std::isfinite(po.probe_gflop) || po.probe_gflop < kMinProbeGflop || po.probe_gflop > kMaxProbeGflop))
     throw std::invalid_argument(fmt::format("plan --probe-gflop {}: give the largest micro-batch of the one-block "
-                                            "probe in GFLOP, between {} and {} (default {})",
-                                            po.probe_gflop, kMinProbeGflop, kMaxProbeGflop, kDefaultProbeGflop));
+                                            "probe in GFLOP, between {} and {} (default {} on the CPU, {} on CUDA)",
+                                            po.probe_gflop, kMinProbeGflop, kMaxProbeGflop, kDefaultProbeGflop,
+                                            kDefaultProbeGflopCuda));
 }
 
 // The GPU --backend cuda is modeled on (--gpu NAME and/or --gpu-tflops, --gpu-mem, --pcie-gbs,
@@ -221,7 +225,10 @@ int run_plan(const PlanOptions& po) {
                     1, p.lora);
   // The model's own phases on a one-block copy (the GEMMs at its shapes and every other op, or
   // a scaled copy's extrapolated), on the backend that will run them.
-  const ProbeShape shape = choose_probe_shape(p.cfg, o.batch, o.seq, po.probe_gflop);
+  const double probe_gflop = po.probe_gflop_given                ? po.probe_gflop
+                             : backend == kernels::Backend::cuda ? kDefaultProbeGflopCuda
+                                                                 : kDefaultProbeGflop;
+  const ProbeShape shape = choose_probe_shape(p.cfg, o.batch, o.seq, probe_gflop);
   const double peak_flops = !gpu ? 0 : (dt == DType::f32 ? gpu->fp32_tflops : gpu->bf16_tflops) * 1e12;
   const double hbm_bytes_per_s = gpu ? gpu->hbm_gbs * 1e9 * kModeledHbmEfficiency : 0;
   const PhaseTimes phases = gpu ? model_phases(model, peak_flops * kModeledMfu, hbm_bytes_per_s)
@@ -381,7 +388,7 @@ int run_plan(const PlanOptions& po) {
                "vocab {} of {}: {:.4g} of the model's {:.4g} GFLOP a micro-batch; --probe-gflop {:g}), each "
                "scaled to the model's shape by its FLOPs\n",
                shape.batch, shape.seq, shape.width_div, shape.vocab, p.cfg.vocab_size, shape.gflop,
-               shape.model_gflop, po.probe_gflop);
+               shape.model_gflop, probe_gflop);
   else
     fmt::print("compute: the phases timed on a one-block copy at the model's shape ({:.4g} GFLOP a micro-batch)\n",
                shape.model_gflop);
@@ -452,8 +459,9 @@ void register_plan(CLI::App& app, Run& run) {
   cmd->add_option("--probe-seconds", opts->probe_s, "seconds per rate probe (the model's phases, AdamW)");
   cmd->add_option("--probe-gflop", opts->probe_gflop,
                   fmt::format("the largest one-block micro-batch (GFLOP, forward and backward, with the head) timed "
-                              "as is; a larger one is timed scaled down and extrapolated (default {:g})",
-                              kDefaultProbeGflop));
+                              "as is; a larger one is timed scaled down and extrapolated (default {:g}; {:g} on "
+                              "--backend cuda)",
+                              kDefaultProbeGflop, kDefaultProbeGflopCuda));
   cmd->add_option("--gpu", opts->gpu,
                   "--backend cuda: model this GPU (" + known_gpu_names() +
                       ") from its datasheet instead of probing one; it need not be here");
@@ -465,6 +473,7 @@ void register_plan(CLI::App& app, Run& run) {
   cmd->add_flag("--json", opts->json, "one JSON object instead of the tables");
   cmd->add_option("--world", opts->world, "plan one rank of an mpirun job of this many ranks (with --zero-stage)");
   cmd->callback([&run, opts, cmd] {
+    opts->probe_gflop_given = cmd->count("--probe-gflop") > 0;
     opts->tflops_given = cmd->count("--gpu-tflops") > 0;
     opts->mem_given = cmd->count("--gpu-mem") > 0;
     opts->pcie_given = cmd->count("--pcie-gbs") > 0;
