@@ -461,15 +461,16 @@ void register_plan(CLI::App& app, Run& run) {
                   fmt::format("the largest one-block micro-batch (GFLOP, forward and backward, with the head) timed "
                               "as is; a larger one is timed scaled down and extrapolated (default {:g}; {:g} on "
                               "--backend cuda)",
-                              kDefaultProbeGflop, kDefaultProbeGflopCuda));
+                              kDefaultProbeGflop, kDefaultProbeGflopCuda))
+      ->default_str("");
   cmd->add_option("--gpu", opts->gpu,
                   "--backend cuda: model this GPU (" + known_gpu_names() +
                       ") from its datasheet instead of probing one; it need not be here");
-  cmd->add_option("--gpu-tflops", opts->gpu_tflops, "the modeled GPU's dense peak TFLOP/s for the run's --dtype");
-  cmd->add_option("--gpu-mem", opts->gpu_mem_gib, "the modeled GPU's memory in GiB");
-  cmd->add_option("--pcie-gbs", opts->pcie_gbs, "the modeled GPU's host link in GB/s each way");
+  cmd->add_option("--gpu-tflops", opts->gpu_tflops, "the modeled GPU's dense peak TFLOP/s for the run's --dtype")->default_str("");
+  cmd->add_option("--gpu-mem", opts->gpu_mem_gib, "the modeled GPU's memory in GiB")->default_str("");
+  cmd->add_option("--pcie-gbs", opts->pcie_gbs, "the modeled GPU's host link in GB/s each way")->default_str("");
   cmd->add_option("--gpu-hbm-gbs", opts->gpu_hbm_gbs,
-                  "the modeled GPU's memory bandwidth in GB/s (needed where AdamW runs on it)");
+                  "the modeled GPU's memory bandwidth in GB/s (needed where AdamW runs on it)")->default_str("");
   cmd->add_flag("--json", opts->json, "one JSON object instead of the tables");
   cmd->add_option("--world", opts->world, "plan one rank of an mpirun job of this many ranks (with --zero-stage)");
   cmd->callback([&run, opts, cmd] {
