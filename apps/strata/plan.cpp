@@ -1,10 +1,12 @@
 // `strata plan`: the same flags as `strata train`, nothing trained. Prints what each tier would
 // hold (by kind of state), the bytes each link would move per step, each link's floor at its
 // measured bandwidth (a few-second probe of the --nvme-path, or --nvme-bw), the compute floor
-// (the model's own phases timed on a one-block copy of it), the optimizer's from a short probe,
-// and the predicted step time: the largest floor, or on the CPU backend with NVMe the plan
-// replayed against a clock with those rates (offload/timeline.h). The same
-// budget check as `strata train` runs, so a plan that cannot fit fails the same way.
+// (the model's own phases timed on a one-block copy of it, scaled down and extrapolated where
+// that copy is too large to time in seconds; or, for --backend cuda with --gpu, a named or
+// described GPU modeled from its datasheet), the optimizer's from a short probe, and the
+// predicted step time: the largest floor, or on the CPU backend with NVMe the plan replayed
+// against a clock with those rates (offload/timeline.h). The same budget check as `strata
+// train` runs, so a plan that cannot fit fails the same way.
 #include <fmt/format.h>
 #include <sys/statvfs.h>
 
@@ -14,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <optional>
 #include <stdexcept>
 #include <nlohmann/json.hpp>
 
@@ -23,18 +26,34 @@
 #include "io/swap_space.h"
 #include "kernels/cpu/parallel.h"
 #include "offload/size.h"
+#include "src/train/gpu_specs.h"
 #include "src/train/perf_model.h"
 #include "src/train/trainer.h"
 
 namespace strata::app {
 namespace {
 
+// The largest one-block micro-batch (block and head, forward and backward) the phases are
+// timed on as is; above it the probe is scaled (perf_model.h ProbeShape). The probe runs each
+// phase at least four times, so on the 2-core development VM (0.2-0.6 TFLOP/s bf16, as loaded)
+// a probe at the budget takes 3-10 s: an 8B llama (2.3 TFLOP at 512 tokens, 1.6 of it the
+// head) is probed on 1/16 of its vocabulary and 256-token rows; a 1.5B one at 256 tokens (180
+// GFLOP) whole, as before. A GPU runs 100 TFLOP in a fraction of a second, and its GEMMs lose
+// far more than a CPU's when made small, so on --backend cuda the budget is 200× larger: a
+// 1B llama at 8 × 2048 tokens (11 TFLOP) or an 8B one at 2048 is probed whole there, as before.
+constexpr double kDefaultProbeGflop = 500, kDefaultProbeGflopCuda = 100000;
+
 struct PlanOptions {
   TrainOptions train;
   double nvme_bw = 0;      // GB/s, both directions; 0: probe the --nvme-path directories
   double probe_s = 2;      // seconds per probe
+  double probe_gflop = 0;  // 0: not given, the backend's default
   bool json = false;
   int world = 1;           // plan one rank of a job of this many ranks
+  // --backend cuda modeled on a GPU that need not be here: a known one by name, and/or figures.
+  std::string gpu;
+  double gpu_tflops = 0, gpu_mem_gib = 0, pcie_gbs = 0, gpu_hbm_gbs = 0;
+  bool probe_gflop_given = false, tflops_given = false, mem_given = false, pcie_given = false, hbm_given = false;
 };
 
 std::string gib(uint64_t b) { return b ? offload::format_size(b) : std::string("-"); }
@@ -44,6 +63,7 @@ std::string gib(uint64_t b) { return b ? offload::format_size(b) : std::string("
 constexpr double kMinNvmeGbps = 0.001, kMaxNvmeGbps = 10000;  // 1 MB/s .. 10 TB/s
 constexpr double kMinProbeS = 0.01, kMaxProbeS = 60;
 constexpr int kMaxWorld = 65536;
+constexpr double kMinProbeGflop = 0.001, kMaxProbeGflop = 1e9;
 
 void check_plan_flags(const PlanOptions& po) {
   if (!std::isfinite(po.nvme_bw) || (po.nvme_bw != 0 && (po.nvme_bw < kMinNvmeGbps || po.nvme_bw > kMaxNvmeGbps)))
@@ -56,6 +76,85 @@ void check_plan_flags(const PlanOptions& po) {
   if (po.world < 1 || po.world > kMaxWorld)
     throw std::invalid_argument(
         fmt::format("plan --world {}: give the number of ranks, between 1 and {}", po.world, kMaxWorld));
+  if (po.probe_gflop_given &&
+      (!std::isfinite(po.probe_gflop) || po.probe_gflop < kMinProbeGflop || po.probe_gflop > kMaxProbeGflop))
+    throw std::invalid_argument(fmt::format("plan --probe-gflop {}: give the largest micro-batch of the one-block "
+                                            "probe in GFLOP, between {} and {} (default {} on the CPU, {} on CUDA)",
+                                            po.probe_gflop, kMinProbeGflop, kMaxProbeGflop, kDefaultProbeGflop,
+                                            kDefaultProbeGflopCuda));
+}
+
+// The GPU --backend cuda is modeled on (--gpu NAME and/or --gpu-tflops, --gpu-mem, --pcie-gbs,
+// --gpu-hbm-gbs, each figure overriding the named GPU's); none: the GPU present is probed.
+std::optional<GpuSpec> modeled_gpu(const PlanOptions& po) {
+  struct Figure {
+    const char* flag;
+    bool given;
+    double value, max;
+    const char* what;
+  };
+  const Figure figures[] = {
+      {"--gpu-tflops", po.tflops_given, po.gpu_tflops, 1e5, "dense peak in TFLOP/s for the run's --dtype"},
+      {"--gpu-mem", po.mem_given, po.gpu_mem_gib, 1e5, "memory in GiB"},
+      {"--pcie-gbs", po.pcie_given, po.pcie_gbs, 1e4, "host link in GB/s each way"},
+      {"--gpu-hbm-gbs", po.hbm_given, po.gpu_hbm_gbs, 1e6, "memory bandwidth in GB/s"}};
+  std::string first = po.gpu.empty() ? "" : "--gpu " + po.gpu;
+  for (const Figure& f : figures)
+    if (f.given && first.empty()) first = f.flag;
+  if (first.empty()) return std::nullopt;
+  if (po.train.backend != "cuda")
+    throw std::invalid_argument(fmt::format("plan {}: models a GPU for --backend cuda, and this plan is for "
+                                            "--backend {}; add --backend cuda, or leave the GPU flags out",
+                                            first, po.train.backend));
+  for (const Figure& f : figures)
+    if (f.given && !(std::isfinite(f.value) && f.value > 0 && f.value <= f.max))
+      throw std::invalid_argument(fmt::format("plan {} {}: give the modeled GPU's {}, a number above 0 and at most {}",
+                                              f.flag, f.value, f.what, f.max));
+  GpuSpec g;
+  if (!po.gpu.empty()) {
+    const GpuSpec* known = find_gpu(po.gpu);
+    if (!known)
+      throw std::invalid_argument(fmt::format("plan --gpu {}: not a GPU this plan knows; give one of {}, or "
+                                              "describe it with --gpu-tflops, --gpu-mem and --pcie-gbs",
+                                              po.gpu, known_gpu_names()));
+    g = *known;
+  } else {
+    std::string missing;
+    for (const Figure& f : figures)
+      if (!f.given && std::string_view(f.flag) != "--gpu-hbm-gbs") missing += (missing.empty() ? "" : ", ") + std::string(f.flag);
+    if (!missing.empty())
+      throw std::invalid_argument(fmt::format("plan {}: a GPU described by figures needs all of --gpu-tflops, "
+                                              "--gpu-mem and --pcie-gbs (missing: {}), or name one with --gpu {}",
+                                              first, missing, known_gpu_names()));
+    g.name = "custom";
+    g.description = "a GPU described by --gpu-tflops, --gpu-mem and --pcie-gbs";
+  }
+  if (po.tflops_given) g.bf16_tflops = g.fp32_tflops = po.gpu_tflops;
+  if (po.mem_given) g.mem_gib = po.gpu_mem_gib;
+  if (po.pcie_given) g.pcie_gbs = po.pcie_gbs;
+  if (po.hbm_given) g.hbm_gbs = po.gpu_hbm_gbs;
+  if (!po.train.device_mem.empty() && offload::parse_size(po.train.device_mem) > g.mem_bytes())
+    throw std::invalid_argument(fmt::format("plan --device-mem {}: more than the modeled {} has ({}); give "
+                                            "--device-mem {}G or less",
+                                            po.train.device_mem, g.name, offload::format_size(g.mem_bytes()),
+                                            static_cast<uint64_t>(g.mem_gib)));
+  return g;
+}
+
+// A modeled GPU must hold what the run keeps on the device.
+void check_fits_gpu(const GpuSpec& g, const MemoryPlan& mp) {
+  const uint64_t cap = g.mem_bytes();
+  const std::string gpu = fmt::format("the modeled {} ({} of memory)", g.name, offload::format_size(cap));
+  if (mp.minimum[0] > cap)
+    throw std::runtime_error(fmt::format("plan: the run needs at least {} of device memory and {} has less: offload "
+                                         "more (--offload-params, --offload-optimizer, --offload-grads cpu|nvme, "
+                                         "--checkpoint-activations full), or model a larger --gpu",
+                                         offload::format_size(mp.minimum[0]), gpu));
+  if (mp.budget[0] > cap)  // no --device-mem: the budget is what the plan would hold
+    throw std::runtime_error(fmt::format("plan: the run would hold {} on the device and {} has less: give "
+                                         "--device-mem {}G or less (the run needs at least {}), or offload more",
+                                         offload::format_size(mp.budget[0]), gpu,
+                                         static_cast<uint64_t>(g.mem_gib), offload::format_size(mp.minimum[0])));
 }
 
 // The NVMe bandwidth probe: 32 pieces written twice then read, 512 MiB in all, less where the
@@ -102,41 +201,65 @@ io::Bandwidth probe_nvme(const std::vector<std::string>& paths) {
 int run_plan(const PlanOptions& po) {
   const TrainOptions& o = po.train;
   check_plan_flags(po);
+  const std::optional<GpuSpec> gpu = modeled_gpu(po);
+  const kernels::Backend backend = kernels::parse_backend(o.backend);
+  const bool adam_on_cpu = backend == kernels::Backend::cpu || o.offload_optimizer != "none";
+  if (backend == kernels::Backend::cuda && !gpu && !kernels::cuda_available())
+    throw std::invalid_argument(fmt::format("plan --backend cuda: no CUDA device here to probe; name the GPU to model "
+                                            "with --gpu {}, or describe it with --gpu-tflops, --gpu-mem and --pcie-gbs",
+                                            known_gpu_names()));
+  if (gpu && !adam_on_cpu && gpu->hbm_gbs <= 0)
+    throw std::invalid_argument("plan --gpu-tflops: AdamW runs on the modeled GPU (--offload-optimizer none), which "
+                                "needs its memory bandwidth: give --gpu-hbm-gbs GB/s, or name a GPU with --gpu");
   const RunPlan p = plan_run(o, /*minimums=*/true, po.world);
   const MemoryPlan& mp = p.memory;
-  const kernels::Backend backend = kernels::parse_backend(o.backend);
+  if (gpu) check_fits_gpu(*gpu, mp);
 
-  // Rates. Compute and AdamW on this machine's CPU backend (the GPU's when it is the backend).
+  // Rates. Compute and AdamW on this machine's CPU backend (the GPU's when it is the backend,
+  // modeled from its figures with --gpu).
   kernels::cpu::set_num_threads(o.threads);
-  auto rt = kernels::make_runtime(backend);
   const DType dt = kernels::parse_dtype(o.dtype);
   auto cpu = kernels::make_runtime(kernels::Backend::cpu);
+  std::unique_ptr<kernels::Runtime> rt = gpu ? nullptr : kernels::make_runtime(backend);
   Transformer model(p.cfg, dt, o.batch, o.seq, *cpu, parse_checkpointing(o.checkpoint_activations), kLogitsChunkBytes,
                     1, p.lora);
-  // The model's own phases on a one-block copy (the GEMMs at its shapes and every other op), on
-  // the backend that will run them.
-  const PhaseTimes phases = probe_phases(p.cfg, dt, o.batch, o.seq, *rt, po.probe_s, p.lora);
-  const bool adam_on_cpu = backend == kernels::Backend::cpu || o.offload_optimizer != "none";
+  // The model's own phases on a one-block copy (the GEMMs at its shapes and every other op, or
+  // a scaled copy's extrapolated), on the backend that will run them.
+  const double probe_gflop = po.probe_gflop_given                ? po.probe_gflop
+                             : backend == kernels::Backend::cuda ? kDefaultProbeGflopCuda
+                                                                 : kDefaultProbeGflop;
+  const ProbeShape shape = choose_probe_shape(p.cfg, o.batch, o.seq, probe_gflop);
+  const double peak_flops = !gpu ? 0 : (dt == DType::f32 ? gpu->fp32_tflops : gpu->bf16_tflops) * 1e12;
+  const double hbm_bytes_per_s = gpu ? gpu->hbm_gbs * 1e9 * kModeledHbmEfficiency : 0;
+  const PhaseTimes phases = gpu ? model_phases(model, peak_flops * kModeledMfu, hbm_bytes_per_s)
+                                : probe_phases(p.cfg, dt, o.batch, o.seq, *rt, po.probe_s, p.lora, &shape);
   // AdamW over the model's largest unit (at least 8M, at most 64M parameters): its state must
   // not fit a server's last-level cache, as the model's does not (on the H200's host an 8M probe
-  // ran from cache at 8 G params/s, the 1B model's update at ~2.7 G/s).
+  // ran from cache at 8 G params/s, the 1B model's update at ~2.7 G/s). On a modeled GPU: its
+  // memory bandwidth over the bytes an update moves (fp32 master, m, v, grad read; master, m, v
+  // and the working copy written).
   int64_t unit_numel = 0;
   for (const Unit& u : model.units()) unit_numel = std::max(unit_numel, u.numel);
-  const double adam_rate = probe_adamw_params_per_s(adam_on_cpu ? *cpu : *rt, dt,
-                                                    std::clamp(unit_numel, int64_t{1} << 23, int64_t{1} << 26),
-                                                    po.probe_s / 2);
+  const double adam_rate =
+      gpu && !adam_on_cpu
+          ? hbm_bytes_per_s / (28.0 + static_cast<double>(kernels::dtype_size(dt)))
+          : probe_adamw_params_per_s(adam_on_cpu ? *cpu : *rt, dt,
+                                     std::clamp(unit_numel, int64_t{1} << 23, int64_t{1} << 26), po.probe_s / 2);
   io::Bandwidth bw{po.nvme_bw, po.nvme_bw};
   const uint64_t nvme_moved = mp.link_bytes[2] + mp.link_bytes[3];
   if (po.nvme_bw <= 0 && nvme_moved > 0) bw = probe_nvme(o.nvme_paths);
+  // Each link's rate in GB/s (0: not known): PCIe each way from a modeled GPU's figures, NVMe probed.
+  const std::array<double, offload::kNumLinks> link_gbs{gpu ? gpu->pcie_gbs : 0, gpu ? gpu->pcie_gbs : 0,
+                                                        bw.write_gbps, bw.read_gbps};
 
   StepFloor f;
   f.compute_ms = step_compute_ms(phases, model, o.grad_accum);
   const double gflops = step_flops(model) * static_cast<double>(o.grad_accum) / (f.compute_ms * 1e6);  // effective
   f.adamw_ms = static_cast<double>(model.n_trainable_params()) / adam_rate * 1e3;  // LoRA: the adapters
-  const double nvme_w = static_cast<double>(mp.link_bytes[2]), nvme_r = static_cast<double>(mp.link_bytes[3]);
-  f.link_ms[2] = bw.write_gbps > 0 ? nvme_w / (bw.write_gbps * 1e9) * 1e3 : 0;
-  f.link_ms[3] = bw.read_gbps > 0 ? nvme_r / (bw.read_gbps * 1e9) * 1e3 : 0;
+  for (size_t l = 0; l < link_gbs.size(); ++l)
+    f.link_ms[l] = link_gbs[l] > 0 ? static_cast<double>(mp.link_bytes[l]) / (link_gbs[l] * 1e9) * 1e3 : 0;
   f.nvme_ms = f.link_ms[2] + f.link_ms[3];
+  const double pcie_ms = std::max(f.link_ms[0], f.link_ms[1]);  // each way on its own lanes
   // On the CPU backend compute and AdamW share the cores and NVMe runs beside them. With a GPU and
   // AdamW on the CPU they run side by side, but only during the first forward: each unit's update
   // runs inside the next step's forward, just before the unit computes, and backward cannot
@@ -149,7 +272,7 @@ int run_plan(const PlanOptions& po) {
   // The first forward with the updates inside it; the rest of the compute follows.
   const double window_ms = split ? std::max(f.adamw_ms, first_forward_ms) : first_forward_ms + f.adamw_ms;
   const double compute_and_update = window_ms + f.compute_ms - first_forward_ms;
-  f.predicted_ms = std::max(compute_and_update, f.nvme_ms);
+  f.predicted_ms = std::max({compute_and_update, f.nvme_ms, pcie_ms});
   const offload::LinkRates nvme_rates{.nvme_read = bw.read_gbps * 1e6, .nvme_write = bw.write_gbps * 1e6};
   // CPU backend: the plan replayed against a clock (TieredMemory::estimate). The largest floor
   // assumes compute and I/O overlap throughout; where the budget leaves nothing to move during
@@ -184,6 +307,25 @@ int run_plan(const PlanOptions& po) {
     }
     for (int l = 0; l < offload::kNumLinks; ++l)
       j[std::string(offload::link_name(static_cast<offload::Link>(l))) + "_bytes"] = mp.link_bytes[static_cast<size_t>(l)];
+    if (gpu)
+      j["device"] = {{"modeled", true},
+                     {"name", gpu->name},
+                     {"description", gpu->description},
+                     {"peak_tflops", peak_flops / 1e12},
+                     {"efficiency", kModeledMfu},
+                     {"effective_tflops", peak_flops * kModeledMfu / 1e12},
+                     {"memory_gib", gpu->mem_gib},
+                     {"pcie_gbs", gpu->pcie_gbs},
+                     {"hbm_gbs", gpu->hbm_gbs}};
+    else
+      j["device"] = {{"modeled", false}, {"backend", o.backend}};
+    if (!gpu)
+      j["probe"] = {{"extrapolated", shape.scaled()}, {"batch", shape.batch},       {"seq", shape.seq},
+                    {"width_div", shape.width_div},    {"vocab", shape.vocab},       {"gflop", shape.gflop},
+                    {"model_gflop", shape.model_gflop}};
+    j["h2d_gbps"] = link_gbs[0];
+    j["d2h_gbps"] = link_gbs[1];
+    j["pcie_ms"] = pcie_ms;
     j["nvme_read_gbps"] = bw.read_gbps;
     j["nvme_write_gbps"] = bw.write_gbps;
     j["effective_gflops"] = gflops;
@@ -231,6 +373,25 @@ int run_plan(const PlanOptions& po) {
   if (p.world > 1)
     fmt::print("ranks: {}, ZeRO stage {}: the tiers below are per rank; each rank sends {} and receives {} per step\n",
                p.world, o.zero_stage, gib(p.comm_bytes), gib(p.comm_bytes));
+  if (gpu)
+    fmt::print("device: modeled, not measured: {} ({}): {} peak {:.4g} TFLOP/s dense x {:.1f}% (the MFU measured on "
+               "an H200, llama-1b, bench/RESULTS.md) = {:.4g} TFLOP/s over the step's FLOPs; {:.4g} GiB; PCIe {:.3g} "
+               "GB/s each way; HBM {}. {}\n",
+               gpu->name, gpu->description, dt == DType::f32 ? "fp32" : "bf16", peak_flops / 1e12, kModeledMfu * 100,
+               peak_flops * kModeledMfu / 1e12, gpu->mem_gib, gpu->pcie_gbs,
+               gpu->hbm_gbs > 0 ? fmt::format("{:.4g} GB/s x {:.0f}%", gpu->hbm_gbs, kModeledHbmEfficiency * 100)
+                                : std::string("not given"),
+               adam_on_cpu ? "AdamW runs on the CPU: its rate, and the disk's, are this machine's."
+                           : "AdamW runs on the GPU, modeled at its memory bandwidth; the disk's rate is this machine's.");
+  else if (shape.scaled())
+    fmt::print("compute: extrapolated: the phases timed on a scaled one-block copy (batch {}, seq {}, width 1/{}, "
+               "vocab {} of {}: {:.4g} of the model's {:.4g} GFLOP a micro-batch; --probe-gflop {:g}), each "
+               "scaled to the model's shape by its FLOPs\n",
+               shape.batch, shape.seq, shape.width_div, shape.vocab, p.cfg.vocab_size, shape.gflop,
+               shape.model_gflop, probe_gflop);
+  else
+    fmt::print("compute: the phases timed on a one-block copy at the model's shape ({:.4g} GFLOP a micro-batch)\n",
+               shape.model_gflop);
   fmt::print("\n");
   fmt::print("{:<8}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}\n", "tier", "budget", "minimum", "params",
              "master", "adam", "grads", "activations", "buffers", "no-evict");
@@ -244,7 +405,7 @@ int run_plan(const PlanOptions& po) {
   fmt::print("\n{:<14}{:>14}{:>16}{:>12}\n", "per step", "bytes", "rate", "floor");
   for (int l = 0; l < offload::kNumLinks; ++l) {
     const uint64_t b = mp.link_bytes[static_cast<size_t>(l)];
-    const double rate = l == 2 ? bw.write_gbps : l == 3 ? bw.read_gbps : 0;
+    const double rate = link_gbs[static_cast<size_t>(l)];
     fmt::print("{:<14}{:>14}{:>16}{:>12}\n", offload::link_name(static_cast<offload::Link>(l)), gib(b),
                rate > 0 ? fmt::format("{:.3g} GB/s", rate) : "-",
                f.link_ms[static_cast<size_t>(l)] > 0 ? fmt::format("{:.0f} ms", f.link_ms[static_cast<size_t>(l)]) : "-");
@@ -273,6 +434,7 @@ int run_plan(const PlanOptions& po) {
   fmt::print("\npredicted step: {:.0f} ms ({}; offload plan {})\n", f.predicted_ms,
              barred && barrier.step_ms >= std::max(compute_and_update, f.nvme_ms)
                  ? "the norm barrier's bound, below"
+             : pcie_ms > std::max(compute_and_update, f.nvme_ms) ? "the largest floor: PCIe"
              : f.nvme_ms > compute_and_update ? "the largest floor: NVMe reads + writes"
              : split ? "the largest floor: AdamW on the CPU beside the first forward, then the rest of compute"
                      : "the largest floor: compute + AdamW",
@@ -295,9 +457,30 @@ void register_plan(CLI::App& app, Run& run) {
     cmd->get_option(flag)->group("");
   cmd->add_option("--nvme-bw", opts->nvme_bw, "NVMe bandwidth in GB/s (0: probe the --nvme-path directories, up to 512 MiB written twice and read once)");
   cmd->add_option("--probe-seconds", opts->probe_s, "seconds per rate probe (the model's phases, AdamW)");
+  cmd->add_option("--probe-gflop", opts->probe_gflop,
+                  fmt::format("the largest one-block micro-batch (GFLOP, forward and backward, with the head) timed "
+                              "as is; a larger one is timed scaled down and extrapolated (default {:g}; {:g} on "
+                              "--backend cuda)",
+                              kDefaultProbeGflop, kDefaultProbeGflopCuda))
+      ->default_str("");
+  cmd->add_option("--gpu", opts->gpu,
+                  "--backend cuda: model this GPU (" + known_gpu_names() +
+                      ") from its datasheet instead of probing one; it need not be here");
+  cmd->add_option("--gpu-tflops", opts->gpu_tflops, "the modeled GPU's dense peak TFLOP/s for the run's --dtype")->default_str("");
+  cmd->add_option("--gpu-mem", opts->gpu_mem_gib, "the modeled GPU's memory in GiB")->default_str("");
+  cmd->add_option("--pcie-gbs", opts->pcie_gbs, "the modeled GPU's host link in GB/s each way")->default_str("");
+  cmd->add_option("--gpu-hbm-gbs", opts->gpu_hbm_gbs,
+                  "the modeled GPU's memory bandwidth in GB/s (needed where AdamW runs on it)")->default_str("");
   cmd->add_flag("--json", opts->json, "one JSON object instead of the tables");
   cmd->add_option("--world", opts->world, "plan one rank of an mpirun job of this many ranks (with --zero-stage)");
-  cmd->callback([&run, opts] { run = [opts]() -> int { return run_plan(*opts); }; });
+  cmd->callback([&run, opts, cmd] {
+    opts->probe_gflop_given = cmd->count("--probe-gflop") > 0;
+    opts->tflops_given = cmd->count("--gpu-tflops") > 0;
+    opts->mem_given = cmd->count("--gpu-mem") > 0;
+    opts->pcie_given = cmd->count("--pcie-gbs") > 0;
+    opts->hbm_given = cmd->count("--gpu-hbm-gbs") > 0;
+    run = [opts]() -> int { return run_plan(*opts); };
+  });
 }
 
 }  // namespace strata::app

@@ -51,6 +51,23 @@ std::string checkpointing_name(const Checkpointing& c) {
   return "every:" + std::to_string(c.every);
 }
 
+ModelDims model_dims(const ModelConfig& cfg, int64_t batch, int64_t seq) {
+  ModelDims d;
+  d.B = batch;
+  d.T = seq;
+  d.N = batch * seq;
+  d.C = cfg.hidden_size;
+  d.L = cfg.n_layers;
+  d.V = cfg.vocab_size;
+  d.Hq = cfg.n_heads;
+  d.D = cfg.effective_head_dim();
+  d.Q = d.Hq * d.D;
+  d.I = cfg.intermediate_size > 0 ? cfg.intermediate_size : 4 * d.C;
+  family_recipe(cfg.family).dims(cfg, d);  // Hkv, FC
+  d.QKV = (d.Hq + 2 * d.Hkv) * d.D;
+  return d;
+}
+
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
                          Checkpointing ckpt, int64_t logits_chunk_bytes, int shard_world, const LoraSpec& lora)
     : cfg_(cfg), recipe_(family_recipe(cfg.family)), dtype_(dtype), rt_(rt), ckpt_(ckpt), lora_spec_(lora) {
@@ -62,19 +79,8 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int
     throw std::invalid_argument("--seq " + std::to_string(seq) + " exceeds the model's max_position_embeddings " +
                                 std::to_string(cfg_.max_position_embeddings));
   if (ckpt_.every < 0) throw std::invalid_argument("checkpointing: every must be >= 0");
+  dims_ = model_dims(cfg_, batch, seq);
   ModelDims& d = dims_;
-  d.B = batch;
-  d.T = seq;
-  d.N = batch * seq;
-  d.C = cfg_.hidden_size;
-  d.L = cfg_.n_layers;
-  d.V = cfg_.vocab_size;
-  d.Hq = cfg_.n_heads;
-  d.D = cfg_.effective_head_dim();
-  d.Q = d.Hq * d.D;
-  d.I = cfg_.intermediate_size > 0 ? cfg_.intermediate_size : 4 * d.C;
-  recipe_.dims(cfg_, d);  // Hkv, FC
-  d.QKV = (d.Hq + 2 * d.Hkv) * d.D;
   // LM-head chunks: at most logits_chunk_bytes of logits at once, split evenly so each chunk's
   // matmuls stay large. Each chunk re-reads and re-writes the fp32 head gradient (V, C), so
   // fewer, larger chunks are cheaper; bf16 runs keep logits in bf16 (half the bytes per row),

@@ -98,6 +98,9 @@ struct ModelDims {
   int64_t FC = 0;                // fc output width: llama 2·I (gate|up), gpt2 I
   int64_t chunk_rows = 0;        // LM-head + cross-entropy rows per chunk
 };
+// The dims of a valid cfg at micro-batches of (batch, seq), as a Transformer sizes them,
+// without building one; chunk_rows is left 0 (it depends on the logits' chunk budget).
+ModelDims model_dims(const ModelConfig& cfg, int64_t batch, int64_t seq);
 
 // Saved activations of one block (pointers into the activation arena). Stats are fp32.
 struct BlockActs {

@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "src/optim/adamw.h"
@@ -22,21 +25,84 @@ double block_matmul_params(const ModelDims& d) {
 double attention_forward_flops(int64_t batch, int64_t seq, int64_t q_width) {
   return 2.0 * 2.0 * static_cast<double>(seq) * static_cast<double>(q_width) * static_cast<double>(batch * seq) / 2.0;
 }
+// One block's forward over the micro-batch: its matmuls and attention.
+double block_forward_flops(const ModelDims& d) {
+  return 2.0 * block_matmul_params(d) * static_cast<double>(d.N) + attention_forward_flops(d.B, d.T, d.Q);
+}
+// Its backward: input and weight gradients (input only for a frozen block), attention's twice.
+double block_backward_flops(const ModelDims& d, bool frozen) {
+  return (frozen ? 2.0 : 4.0) * block_matmul_params(d) * static_cast<double>(d.N) +
+         2.0 * attention_forward_flops(d.B, d.T, d.Q);
+}
+// The head's logits matmul (its backward and the cross-entropy scale with it).
+double head_flops(const ModelDims& d) {
+  return 2.0 * static_cast<double>(d.N) * static_cast<double>(d.C) * static_cast<double>(d.V);
+}
 
-// Repeats fn (enqueued on s, 8 calls per synchronisation so small calls are not timed as the
-// round trip) for about `seconds` after a warm-up; returns seconds per call.
+// The one-layer config a probe of shape s builds: s.vocab rows, and the block s.width_div
+// times narrower with head_dim kept.
+ModelConfig probe_config(const ModelConfig& cfg, const ProbeShape& s) {
+  ModelConfig c = cfg;
+  c.n_layers = 1;
+  c.vocab_size = s.vocab;
+  if (s.width_div > 1) {
+    c.head_dim = cfg.effective_head_dim();
+    c.hidden_size /= s.width_div;
+    c.n_heads /= s.width_div;
+    c.n_kv_heads /= s.width_div;
+    c.intermediate_size /= s.width_div;
+  }
+  return c;
+}
+
+// Whether the block of `s` can be made twice narrower still (every width even, at least 256
+// wide after, a valid config).
+bool can_halve_width(const ModelConfig& cfg, const ProbeShape& s) {
+  ProbeShape t = s;
+  t.width_div *= 2;
+  const int64_t k = t.width_div;
+  if (cfg.hidden_size % k || cfg.n_heads % k || cfg.n_kv_heads % k || cfg.intermediate_size % k ||
+      cfg.hidden_size / k < 256)
+    return false;
+  try {
+    probe_config(cfg, t).validate();
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+  return true;
+}
+
+// Repeats fn (enqueued on s) for about `seconds` after a warm-up; returns seconds per call.
+// Calls under 10 ms run 8 per synchronisation (so they are not timed as the round trip) and
+// give the mean. Longer ones are timed one by one, at least 3 of them, and give the median: a
+// large unit's phase costs four calls, not nine, and one call slowed by other work on the
+// machine does not become the rate.
 template <class F>
 double time_per_call(kernels::Stream& s, double seconds, F&& fn) {
+  const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  const auto w0 = Clock::now();
   fn();
   s.synchronize();
-  int calls = 0;
   const auto t0 = Clock::now();
+  if (since(w0) >= 0.01) {
+    std::vector<double> calls;
+    do {
+      const auto c0 = Clock::now();
+      fn();
+      s.synchronize();
+      calls.push_back(since(c0));
+    } while (calls.size() < 3 || since(t0) < seconds);
+    std::sort(calls.begin(), calls.end());
+    const size_t n = calls.size();
+    return n % 2 ? calls[n / 2] : 0.5 * (calls[n / 2 - 1] + calls[n / 2]);
+  }
+  int calls = 0;
   double elapsed = 0;
   do {
     for (int i = 0; i < 8; ++i) fn();
     s.synchronize();
     calls += 8;
-    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    elapsed = since(t0);
   } while (elapsed < seconds);
   return elapsed / calls;
 }
@@ -50,6 +116,33 @@ double step_flops(const ModelConfig& c, int64_t n_params, int64_t batch, int64_t
          3.0 * static_cast<double>(c.n_layers) * attention_forward_flops(batch, seq, q);
 }
 
+ProbeShape choose_probe_shape(const ModelConfig& cfg, int64_t batch, int64_t seq, double max_gflop) {
+  ProbeShape s{.batch = batch, .seq = seq, .width_div = 1, .vocab = cfg.vocab_size, .gflop = 0, .model_gflop = 0};
+  // One micro-batch of the probe's block and of its head, forward and backward (3× forward).
+  const auto gflop = [&](const ProbeShape& p) {
+    const ModelDims d = model_dims(probe_config(cfg, p), p.batch, p.seq);
+    return std::pair{3 * block_forward_flops(d) / 1e9, 3 * head_flops(d) / 1e9};
+  };
+  const auto [model_block, model_head] = gflop(s);
+  s.model_gflop = model_block + model_head;
+  const int64_t min_vocab = std::min<int64_t>(cfg.vocab_size, 2048), min_seq = std::min<int64_t>(seq, 128);
+  // Each pass halves one thing: the head's vocabulary while the head is over a quarter of the
+  // budget (an 8B llama's block stays whole), then the block's batch, rows and width.
+  for (;;) {
+    const auto [block, head] = gflop(s);
+    s.gflop = block + head;
+    if (s.gflop <= max_gflop) break;
+    const bool big_block = block > 0.75 * max_gflop;
+    if (head > 0.25 * max_gflop && s.vocab > min_vocab) s.vocab = std::max(min_vocab, (s.vocab + 1) / 2);
+    else if (big_block && s.batch > 1) s.batch = (s.batch + 1) / 2;
+    else if (big_block && s.seq > min_seq) s.seq = std::max(min_seq, (s.seq + 1) / 2);
+    else if (big_block && can_halve_width(cfg, s)) s.width_div *= 2;
+    else if (s.vocab > min_vocab) s.vocab = std::max(min_vocab, (s.vocab + 1) / 2);
+    else break;
+  }
+  return s;
+}
+
 double step_flops(const Transformer& model) {
   const ModelDims& d = model.dims();
   const ModelConfig& c = model.config();
@@ -57,8 +150,7 @@ double step_flops(const Transformer& model) {
   // A frozen parameter's weight gradient is never computed: 4 FLOPs per token, not 6.
   flops -= 2.0 * static_cast<double>(model.n_params() - model.n_trainable_params()) * static_cast<double>(d.N);
   for (int64_t l = 0; l < d.L; ++l)
-    if (model.checkpointing().at(l))
-      flops += 2.0 * block_matmul_params(d) * static_cast<double>(d.N) + attention_forward_flops(d.B, d.T, d.Q);
+    if (model.checkpointing().at(l)) flops += block_forward_flops(d);
   return flops;
 }
 
@@ -78,29 +170,44 @@ double probe_adamw_params_per_s(kernels::Runtime& rt, DType dt, int64_t n, doubl
 }
 
 PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t seq, kernels::Runtime& rt,
-                        double seconds, const LoraSpec& lora) {
+                        double seconds, const LoraSpec& lora, const ProbeShape* shape) {
+  const ProbeShape exact{.batch = batch, .seq = seq, .width_div = 1, .vocab = cfg.vocab_size, .gflop = 0,
+                         .model_gflop = 0};
+  const ProbeShape& ps = shape ? *shape : exact;
   ModelConfig c1 = cfg;
   c1.n_layers = 1;
-  Transformer m(c1, dt, batch, seq, rt, {}, kLogitsChunkBytes, 1, lora);
+  // The model's one-block copy (sizes only, nothing allocated) and the probe. A narrower vocab
+  // keeps the model's number of LM-head chunks: each re-reads the head's gradient, so the
+  // head's cost stays in proportion to its rows.
+  const Transformer full(c1, dt, batch, seq, rt, {}, kLogitsChunkBytes, 1, lora);
+  const int64_t n_chunks = (full.dims().N + full.dims().chunk_rows - 1) / full.dims().chunk_rows;
+  const int64_t probe_rows = ps.batch * ps.seq;
+  const int64_t chunk_bytes = (probe_rows + n_chunks - 1) / n_chunks * ps.vocab *
+                              static_cast<int64_t>(kernels::dtype_size(dt == DType::bf16 ? DType::bf16 : DType::f32));
+  Transformer m(probe_config(cfg, ps), dt, ps.batch, ps.seq, rt, {}, ps.scaled() ? chunk_bytes : kLogitsChunkBytes,
+                1, lora);
   const ModelDims& d = m.dims();
   auto s = rt.create_stream();
   kernels::DeviceBuffer ws(rt, m.workspace_bytes());
   m.bind_workspace(*s, ws.data());
-  // Every unit's weights from the model's own init (cast to dt), and its fp32 grads.
+  // Every unit's weights from the model's own init (cast to dt, a piece at a time), and its fp32 grads.
   const size_t esz = kernels::dtype_size(dt);
   std::vector<kernels::DeviceBuffer> w, g;
-  int64_t max_numel = 0;
-  for (const Unit& u : m.units()) max_numel = std::max(max_numel, u.numel);
-  std::vector<float> host(static_cast<size_t>(max_numel));
-  kernels::DeviceBuffer master(rt, static_cast<size_t>(max_numel) * 4);
+  constexpr int64_t kInitPiece = int64_t{1} << 22;
+  std::vector<float> host(static_cast<size_t>(kInitPiece));
+  kernels::DeviceBuffer master(rt, static_cast<size_t>(kInitPiece) * 4);
   for (int u = 0; u < static_cast<int>(m.units().size()); ++u) {
     const int64_t n = m.units()[static_cast<size_t>(u)].numel;
     w.emplace_back(rt, static_cast<size_t>(n) * esz);
     g.emplace_back(rt, static_cast<size_t>(n) * 4);
-    m.init_unit(u, 1337, host.data());
-    s->memcpy_async(master.data(), host.data(), static_cast<size_t>(n) * 4);
-    rt.ops().cast(*s, {.n = n, .src = master.data(), .src_dtype = DType::f32, .dst = w.back().data(), .dst_dtype = dt});
-    s->synchronize();  // `host` is refilled for the next unit
+    for (int64_t lo = 0; lo < n; lo += kInitPiece) {
+      const int64_t k = std::min(kInitPiece, n - lo);
+      m.init_range(u, 1337, lo, lo + k, host.data());
+      s->memcpy_async(master.data(), host.data(), static_cast<size_t>(k) * 4);
+      rt.ops().cast(*s, {.n = k, .src = master.data(), .src_dtype = DType::f32,
+                         .dst = static_cast<char*>(w.back().data()) + static_cast<size_t>(lo) * esz, .dst_dtype = dt});
+      s->synchronize();  // `host` is refilled for the next piece
+    }
   }
   std::vector<int32_t> tok(static_cast<size_t>(2 * d.N));
   uint32_t x = 12345;
@@ -125,12 +232,16 @@ PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t
   auto head = [&] { m.head(*s, targets, wp(fn), wp(hd), gp(fn), gp(hd), 1.0f, true, frozen_head); };
   auto block_forward = [&] { m.block_forward(*s, 0, wp(blk), x0.data(), m.final_residual(), wl); };
   auto block_backward = [&] { m.block_backward(*s, 0, wp(blk), x0.data(), gp(blk), true, wl, gl); };
+  auto embed_forward = [&] { m.embed_forward(*s, in, wp(emb), x0.data()); };
+  auto embed_backward = [&] {
+    if (gp(emb)) m.embed_backward(*s, in, gp(emb), !m.tied_head());
+  };
   auto micro_batch = [&] {
-    m.embed_forward(*s, in, wp(emb), x0.data());
+    embed_forward();
     block_forward();
     head();
     block_backward();
-    if (gp(emb)) m.embed_backward(*s, in, gp(emb), !m.tied_head());
+    embed_backward();
   };
   kernels::DeviceBuffer sums(rt, 8);
   s->memset_async(sums.data(), 0, 8);
@@ -138,7 +249,10 @@ PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t
   if (!m.tied_head()) edges.push_back(hd);
   const double each = seconds / 5;
   PhaseTimes t;
-  const double whole = time_per_call(*s, each, micro_batch) * 1e3;
+  // The model's own shape: the edges are the micro-batch less the block's phases. A scaled
+  // probe times them directly instead: its head is small beside its block, so that difference
+  // would be mostly the block's noise, multiplied by the extrapolation.
+  const double whole = ps.scaled() ? 0 : time_per_call(*s, each, micro_batch) * 1e3;
   t.block_forward_ms = time_per_call(*s, each, block_forward) * 1e3;
   const double head_ms = time_per_call(*s, each, head) * 1e3;
   // The backward reads the residual gradient the head left, so each repeat starts behind a head.
@@ -146,7 +260,12 @@ PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t
                                         head();
                                         block_backward();
                                       }) * 1e3 - head_ms);
-  t.edge_ms = std::max(0.0, whole - t.block_forward_ms - t.block_backward_ms);
+  t.edge_ms = !ps.scaled() ? std::max(0.0, whole - t.block_forward_ms - t.block_backward_ms)
+                           : time_per_call(*s, each, [&] {
+                               embed_forward();
+                               head();
+                               embed_backward();
+                             }) * 1e3;
   const int trained_blk = lu >= 0 ? lu : blk;  // a layer's trained unit: its adapters under LoRA
   t.sum_squares_ms = time_per_call(*s, each / 2, [&] {
                        m.grad_sum_squares(*s, trained_blk, gp(trained_blk), sums.as<double>());
@@ -156,6 +275,43 @@ PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t
                               if (gp(u)) m.grad_sum_squares(*s, u, gp(u), sums.as<double>());
                           }) * 1e3;
   s->synchronize();
+  if (ps.scaled()) {
+    // To the model's shape, phase by phase (a frozen base's backward computes input gradients only).
+    const ModelDims& f = full.dims();
+    const bool frozen = !m.units()[static_cast<size_t>(blk)].trainable;
+    t.block_forward_ms *= block_forward_flops(f) / block_forward_flops(d);
+    t.block_backward_ms *= block_backward_flops(f, frozen) / block_backward_flops(d, frozen);
+    t.edge_ms *= head_flops(f) / head_flops(d);
+    const auto elems = [](const Transformer& x, const std::vector<int>& us) {
+      double n = 0;
+      for (int u : us) n += static_cast<double>(x.units()[static_cast<size_t>(u)].n_real);
+      return n;
+    };
+    t.sum_squares_ms *= elems(full, {trained_blk}) / elems(m, {trained_blk});
+    t.edge_sum_squares_ms *= elems(full, edges) / elems(m, edges);
+  }
+  return t;
+}
+
+PhaseTimes model_phases(const Transformer& model, double flops_per_s, double mem_bytes_per_s) {
+  const ModelDims& d = model.dims();
+  const auto unit = [&](int u) -> const Unit& { return model.units()[static_cast<size_t>(u)]; };
+  const bool frozen = !unit(model.block_unit(0)).trainable, frozen_head = !unit(model.final_norm_unit()).trainable;
+  const auto grad_ms = [&](std::initializer_list<int> us) {
+    double bytes = 0;
+    for (int u : us)
+      if (unit(u).trainable) bytes += 4.0 * static_cast<double>(unit(u).n_real);
+    return mem_bytes_per_s > 0 ? bytes / mem_bytes_per_s * 1e3 : 0.0;
+  };
+  PhaseTimes t;
+  t.block_forward_ms = block_forward_flops(d) / flops_per_s * 1e3;
+  t.block_backward_ms = block_backward_flops(d, frozen) / flops_per_s * 1e3;
+  // The head forward and backward (a frozen head: its input gradient only); the embedding's gather
+  // and scatter are memory-bound and small beside it.
+  t.edge_ms = (frozen_head ? 2.0 : 3.0) * head_flops(d) / flops_per_s * 1e3;
+  t.sum_squares_ms = grad_ms({model.lora() ? model.lora_unit(0) : model.block_unit(0)});
+  t.edge_sum_squares_ms = model.tied_head() ? grad_ms({model.embed_unit(), model.final_norm_unit()})
+                                            : grad_ms({model.embed_unit(), model.final_norm_unit(), model.head_unit()});
   return t;
 }
 

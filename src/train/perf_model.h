@@ -34,9 +34,31 @@ struct PhaseTimes {
   double sum_squares_ms = 0;       // Σg² over one block's gradients (once per step)
   double edge_sum_squares_ms = 0;  // ... over the embedding's, final norm's and untied head's
 };
-// lora: the run's adapters (a frozen base computes no weight gradients).
+// What the phases are probed on: the model's one-block copy at the run's micro-batch, or, where
+// one micro-batch of that is too much work for a probe of seconds (an 8B llama's head alone is
+// 1.6 TFLOP at 512 tokens), a scaled copy: fewer vocabulary rows for the embedding and head, a
+// smaller batch, shorter rows, a narrower block (head_dim kept), in that order. A scaled probe's
+// times are extrapolated to the model's shape phase by phase, each by its FLOPs (the head by
+// N·C·V, Σg² by the unit's elements): it assumes the rates a smaller GEMM reaches.
+struct ProbeShape {
+  int64_t batch = 0, seq = 0;  // the probe's micro-batch
+  int64_t width_div = 1;       // hidden, heads, kv heads and MLP width divided by this
+  int64_t vocab = 0;           // rows of the probe's embedding and head
+  double gflop = 0;            // one micro-batch of the probe: block and head, forward and backward
+  double model_gflop = 0;      // the same at the model's shape
+  bool scaled() const { return gflop < model_gflop; }
+};
+// The probe for cfg at (batch, seq): the model's shape when its micro-batch is at most
+// max_gflop, else scaled until it is (or nothing more can shrink).
+ProbeShape choose_probe_shape(const ModelConfig& cfg, int64_t batch, int64_t seq, double max_gflop);
+// lora: the run's adapters (a frozen base computes no weight gradients). shape: from
+// choose_probe_shape for the same cfg, batch and seq (default: the model's own shape).
 PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t seq, kernels::Runtime& rt,
-                        double seconds, const LoraSpec& lora = {});
+                        double seconds, const LoraSpec& lora = {}, const ProbeShape* shape = nullptr);
+// The phases on a GPU that is not here (`strata plan --gpu`): each phase's FLOPs (those the
+// scaled probe extrapolates by) at flops_per_s, the Σg² passes reading fp32 grads at
+// mem_bytes_per_s (0: not counted).
+PhaseTimes model_phases(const Transformer& model, double flops_per_s, double mem_bytes_per_s);
 // A step's compute from the phases: per micro-batch the edges plus every block's forward and
 // backward (checkpointed blocks' forward twice), times the micro-batches, plus the Σg² pass.
 double step_compute_ms(const PhaseTimes& t, const Transformer& model, int grad_accum);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <string>
 
+#include "kernels/runtime.h"
 #include "tests/apps/cli_test_util.h"
 
 namespace fs = std::filesystem;
@@ -96,6 +97,31 @@ TEST_F(MessagesCli, PlanRejectsOutOfRangeFlags) {
     expect_error(run_in_shell("true", "plan " + tiny() + "--seq 32 --probe-seconds " + s), "--probe-seconds");
   for (const char* w : {"0", "1000000000"}) expect_error(run(plan + "--world " + w), "--world");
   EXPECT_EQ(run(plan + "--nvme-bw 2.5 --world 2 --json").status, 0);  // in range
+  for (const char* g : {"0", "-1", "nan", "inf", "2e9"}) expect_error(run(plan + "--probe-gflop " + g), "--probe-gflop");
+}
+
+// A modeled GPU's flags: an unknown name, a figure out of range or missing its partners, GPU
+// flags on --backend cpu, a model that does not fit the GPU, and (where no GPU is here) --backend
+// cuda with nothing to probe or model: each refused naming the flag and the fix.
+TEST_F(MessagesCli, PlanRefusesMalformedGpuFlags) {
+  const std::string plan = "plan " + tiny() + "--seq 32 --probe-seconds 0.01 ";
+  const std::string cuda = plan + "--backend cuda ";
+  expect_error(run(cuda + "--gpu h900"), "plan --gpu h900: not a GPU this plan knows; give one of h100|h200|a100-80g");
+  for (const char* v : {"0", "-1", "nan", "inf", "1e9"}) {
+    expect_error(run(cuda + "--gpu h100 --gpu-tflops " + v), "plan --gpu-tflops");
+    expect_error(run(cuda + "--gpu h100 --gpu-mem " + v), "--gpu-mem");
+    expect_error(run(cuda + "--gpu h100 --pcie-gbs " + v), "--pcie-gbs");
+    expect_error(run(cuda + "--gpu h100 --gpu-hbm-gbs " + v), "--gpu-hbm-gbs");
+  }
+  expect_error(run(cuda + "--gpu-tflops 100 --gpu-mem 80"), "(missing: --pcie-gbs), or name one with --gpu");
+  expect_error(run(cuda + "--gpu-tflops 100 --gpu-mem 80 --pcie-gbs 32"), "give --gpu-hbm-gbs");
+  expect_error(run(plan + "--gpu h100"), "plan --gpu h100: models a GPU for --backend cuda");
+  expect_error(run(plan + "--gpu-mem 80"), "add --backend cuda");
+  expect_error(run(cuda + "--gpu h100 --gpu-mem 0.0001"), "device memory and the modeled h100");
+  expect_error(run(cuda + "--gpu rtx4090 --device-mem 30G"), "plan --device-mem 30G: more than the modeled rtx4090 "
+                                                            "has (24.00 GiB); give --device-mem 24G or less");
+  if (!strata::kernels::cuda_available()) expect_error(run(cuda), "plan --backend cuda: no CUDA device here to probe; name");
+  EXPECT_EQ(run(cuda + "--gpu h100").status, 0);
 }
 
 // Activations fill the budget: the message says so and points at --batch/--seq and

@@ -454,6 +454,91 @@ TEST(PerfModel, ProbePhasesTimesEachPhaseOfAOneBlockCopy) {
   s->synchronize();
 }
 
+// The probe's shape: a model whose one-block micro-batch fits the budget is probed as it is; an
+// 8B llama at 512 tokens (2.3 TFLOP, 1.6 of it the 128256-row head) first loses head rows, and
+// the block stays full width; a tiny budget shrinks everything to its floor, every shape a valid
+// config. Nothing is timed: these are the FLOP counts alone.
+TEST(PerfModel, ProbeShapeScalesTheHeadFirstAndOnlyAboveTheBudget) {
+  const ModelConfig small = tiny_byte_llama();
+  const ProbeShape exact = choose_probe_shape(small, 2, 16, 500);
+  EXPECT_FALSE(exact.scaled());
+  EXPECT_EQ(exact.batch, 2);
+  EXPECT_EQ(exact.seq, 16);
+  EXPECT_EQ(exact.width_div, 1);
+  EXPECT_EQ(exact.vocab, small.vocab_size);
+  EXPECT_DOUBLE_EQ(exact.gflop, exact.model_gflop);
+
+  const ModelConfig c8 = preset_model_config("llama-8b");
+  const ProbeShape big = choose_probe_shape(c8, 1, 512, 500);
+  EXPECT_TRUE(big.scaled());
+  EXPECT_NEAR(big.model_gflop, 2290, 5);  // 3 × (2 × 218M × 512 + attention) + 3 × 2 × 512 × 4096 × 128256
+  EXPECT_LE(big.gflop, 500);
+  EXPECT_LT(big.vocab, c8.vocab_size);
+  EXPECT_GE(big.vocab, 2048);
+  EXPECT_EQ(big.width_div, 1);
+  EXPECT_EQ(big.batch, 1);
+  EXPECT_FALSE(choose_probe_shape(c8, 1, 512, 1e6).scaled());
+
+  const ProbeShape floor = choose_probe_shape(c8, 4, 1024, 0.001);
+  EXPECT_EQ(floor.vocab, 2048);
+  EXPECT_EQ(floor.batch, 1);
+  EXPECT_EQ(floor.seq, 128);
+  EXPECT_EQ(floor.width_div, 8);  // 8 kv heads: 1 each after, 512 wide
+  EXPECT_GT(floor.gflop, 0.001);  // nothing more to shrink
+}
+
+// A scaled probe of a small llama and gpt2 (tied head) in bf16: narrower, fewer rows, a smaller
+// vocab, each phase extrapolated back: finite and positive, and within a loose factor of the
+// exact probe's (timings, so only a bound no machine's noise reaches).
+TEST(PerfModel, ScaledProbeExtrapolatesToTheExactProbesTimes) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  ModelConfig llama = tiny_byte_llama();
+  llama.hidden_size = 512, llama.n_heads = 8, llama.n_kv_heads = 4, llama.head_dim = 64, llama.intermediate_size = 1024;
+  llama.vocab_size = 8192;
+  ModelConfig gpt2 = preset_model_config("gpt2-124m");
+  gpt2.hidden_size = 512, gpt2.n_layers = 2, gpt2.n_heads = 8, gpt2.n_kv_heads = 8, gpt2.head_dim = 64;
+  gpt2.intermediate_size = 2048, gpt2.vocab_size = 8192, gpt2.max_position_embeddings = 256;
+  for (const ModelConfig& c : {llama, gpt2}) {
+    const ProbeShape shape = choose_probe_shape(c, 2, 64, 0.001);
+    ASSERT_TRUE(shape.scaled());
+    EXPECT_EQ(shape.vocab, 2048);
+    EXPECT_EQ(shape.batch, 1);
+    EXPECT_EQ(shape.width_div, 2);
+    const PhaseTimes scaled = probe_phases(c, DType::bf16, 2, 64, *rt, 0.05, {}, &shape);
+    const PhaseTimes exact = probe_phases(c, DType::bf16, 2, 64, *rt, 0.05);
+    const auto step = [](const PhaseTimes& t) { return t.edge_ms + t.block_forward_ms + t.block_backward_ms; };
+    for (double v : {scaled.block_forward_ms, scaled.sum_squares_ms, scaled.edge_sum_squares_ms, step(scaled)}) {
+      EXPECT_TRUE(std::isfinite(v));
+      EXPECT_GT(v, 0.0);
+    }
+    EXPECT_GT(step(scaled), step(exact) / 10) << c.model_type;
+    EXPECT_LT(step(scaled), step(exact) * 10) << c.model_type;
+  }
+}
+
+// A GPU that is not here: each phase's FLOPs at the given rate (a block's backward twice its
+// forward, half that again for a frozen base's input gradients only), Σg² at the memory rate.
+TEST(PerfModel, ModeledPhasesAreTheirFlopsAtTheRate) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  const ModelConfig c = tiny_byte_llama();
+  Transformer m(c, DType::bf16, 2, 16, *rt);
+  const PhaseTimes a = model_phases(m, 1e9, 1e9), b = model_phases(m, 2e9, 0);
+  EXPECT_GT(a.block_forward_ms, 0.0);
+  EXPECT_DOUBLE_EQ(a.block_backward_ms, 2 * a.block_forward_ms);
+  EXPECT_DOUBLE_EQ(b.block_forward_ms, a.block_forward_ms / 2);
+  EXPECT_DOUBLE_EQ(b.edge_ms, a.edge_ms / 2);
+  const double block_grads = 4.0 * static_cast<double>(m.units()[static_cast<size_t>(m.block_unit(0))].n_real);
+  EXPECT_DOUBLE_EQ(a.sum_squares_ms, block_grads / 1e9 * 1e3);
+  EXPECT_EQ(b.sum_squares_ms, 0.0);
+  LoraSpec lora;
+  lora.rank = 4;
+  lora.targets = {"q_proj", "v_proj"};
+  Transformer frozen(c, DType::bf16, 2, 16, *rt, {}, kLogitsChunkBytes, 1, lora);
+  const PhaseTimes f = model_phases(frozen, 1e9, 1e9);
+  EXPECT_LT(f.block_backward_ms, a.block_backward_ms);
+  EXPECT_GT(f.block_backward_ms, a.block_forward_ms);  // input gradients, and attention's backward
+}
+
 }  // namespace
 }  // namespace strata
 

@@ -1,0 +1,114 @@
+// `strata plan` through the built binary: a GPU modeled from the table or from figures where none
+// is present (its peak, memory and link as printed and in --json), and a scaled probe's plan
+// against the exact probe's (the bytes identical, the times only within a loose bound).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <nlohmann/json.hpp>
+
+#include "src/train/gpu_specs.h"
+#include "tests/apps/cli_test_util.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+class PlanCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = strata::test::make_scratch_dir("strata_plan");
+    ASSERT_FALSE(dir_.empty());
+    strata::test::write_tiny_llama(dir_ / "tiny", 128, 4, 256);
+    strata::test::write_tiny_llama(dir_ / "wide", 512, 2, 1024);  // 4 heads of 128, 2 kv heads
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string plan(const std::string& model) const {
+    return "plan --model " + (dir_ / model).string() + " --threads 1 --probe-seconds 0.05 --seq 64 ";
+  }
+  // `strata ARGS --json`, which must succeed.
+  json plan_json(const std::string& args) {
+    const strata::test::CliResult r = strata::test::run_strata(dir_, args + " --json");
+    EXPECT_EQ(r.status, 0) << args << ": " << r.err;
+    return r.status == 0 ? json::parse(r.out) : json::object();
+  }
+  fs::path dir_;
+};
+
+// Every GPU of the table, with no GPU here (and over one that is): the plan says it is modeled,
+// and its peak for the dtype, memory and PCIe are the table's; compute is the FLOPs at that
+// peak times the stated efficiency, so an fp32 plan on the same GPU is slower by the ratio of
+// the peaks.
+TEST_F(PlanCli, ModelsEveryKnownGpuWithoutOne) {
+  for (const strata::GpuSpec& g : strata::known_gpus()) {
+    const std::string args = plan("tiny") + "--backend cuda --gpu " + g.name;
+    const json bf16 = plan_json(args + " --dtype bf16"), fp32 = plan_json(args);
+    ASSERT_TRUE(bf16.contains("device") && fp32.contains("device")) << g.name;
+    EXPECT_EQ(bf16["device"]["modeled"], true);
+    EXPECT_EQ(bf16["device"]["name"], g.name);
+    EXPECT_DOUBLE_EQ(bf16["device"]["peak_tflops"].get<double>(), g.bf16_tflops);
+    EXPECT_DOUBLE_EQ(fp32["device"]["peak_tflops"].get<double>(), g.fp32_tflops);
+    EXPECT_DOUBLE_EQ(bf16["device"]["efficiency"].get<double>(), strata::kModeledMfu);
+    EXPECT_DOUBLE_EQ(bf16["device"]["memory_gib"].get<double>(), g.mem_gib);
+    EXPECT_DOUBLE_EQ(bf16["h2d_gbps"].get<double>(), g.pcie_gbs);
+    EXPECT_DOUBLE_EQ(bf16["d2h_gbps"].get<double>(), g.pcie_gbs);
+    EXPECT_FALSE(bf16.contains("probe")) << "a modeled GPU probes no phases";
+    EXPECT_NEAR(fp32["block_forward_ms"].get<double>() / bf16["block_forward_ms"].get<double>(),
+                g.bf16_tflops / g.fp32_tflops, 1e-9);
+  }
+  const strata::test::CliResult r = strata::test::run_strata(dir_, plan("tiny") + "--backend cuda --gpu h100");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("device: modeled, not measured: h100 (NVIDIA H100 SXM5 80GB): fp32 peak 67 TFLOP/s dense x "
+                       "37.6%"),
+            std::string::npos)
+      << r.out;
+}
+
+// A GPU described by figures, and a named one with one figure overridden: those figures are the
+// plan's, and doubling the TFLOP/s halves each phase (the modeled times are FLOPs over rates).
+TEST_F(PlanCli, ModelsAGpuFromExplicitFigures) {
+  const std::string custom = plan("tiny") + "--backend cuda --gpu-mem 16 --pcie-gbs 16 --gpu-hbm-gbs 500 ";
+  const json a = plan_json(custom + "--gpu-tflops 100"), b = plan_json(custom + "--gpu-tflops 200");
+  ASSERT_TRUE(a.contains("device") && b.contains("device"));
+  EXPECT_EQ(a["device"]["name"], "custom");
+  EXPECT_DOUBLE_EQ(a["device"]["peak_tflops"].get<double>(), 100);
+  EXPECT_DOUBLE_EQ(a["device"]["memory_gib"].get<double>(), 16);
+  EXPECT_DOUBLE_EQ(a["device"]["hbm_gbs"].get<double>(), 500);
+  EXPECT_DOUBLE_EQ(a["h2d_gbps"].get<double>(), 16);
+  EXPECT_NEAR(a["block_forward_ms"].get<double>(), 2 * b["block_forward_ms"].get<double>(), 1e-12);
+  EXPECT_NEAR(a["edge_ms"].get<double>(), 2 * b["edge_ms"].get<double>(), 1e-12);
+  const json h = plan_json(plan("tiny") + "--backend cuda --gpu h100 --pcie-gbs 32");
+  ASSERT_TRUE(h.contains("device"));
+  EXPECT_EQ(h["device"]["name"], "h100");
+  EXPECT_DOUBLE_EQ(h["device"]["pcie_gbs"].get<double>(), 32);
+  EXPECT_DOUBLE_EQ(h["device"]["memory_gib"].get<double>(), strata::find_gpu("h100")->mem_gib);
+}
+
+// A scaled probe (a budget of 0.001 GFLOP: batch 1, half the width) against the exact one on the
+// same model and flags: what the plan holds and moves is the same to the byte; the predicted
+// step agrees within a loose factor (both are timings of this machine).
+TEST_F(PlanCli, ScaledProbePlansTheSameBytesAndACloseStep) {
+  const std::string args = plan("wide") + "--batch 2 --dtype bf16 --offload-optimizer cpu";
+  const json exact = plan_json(args + " --probe-gflop 1e6"), scaled = plan_json(args + " --probe-gflop 0.001");
+  ASSERT_TRUE(exact.contains("probe") && scaled.contains("probe"));
+  EXPECT_EQ(exact["probe"]["extrapolated"], false);
+  EXPECT_EQ(scaled["probe"]["extrapolated"], true);
+  EXPECT_EQ(scaled["probe"]["batch"], 1);
+  EXPECT_EQ(scaled["probe"]["width_div"], 2);
+  for (const auto& [key, value] : exact.items())
+    if (key.ends_with("_bytes") || key == "params" || key == "tokens_per_step") {
+      EXPECT_EQ(scaled[key], value) << key;
+    }
+  const double e = exact["predicted_step_ms"].get<double>(), s = scaled["predicted_step_ms"].get<double>();
+  EXPECT_GT(s, e / 5);
+  EXPECT_LT(s, e * 5);
+  const strata::test::CliResult r = strata::test::run_strata(dir_, args + " --probe-gflop 0.001");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("compute: extrapolated: the phases timed on a scaled one-block copy (batch 1, seq 64, "
+                       "width 1/2, vocab 256 of 256"),
+            std::string::npos)
+      << r.out;
+}
+
+}  // namespace
