@@ -157,6 +157,18 @@ TEST_F(PlanAutoCli, SmallBudgetsPickWhatFits) {
     expect_fits(j, device_mib << 20, 6u << 20);
     EXPECT_GT(j["nvme_budget_bytes"].get<uint64_t>(), 0u);
     EXPECT_GT(j["auto"]["refused_device"].get<int>(), 0);
+    // The hand placement for a small machine (everything on NVMe, full checkpointing), where it
+    // fits, is ranked from the same probe, and the pick is never slower than it.
+    bool hand_ranked = false;
+    for (const json& c : j["auto"]["fitting"])
+      if (c["params"] == "nvme" && c["grads"] == "nvme" && c["optimizer"] == "nvme" && c["activations"] == "none" &&
+          c["checkpointing"] == "full") {
+        hand_ranked = true;
+        EXPECT_LE(j["auto"]["fitting"][0]["predicted_step_ms"].get<double>(), c["predicted_step_ms"].get<double>());
+      }
+    if (device_mib == 8) {
+      EXPECT_TRUE(hand_ranked) << j["auto"].dump();  // (at 4 MiB only with the kept inputs in RAM)
+    }
   }
 }
 
