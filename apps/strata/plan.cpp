@@ -403,7 +403,8 @@ std::string budgets_text(const AutoBudgets& b, const TrainOptions& o) {
 }
 
 std::string choice_line(const RankedCandidate& c) {
-  return fmt::format("{} ({:.0f} ms/step)", c.choice.describe(), c.cost.predicted_ms);
+  const double ms = c.cost.predicted_ms;
+  return fmt::format("{} ({} ms/step)", c.choice.describe(), ms < 100 ? fmt::format("{:.3g}", ms) : fmt::format("{:.0f}", ms));
 }
 
 // The model's config and adapters (no placement changes them), from the all-resident plan.

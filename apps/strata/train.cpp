@@ -89,7 +89,15 @@ void register_train(CLI::App& app, Run& run) {
       install_stop_handlers();  // Ctrl-C / SIGTERM: stop after the current step, swap files removed
       std::unique_ptr<Trainer> trainer;
       try {
-        if (wants_auto_placement(*opts)) fmt::print("{}\n", resolve_offload_auto(*opts));
+        if (wants_auto_placement(*opts)) {
+          // Each rank would probe and search on its own, and could pick differently.
+          if (const Launch launch = detect_launch(); launch.world > 1)
+            throw std::invalid_argument(fmt::format(
+                "--offload auto in a job of {} ranks: each rank would pick on its own probe; run `strata plan "
+                "--offload auto --world {}` with the same flags and pass the placement it picks by hand",
+                launch.world, launch.world));
+          fmt::print("{}\n", resolve_offload_auto(*opts));
+        }
         trainer = std::make_unique<Trainer>(*opts);
         return trainer->run(stdout);
       } catch (const std::exception& e) {

@@ -416,3 +416,30 @@ TEST_F(TrainCli, OffloadAutoNamesItsChoice) {
   EXPECT_NE(n.out.find("offload auto: chose params nvme, "), std::string::npos) << n.out;
   EXPECT_EQ(metric_losses(dir_ / "nvme.jsonl"), metric_losses(dir_ / "hand.jsonl"));
 }
+
+// A checkpoint records the pick's flags (and --offload auto); a resume with the same flags
+// searches again and, the pick being the same, names no placement flag as changed.
+TEST_F(TrainCli, OffloadAutoResumes) {
+  const std::string args = "train " + tiny() + "--batch 2 --seq 16 --offload auto --checkpoint-dir " +
+                           (dir_ / "ck").string() + " ";
+  const Result first = run(args + "--steps 2");
+  ASSERT_EQ(first.status, 0) << first.err;
+  const Result again = run(args + "--steps 3 --resume auto");
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_NE(again.out.find("resumed"), std::string::npos) << again.out;
+  const size_t at = again.out.find("changed since the checkpoint:");
+  ASSERT_NE(at, std::string::npos) << again.out;  // --steps
+  const std::string changed = again.out.substr(at, again.out.find('\n', at) - at);
+  for (const char* flag : {"--offload", "--checkpoint-activations", "--device-mem", "--host-mem"})
+    EXPECT_EQ(changed.find(flag), std::string::npos) << changed;
+}
+
+// In an mpirun job each rank would pick on its own probe: refused, naming the plan that does it.
+TEST_F(TrainCli, OffloadAutoIsRefusedInAJob) {
+  const Result r = run("train " + tiny() + "--batch 2 --seq 16 --steps 1 --offload auto", "OMPI_COMM_WORLD_SIZE=1");
+  EXPECT_EQ(r.status, 0) << r.err;  // a one-rank "job" is a plain run
+  const Result two = run("train " + tiny() + "--batch 2 --seq 16 --steps 1 --offload auto",
+                         "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0");
+  EXPECT_NE(two.status, 0);
+  EXPECT_NE(two.err.find("--offload auto in a job of 2 ranks"), std::string::npos) << two.err;
+}
