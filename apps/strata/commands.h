@@ -37,6 +37,12 @@ inline double median(std::vector<double> v) {
 // `strata train`, and its flags (shared with `strata plan`).
 void add_train_flags(CLI::App* cmd, TrainOptions& o);
 void register_train(CLI::App& app, Run& run);
+// --offload auto: every placement flag (--offload-*, --checkpoint-activations) not given on the
+// command line becomes "auto", for the planner to choose. Explicit flags win, flag by flag.
+void apply_offload_auto(const CLI::App& cmd, TrainOptions& o);
+// `strata train` with an "auto" placement flag: the plan's search (plan.cpp) run on o, its pick
+// applied to o; returns the header's line naming the pick and the runner-up.
+std::string resolve_offload_auto(TrainOptions& o);
 // `strata plan`: what a train command would hold and move, and its predicted step time.
 void register_plan(CLI::App& app, Run& run);
 // `strata inspect PATH`: a model directory, training checkpoint or .safetensors file summarised.

@@ -11,6 +11,7 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include "io/swap_space.h"
 #include "kernels/cpu/parallel.h"
 #include "offload/size.h"
+#include "src/train/auto_placement.h"
 #include "src/train/gpu_specs.h"
 #include "src/train/perf_model.h"
 #include "src/train/trainer.h"
@@ -42,6 +44,9 @@ namespace {
 // far more than a CPU's when made small, so on --backend cuda the budget is 200× larger: a
 // 1B llama at 8 × 2048 tokens (11 TFLOP) or an 8B one at 2048 is probed whole there, as before.
 constexpr double kDefaultProbeGflop = 500, kDefaultProbeGflopCuda = 100000;
+// `strata train --offload auto` probes the phases for this long (AdamW half of it) before it
+// picks: enough to rank placements, which differ by what they move far more than by noise.
+constexpr double kTrainAutoProbeS = 1;
 
 struct PlanOptions {
   TrainOptions train;
@@ -198,102 +203,299 @@ io::Bandwidth probe_nvme(const std::vector<std::string>& paths) {
   }
 }
 
-int run_plan(const PlanOptions& po) {
-  const TrainOptions& o = po.train;
-  check_plan_flags(po);
-  const std::optional<GpuSpec> gpu = modeled_gpu(po);
-  const kernels::Backend backend = kernels::parse_backend(o.backend);
-  const bool adam_on_cpu = backend == kernels::Backend::cpu || o.offload_optimizer != "none";
-  if (backend == kernels::Backend::cuda && !gpu && !kernels::cuda_available())
-    throw std::invalid_argument(fmt::format("plan --backend cuda: no CUDA device here to probe; name the GPU to model "
-                                            "with --gpu {}, or describe it with --gpu-tflops, --gpu-mem and --pcie-gbs",
-                                            known_gpu_names()));
-  if (gpu && !adam_on_cpu && gpu->hbm_gbs <= 0)
-    throw std::invalid_argument("plan --gpu-tflops: AdamW runs on the modeled GPU (--offload-optimizer none), which "
-                                "needs its memory bandwidth: give --gpu-hbm-gbs GB/s, or name a GPU with --gpu");
-  const RunPlan p = plan_run(o, /*minimums=*/true, po.world);
-  const MemoryPlan& mp = p.memory;
-  if (gpu) check_fits_gpu(*gpu, mp);
+// What one placement's step is predicted to take, and the figures behind it.
+struct Prediction {
+  StepFloor f;
+  double adam_rate = 0, gflops = 0, pcie_ms = 0, window_ms = 0, compute_and_update = 0;
+  std::array<double, offload::kNumLinks> link_gbs{};  // GB/s per link (0: not known)
+  io::Bandwidth bw{};
+  bool split = false, replayed = false, has_barrier = false, barred = false;
+  offload::StepTimeline tl;
+  BarrierBound barrier;
+};
 
-  // Rates. Compute and AdamW on this machine's CPU backend (the GPU's when it is the backend,
-  // modeled from its figures with --gpu).
-  kernels::cpu::set_num_threads(o.threads);
-  const DType dt = kernels::parse_dtype(o.dtype);
-  auto cpu = kernels::make_runtime(kernels::Backend::cpu);
-  std::unique_ptr<kernels::Runtime> rt = gpu ? nullptr : kernels::make_runtime(backend);
-  Transformer model(p.cfg, dt, o.batch, o.seq, *cpu, parse_checkpointing(o.checkpoint_activations), kLogitsChunkBytes,
-                    1, p.lora);
-  // The model's own phases on a one-block copy (the GEMMs at its shapes and every other op, or
-  // a scaled copy's extrapolated), on the backend that will run them.
-  const double probe_gflop = po.probe_gflop_given                ? po.probe_gflop
-                             : backend == kernels::Backend::cuda ? kDefaultProbeGflopCuda
-                                                                 : kDefaultProbeGflop;
-  const ProbeShape shape = choose_probe_shape(p.cfg, o.batch, o.seq, probe_gflop);
-  const double peak_flops = !gpu ? 0 : (dt == DType::f32 ? gpu->fp32_tflops : gpu->bf16_tflops) * 1e12;
-  const double hbm_bytes_per_s = gpu ? gpu->hbm_gbs * 1e9 * kModeledHbmEfficiency : 0;
-  const PhaseTimes phases = gpu ? model_phases(model, peak_flops * kModeledMfu, hbm_bytes_per_s)
-                                : probe_phases(p.cfg, dt, o.batch, o.seq, *rt, po.probe_s, p.lora, &shape);
+// The rates every placement of a plan is predicted from, measured once: the model's phases (or a
+// modeled GPU's), AdamW where it runs (the CPU's or the device's, each probed when first needed)
+// and NVMe (probed when a placement first moves bytes there, unless --nvme-bw). `--offload auto`
+// predicts every candidate placement from one Predictor.
+class Predictor {
+ public:
+  // cfg, lora: the run's model and adapters (plan_run's), which no placement changes.
+  Predictor(const PlanOptions& po, const ModelConfig& cfg, const LoraSpec& lora)
+      : po_(po), gpu_(modeled_gpu(po)), backend_(kernels::parse_backend(po.train.backend)),
+        dt_(kernels::parse_dtype(po.train.dtype)), cfg_(cfg), lora_(lora), bw_{po.nvme_bw, po.nvme_bw} {
+    const TrainOptions& o = po.train;
+    // Rates. Compute and AdamW on this machine's CPU backend (the GPU's when it is the backend,
+    // modeled from its figures with --gpu).
+    kernels::cpu::set_num_threads(o.threads);
+    cpu_ = kernels::make_runtime(kernels::Backend::cpu);
+    if (!gpu_) rt_ = kernels::make_runtime(backend_);
+    // The model's own phases on a one-block copy (the GEMMs at its shapes and every other op, or
+    // a scaled copy's extrapolated), on the backend that will run them.
+    probe_gflop_ = po.probe_gflop_given                ? po.probe_gflop
+                   : backend_ == kernels::Backend::cuda ? kDefaultProbeGflopCuda
+                                                        : kDefaultProbeGflop;
+    shape_ = choose_probe_shape(cfg_, o.batch, o.seq, probe_gflop_);
+    peak_flops_ = !gpu_ ? 0 : (dt_ == DType::f32 ? gpu_->fp32_tflops : gpu_->bf16_tflops) * 1e12;
+    hbm_bytes_per_s_ = gpu_ ? gpu_->hbm_gbs * 1e9 * kModeledHbmEfficiency : 0;
+    if (gpu_) {
+      const Transformer model(cfg_, dt_, o.batch, o.seq, *cpu_, Checkpointing{0}, kLogitsChunkBytes, 1, lora_);
+      phases_ = model_phases(model, peak_flops_ * kModeledMfu, hbm_bytes_per_s_);
+    } else {
+      phases_ = probe_phases(cfg_, dt_, o.batch, o.seq, *rt_, po.probe_s, lora_, &shape_);
+    }
+  }
+
+  // The run's model (no weights) with o's checkpointing: its FLOPs and the compute of its phases.
+  Transformer model_of(const TrainOptions& o) const {
+    return Transformer(cfg_, dt_, o.batch, o.seq, *cpu_, parse_checkpointing(o.checkpoint_activations),
+                       kLogitsChunkBytes, 1, lora_);
+  }
+
+  Prediction predict(const TrainOptions& o, const RunPlan& p, const Transformer& model) {
+    const MemoryPlan& mp = p.memory;
+    const bool adam_on_cpu = backend_ == kernels::Backend::cpu || o.offload_optimizer != "none";
+    if (gpu_ && !adam_on_cpu && gpu_->hbm_gbs <= 0)
+      throw std::invalid_argument("plan --gpu-tflops: AdamW runs on the modeled GPU (--offload-optimizer none), "
+                                  "which needs its memory bandwidth: give --gpu-hbm-gbs GB/s, or name a GPU with --gpu");
+    Prediction r;
+    r.adam_rate = adam_rate(adam_on_cpu, model);
+    const uint64_t nvme_moved = mp.link_bytes[2] + mp.link_bytes[3];
+    if (!bw_probed_ && po_.nvme_bw <= 0 && nvme_moved > 0) bw_ = probe_nvme(o.nvme_paths), bw_probed_ = true;
+    r.bw = bw_;
+    // Each link's rate in GB/s (0: not known): PCIe each way from a modeled GPU's figures, NVMe probed.
+    r.link_gbs = {gpu_ ? gpu_->pcie_gbs : 0, gpu_ ? gpu_->pcie_gbs : 0, bw_.write_gbps, bw_.read_gbps};
+    StepFloor& f = r.f;
+    f.compute_ms = step_compute_ms(phases_, model, o.grad_accum);
+    r.gflops = step_flops(model) * static_cast<double>(o.grad_accum) / (f.compute_ms * 1e6);  // effective
+    f.adamw_ms = static_cast<double>(model.n_trainable_params()) / r.adam_rate * 1e3;  // LoRA: the adapters
+    for (size_t l = 0; l < r.link_gbs.size(); ++l)
+      f.link_ms[l] = r.link_gbs[l] > 0 ? static_cast<double>(mp.link_bytes[l]) / (r.link_gbs[l] * 1e9) * 1e3 : 0;
+    f.nvme_ms = f.link_ms[2] + f.link_ms[3];
+    r.pcie_ms = std::max(f.link_ms[0], f.link_ms[1]);  // each way on its own lanes
+    // On the CPU backend compute and AdamW share the cores and NVMe runs beside them. With a GPU and
+    // AdamW on the CPU they run side by side, but only during the first forward: each unit's update
+    // runs inside the next step's forward, just before the unit computes, and backward cannot
+    // overlap it (the update needs the global norm, so every gradient). So the step is the longer
+    // of the update and the first micro-batch's block forwards, plus the rest of the compute
+    // (measured on the H200, 1B: 551 vs 574 ms and 637 vs 661 ms; the old max(compute, AdamW)
+    // with a cache-resident AdamW probe had said 339 and 415 ms for 589 and 681).
+    r.split = backend_ != kernels::Backend::cpu && adam_on_cpu;
+    const double first_forward_ms = phases_.block_forward_ms * static_cast<double>(model.dims().L);
+    // The first forward with the updates inside it; the rest of the compute follows.
+    r.window_ms = r.split ? std::max(f.adamw_ms, first_forward_ms) : first_forward_ms + f.adamw_ms;
+    r.compute_and_update = r.window_ms + f.compute_ms - first_forward_ms;
+    f.predicted_ms = std::max({r.compute_and_update, f.nvme_ms, r.pcie_ms});
+    const offload::LinkRates nvme_rates{.nvme_read = bw_.read_gbps * 1e6, .nvme_write = bw_.write_gbps * 1e6};
+    // CPU backend: the plan replayed against a clock (TieredMemory::estimate). The largest floor
+    // assumes compute and I/O overlap throughout; where the budget leaves nothing to move during
+    // part of the step, that part adds its compute (1.5B all on NVMe with 8 GiB of host RAM on a
+    // 6.5 GB/s disk: floor 4.4 s, measured 8.8-9.5 s).
+    r.replayed = backend_ == kernels::Backend::cpu && nvme_moved > 0;
+    if (r.replayed) {
+      StepCosts c;
+      c.phases = phases_;
+      c.adamw_params_per_ms = r.adam_rate / 1e3;
+      c.links = nvme_rates;
+      r.tl = estimate_run(o, p, c);
+      f.predicted_ms = std::max(f.predicted_ms, r.tl.step_ms);
+    }
+    // The norm barrier's bound (tiered_memory.h): what no schedule beats with these budgets. With
+    // the update in the backward (no clipping) there is no barrier.
+    r.barrier = barrier_bound(mp, backend_, r.window_ms, r.compute_and_update - r.window_ms, nvme_rates);
+    r.has_barrier = !p.update_in_backward && nvme_moved > 0;
+    r.barred = r.has_barrier && r.barrier.window_io_ms > r.barrier.window_compute_ms;
+    if (r.barred) f.predicted_ms = std::max(f.predicted_ms, r.barrier.step_ms);
+    return r;
+  }
+
+  const std::optional<GpuSpec>& gpu() const { return gpu_; }
+  kernels::Backend backend() const { return backend_; }
+  const PhaseTimes& phases() const { return phases_; }
+  const ProbeShape& shape() const { return shape_; }
+  double probe_gflop() const { return probe_gflop_; }
+  double peak_flops() const { return peak_flops_; }
+  // What the device has: a modeled GPU's memory, else the runtime's (CPU: physical RAM).
+  uint64_t device_bytes() const { return gpu_ ? gpu_->mem_bytes() : rt_->info().total_bytes; }
+  uint64_t ram_bytes() const { return cpu_->info().total_bytes; }
+
+ private:
   // AdamW over the model's largest unit (at least 8M, at most 64M parameters): its state must
   // not fit a server's last-level cache, as the model's does not (on the H200's host an 8M probe
   // ran from cache at 8 G params/s, the 1B model's update at ~2.7 G/s). On a modeled GPU: its
   // memory bandwidth over the bytes an update moves (fp32 master, m, v, grad read; master, m, v
   // and the working copy written).
-  int64_t unit_numel = 0;
-  for (const Unit& u : model.units()) unit_numel = std::max(unit_numel, u.numel);
-  const double adam_rate =
-      gpu && !adam_on_cpu
-          ? hbm_bytes_per_s / (28.0 + static_cast<double>(kernels::dtype_size(dt)))
-          : probe_adamw_params_per_s(adam_on_cpu ? *cpu : *rt, dt,
-                                     std::clamp(unit_numel, int64_t{1} << 23, int64_t{1} << 26), po.probe_s / 2);
-  io::Bandwidth bw{po.nvme_bw, po.nvme_bw};
-  const uint64_t nvme_moved = mp.link_bytes[2] + mp.link_bytes[3];
-  if (po.nvme_bw <= 0 && nvme_moved > 0) bw = probe_nvme(o.nvme_paths);
-  // Each link's rate in GB/s (0: not known): PCIe each way from a modeled GPU's figures, NVMe probed.
-  const std::array<double, offload::kNumLinks> link_gbs{gpu ? gpu->pcie_gbs : 0, gpu ? gpu->pcie_gbs : 0,
-                                                        bw.write_gbps, bw.read_gbps};
-
-  StepFloor f;
-  f.compute_ms = step_compute_ms(phases, model, o.grad_accum);
-  const double gflops = step_flops(model) * static_cast<double>(o.grad_accum) / (f.compute_ms * 1e6);  // effective
-  f.adamw_ms = static_cast<double>(model.n_trainable_params()) / adam_rate * 1e3;  // LoRA: the adapters
-  for (size_t l = 0; l < link_gbs.size(); ++l)
-    f.link_ms[l] = link_gbs[l] > 0 ? static_cast<double>(mp.link_bytes[l]) / (link_gbs[l] * 1e9) * 1e3 : 0;
-  f.nvme_ms = f.link_ms[2] + f.link_ms[3];
-  const double pcie_ms = std::max(f.link_ms[0], f.link_ms[1]);  // each way on its own lanes
-  // On the CPU backend compute and AdamW share the cores and NVMe runs beside them. With a GPU and
-  // AdamW on the CPU they run side by side, but only during the first forward: each unit's update
-  // runs inside the next step's forward, just before the unit computes, and backward cannot
-  // overlap it (the update needs the global norm, so every gradient). So the step is the longer
-  // of the update and the first micro-batch's block forwards, plus the rest of the compute
-  // (measured on the H200, 1B: 551 vs 574 ms and 637 vs 661 ms; the old max(compute, AdamW)
-  // with a cache-resident AdamW probe had said 339 and 415 ms for 589 and 681).
-  const bool split = backend != kernels::Backend::cpu && adam_on_cpu;
-  const double first_forward_ms = phases.block_forward_ms * static_cast<double>(model.dims().L);
-  // The first forward with the updates inside it; the rest of the compute follows.
-  const double window_ms = split ? std::max(f.adamw_ms, first_forward_ms) : first_forward_ms + f.adamw_ms;
-  const double compute_and_update = window_ms + f.compute_ms - first_forward_ms;
-  f.predicted_ms = std::max({compute_and_update, f.nvme_ms, pcie_ms});
-  const offload::LinkRates nvme_rates{.nvme_read = bw.read_gbps * 1e6, .nvme_write = bw.write_gbps * 1e6};
-  // CPU backend: the plan replayed against a clock (TieredMemory::estimate). The largest floor
-  // assumes compute and I/O overlap throughout; where the budget leaves nothing to move during
-  // part of the step, that part adds its compute (1.5B all on NVMe with 8 GiB of host RAM on a
-  // 6.5 GB/s disk: floor 4.4 s, measured 8.8-9.5 s).
-  offload::StepTimeline tl;
-  const bool replayed = backend == kernels::Backend::cpu && nvme_moved > 0;
-  if (replayed) {
-    StepCosts c;
-    c.phases = phases;
-    c.adamw_params_per_ms = adam_rate / 1e3;
-    c.links = nvme_rates;
-    tl = estimate_run(o, p, c);
-    f.predicted_ms = std::max(f.predicted_ms, tl.step_ms);
+  double adam_rate(bool on_cpu, const Transformer& model) {
+    double& rate = on_cpu ? adam_cpu_ : adam_device_;
+    if (rate > 0) return rate;
+    int64_t unit_numel = 0;
+    for (const Unit& u : model.units()) unit_numel = std::max(unit_numel, u.numel);
+    rate = gpu_ && !on_cpu ? hbm_bytes_per_s_ / (28.0 + static_cast<double>(kernels::dtype_size(dt_)))
+                           : probe_adamw_params_per_s(on_cpu ? *cpu_ : *rt_, dt_,
+                                                      std::clamp(unit_numel, int64_t{1} << 23, int64_t{1} << 26),
+                                                      po_.probe_s / 2);
+    return rate;
   }
-  // The norm barrier's bound (tiered_memory.h): what no schedule beats with these budgets. With
-  // the update in the backward (no clipping) there is no barrier.
-  const BarrierBound barrier = barrier_bound(mp, backend, window_ms, compute_and_update - window_ms, nvme_rates);
-  const bool has_barrier = !p.update_in_backward && nvme_moved > 0;
-  const bool barred = has_barrier && barrier.window_io_ms > barrier.window_compute_ms;
-  if (barred) f.predicted_ms = std::max(f.predicted_ms, barrier.step_ms);
+
+  const PlanOptions& po_;
+  std::optional<GpuSpec> gpu_;
+  kernels::Backend backend_;
+  DType dt_;
+  ModelConfig cfg_;
+  LoraSpec lora_;
+  std::unique_ptr<kernels::Runtime> cpu_, rt_;
+  double probe_gflop_ = 0, peak_flops_ = 0, hbm_bytes_per_s_ = 0;
+  ProbeShape shape_;
+  PhaseTimes phases_;
+  double adam_cpu_ = 0, adam_device_ = 0;
+  io::Bandwidth bw_;
+  bool bw_probed_ = false;
+};
+
+// `--offload auto` resolved: the search, its budgets, and the options with the pick applied.
+struct AutoPick {
+  AutoSearch search;
+  AutoBudgets budgets;
+  TrainOptions resolved;  // the pick's flags; budgets not given: the pick's pools
+  double search_s = 0;
+};
+
+// Every candidate placement predicted from one probe (Predictor), the fastest that fits the
+// budgets picked. Budgets not given: what the device and the host have, less auto_budget's margin;
+// on the CPU backend both pools are one RAM, so their sum must fit it too.
+AutoPick choose_placement(const PlanOptions& po, Predictor& pred) {
+  const TrainOptions& o = po.train;
+  const auto t0 = std::chrono::steady_clock::now();
+  AutoPick a;
+  AutoBudgets& b = a.budgets;
+  b.device = o.device_mem.empty() ? auto_budget(pred.device_bytes()) : offload::parse_size(o.device_mem);
+  b.host = o.host_mem.empty() ? auto_budget(pred.ram_bytes()) : offload::parse_size(o.host_mem);
+  if (pred.backend() == kernels::Backend::cpu) b.shared = auto_budget(pred.ram_bytes());
+  const std::vector<PlacementChoice> candidates = placement_candidates(o, !o.nvme_paths.empty());
+  a.search = search_placements(candidates, b, [&](const PlacementChoice& c) {
+    TrainOptions oc = o;
+    c.apply(oc);
+    oc.device_mem = std::to_string(b.device);
+    oc.host_mem = std::to_string(b.host);
+    const RunPlan p = plan_run(oc, /*minimums=*/false, po.world);
+    const Transformer model = pred.model_of(oc);
+    const Prediction r = pred.predict(oc, p, model);
+    return CandidateCost{p.memory.budget[0], p.memory.budget[1], p.memory.budget[2], r.f.predicted_ms};
+  });
+  if (a.search.fitting.empty()) throw std::runtime_error(no_placement_fits(a.search, b));
+  const RankedCandidate& best = a.search.fitting.front();
+  a.resolved = o;
+  best.choice.apply(a.resolved);
+  // The budgets the pick was predicted under: a run without them would size its pools by itself.
+  // (An empty pool stays unset: the run sizes it to nothing by itself.)
+  if (o.device_mem.empty() && best.cost.device_bytes > 0) a.resolved.device_mem = std::to_string(best.cost.device_bytes);
+  if (o.host_mem.empty() && best.cost.host_bytes > 0) a.resolved.host_mem = std::to_string(best.cost.host_bytes);
+  a.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return a;
+}
+
+std::string budgets_text(const AutoBudgets& b, const TrainOptions& o) {
+  return fmt::format("device {}{}, host {}{}{}", offload::format_size(b.device),
+                     o.device_mem.empty() ? " (what it has less max(10%, 2 GiB))" : " (--device-mem)",
+                     offload::format_size(b.host), o.host_mem.empty() ? " (RAM less max(10%, 2 GiB))" : " (--host-mem)",
+                     b.shared ? "; one RAM on the CPU backend: together at most " + offload::format_size(b.shared)
+                              : std::string());
+}
+
+std::string choice_line(const RankedCandidate& c) {
+  const double ms = c.cost.predicted_ms;
+  return fmt::format("{} ({} ms/step)", c.choice.describe(), ms < 100 ? fmt::format("{:.3g}", ms) : fmt::format("{:.0f}", ms));
+}
+
+// The model's config and adapters (no placement changes them), from the all-resident plan.
+RunPlan placement_free_plan(TrainOptions o, int world) {
+  PlacementChoice{"none", "none", "none", "none", "none"}.apply(o);
+  o.device_mem.clear();
+  o.host_mem.clear();
+  return plan_run(o, /*minimums=*/false, world);
+}
+
+nlohmann::json candidate_json(const RankedCandidate& c) {
+  return {{"params", c.choice.params},
+          {"grads", c.choice.grads},
+          {"optimizer", c.choice.optimizer},
+          {"activations", c.choice.activations},
+          {"checkpointing", c.choice.checkpointing},
+          {"predicted_step_ms", c.cost.predicted_ms},
+          {"device_bytes", c.cost.device_bytes},
+          {"host_bytes", c.cost.host_bytes},
+          {"nvme_bytes", c.cost.nvme_bytes}};
+}
+
+// `plan --offload auto --json`: the search, every fitting candidate fastest first (the first is
+// the pick, whose plan the rest of the object is).
+nlohmann::json auto_json(const AutoPick& a) {
+  nlohmann::json ranked = nlohmann::json::array();
+  for (const RankedCandidate& c : a.search.fitting) ranked.push_back(candidate_json(c));
+  return {{"candidates", a.search.n_candidates},
+          {"fitting", ranked},
+          {"refused_device", a.search.refused_device},
+          {"refused_host", a.search.refused_host},
+          {"refused_shared", a.search.refused_shared},
+          {"device_budget_bytes", a.budgets.device},
+          {"host_budget_bytes", a.budgets.host},
+          {"shared_budget_bytes", a.budgets.shared},
+          {"search_s", a.search_s}};
+}
+
+// `plan --offload auto`: the ten fastest placements that fit, and what was refused.
+void print_auto_table(const AutoPick& a, const TrainOptions& given) {
+  const AutoSearch& s = a.search;
+  fmt::print("offload auto: {} placements predicted in {:.1f} s from one probe; {} fit the budgets ({}); refused: "
+             "{} by the device budget, {} by the host budget{}\n",
+             s.n_candidates, a.search_s, s.fitting.size(), budgets_text(a.budgets, given), s.refused_device,
+             s.refused_host, a.budgets.shared ? fmt::format(", {} by their sum in RAM", s.refused_shared) : "");
+  fmt::print("{:<6}{:>12}{:>12}{:>12}{:>12}  {}\n", "rank", "step", "device", "host", "nvme", "placement");
+  for (size_t i = 0; i < std::min<size_t>(10, s.fitting.size()); ++i) {
+    const RankedCandidate& c = s.fitting[i];
+    fmt::print("{:<6}{:>12}{:>12}{:>12}{:>12}  {}\n", i + 1, fmt::format("{:.0f} ms", c.cost.predicted_ms),
+               gib(c.cost.device_bytes), gib(c.cost.host_bytes), gib(c.cost.nvme_bytes), c.choice.describe());
+  }
+  fmt::print("chose rank 1; its plan:\n\n");
+}
+
+int run_plan(const PlanOptions& po) {
+  check_plan_flags(po);
+  const std::optional<GpuSpec> gpu = modeled_gpu(po);
+  const kernels::Backend backend = kernels::parse_backend(po.train.backend);
+  const bool auto_placement = wants_auto_placement(po.train);
+  if (backend == kernels::Backend::cuda && !gpu && !kernels::cuda_available())
+    throw std::invalid_argument(fmt::format("plan --backend cuda: no CUDA device here to probe; name the GPU to model "
+                                            "with --gpu {}, or describe it with --gpu-tflops, --gpu-mem and --pcie-gbs",
+                                            known_gpu_names()));
+  if (gpu && !auto_placement && po.train.offload_optimizer == "none" && gpu->hbm_gbs <= 0)
+    throw std::invalid_argument("plan --gpu-tflops: AdamW runs on the modeled GPU (--offload-optimizer none), which "
+                                "needs its memory bandwidth: give --gpu-hbm-gbs GB/s, or name a GPU with --gpu");
+  RunPlan p = auto_placement ? placement_free_plan(po.train, po.world) : plan_run(po.train, /*minimums=*/true, po.world);
+  if (gpu && !auto_placement) check_fits_gpu(*gpu, p.memory);
+  Predictor pred(po, p.cfg, p.lora);
+  std::optional<AutoPick> pick;
+  if (auto_placement) {
+    pick = choose_placement(po, pred);
+    p = plan_run(pick->resolved, /*minimums=*/true, po.world);
+  }
+  const TrainOptions& o = pick ? pick->resolved : po.train;
+  const MemoryPlan& mp = p.memory;
+  const DType dt = kernels::parse_dtype(o.dtype);
+  const Transformer model = pred.model_of(o);
+  const Prediction r = pred.predict(o, p, model);
+  const StepFloor& f = r.f;
+  const PhaseTimes& phases = pred.phases();
+  const ProbeShape& shape = pred.shape();
+  const double peak_flops = pred.peak_flops(), probe_gflop = pred.probe_gflop();
+  const auto& link_gbs = r.link_gbs;
+  const io::Bandwidth& bw = r.bw;
+  const double gflops = r.gflops, adam_rate = r.adam_rate, pcie_ms = r.pcie_ms;
+  const double compute_and_update = r.compute_and_update;
+  const bool adam_on_cpu = backend == kernels::Backend::cpu || o.offload_optimizer != "none";
+  const bool split = r.split, replayed = r.replayed, has_barrier = r.has_barrier, barred = r.barred;
+  const offload::StepTimeline& tl = r.tl;
+  const BarrierBound& barrier = r.barrier;
 
   if (po.json) {
     nlohmann::json j;
@@ -362,11 +564,13 @@ int run_plan(const PlanOptions& po) {
     }
     j["comm_bytes_sent_per_rank"] = p.comm_bytes;
     j["comm_bytes_received_per_rank"] = p.comm_bytes;
+    if (pick) j["auto"] = auto_json(*pick);
     fmt::print("{}\n", j.dump());
     return 0;
   }
   fmt::print("strata plan: {} params, {} tokens/step ({} x {} x {} micro-batches), {} on {}\n", p.n_params,
              p.tokens_per_step, o.batch, o.seq, o.grad_accum, o.dtype, o.backend);
+  if (pick) print_auto_table(*pick, po.train);
   fmt::print("placement: params {}, grads {}, optimizer {}, activations {} (checkpointing {}); AdamW {}\n",
              o.offload_params, o.offload_grads, o.offload_optimizer, o.offload_activations, o.checkpoint_activations,
              p.update_in_backward ? "in the backward (no clipping)" : "in the next step's forward");
@@ -445,6 +649,22 @@ int run_plan(const PlanOptions& po) {
 
 }  // namespace
 
+std::string resolve_offload_auto(TrainOptions& o) {
+  validate_options(o);
+  PlanOptions po;
+  po.train = o;
+  po.probe_s = kTrainAutoProbeS;
+  const RunPlan p = placement_free_plan(o, 1);
+  Predictor pred(po, p.cfg, p.lora);
+  const AutoPick a = choose_placement(po, pred);
+  o = a.resolved;
+  const std::vector<RankedCandidate>& f = a.search.fitting;
+  return fmt::format("offload auto: chose {}; runner-up {}; {} of {} placements fit ({}; predicted from a {:g} s "
+                     "probe, searched in {:.1f} s)",
+                     choice_line(f[0]), f.size() > 1 ? choice_line(f[1]) : std::string("none"), f.size(),
+                     a.search.n_candidates, budgets_text(a.budgets, po.train), kTrainAutoProbeS, a.search_s);
+}
+
 void register_plan(CLI::App& app, Run& run) {
   auto opts = std::make_shared<PlanOptions>();
   CLI::App* cmd =
@@ -474,6 +694,7 @@ void register_plan(CLI::App& app, Run& run) {
   cmd->add_flag("--json", opts->json, "one JSON object instead of the tables");
   cmd->add_option("--world", opts->world, "plan one rank of an mpirun job of this many ranks (with --zero-stage)");
   cmd->callback([&run, opts, cmd] {
+    apply_offload_auto(*cmd, opts->train);
     opts->probe_gflop_given = cmd->count("--probe-gflop") > 0;
     opts->tflops_given = cmd->count("--gpu-tflops") > 0;
     opts->mem_given = cmd->count("--gpu-mem") > 0;

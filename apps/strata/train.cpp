@@ -13,6 +13,7 @@
 
 #include "apps/strata/commands.h"
 #include "src/comm/communicator.h"
+#include "src/train/auto_placement.h"
 #include "src/train/stop_signal.h"
 #include "src/train/trainer.h"
 
@@ -42,6 +43,17 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   });
 }
 
+void apply_offload_auto(const CLI::App& cmd, TrainOptions& o) {
+  if (o.offload != "auto") return;
+  const std::pair<const char*, std::string*> flags[] = {{"--offload-params", &o.offload_params},
+                                                        {"--offload-grads", &o.offload_grads},
+                                                        {"--offload-optimizer", &o.offload_optimizer},
+                                                        {"--offload-activations", &o.offload_activations},
+                                                        {"--checkpoint-activations", &o.checkpoint_activations}};
+  for (const auto& [flag, field] : flags)
+    if (cmd.count(flag) == 0) *field = "auto";
+}
+
 void register_train(CLI::App& app, Run& run) {
   auto opts = std::make_shared<TrainOptions>();
   CLI::App* cmd = app.add_subcommand("train", "Train or fine-tune a llama/gpt2-family model on token shards");
@@ -59,6 +71,7 @@ void register_train(CLI::App& app, Run& run) {
       throw CLI::ValidationError(fmt::format("--min-lr {:g} is above --lr {:g}: the cosine schedule would "
                                                          "raise the rate over the run; give --min-lr at most --lr",
                                                          opts->min_lr, opts->lr));
+    apply_offload_auto(*cmd, *opts);
     if (cmd->count("--keep") > 0 && opts->checkpoint_dir.empty())
       throw CLI::ValidationError("--keep counts checkpoints under --checkpoint-dir; give --checkpoint-dir DIR "
                                            "too");
@@ -76,6 +89,15 @@ void register_train(CLI::App& app, Run& run) {
       install_stop_handlers();  // Ctrl-C / SIGTERM: stop after the current step, swap files removed
       std::unique_ptr<Trainer> trainer;
       try {
+        if (wants_auto_placement(*opts)) {
+          // Each rank would probe and search on its own, and could pick differently.
+          if (const Launch launch = detect_launch(); launch.world > 1)
+            throw std::invalid_argument(fmt::format(
+                "--offload auto in a job of {} ranks: each rank would pick on its own probe; run `strata plan "
+                "--offload auto --world {}` with the same flags and pass the placement it picks by hand",
+                launch.world, launch.world));
+          fmt::print("{}\n", resolve_offload_auto(*opts));
+        }
         trainer = std::make_unique<Trainer>(*opts);
         return trainer->run(stdout);
       } catch (const std::exception& e) {

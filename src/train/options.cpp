@@ -75,17 +75,22 @@ const std::vector<OptionSpec>& option_table() {
       {"--log-every", "print a progress line every n steps", &O::log_every, cli_agreed},
       // A rank's cores and disks are its own: --threads and --nvme-path may differ across ranks.
       {"--threads", "CPU compute threads (0 = all available cores)", &O::threads, OptionSpec::cli},
-      {"--offload-params", "where the working weights live: none (the compute device) | cpu (pinned host RAM) | nvme",
+      {"--offload-params", "where the working weights live: none (the compute device) | cpu (pinned host RAM) | nvme | auto",
        &O::offload_params, all},
-      {"--offload-grads", "where the fp32 gradients live: none | cpu | nvme", &O::offload_grads, all},
+      {"--offload-grads", "where the fp32 gradients live: none | cpu | nvme | auto", &O::offload_grads, all},
       {"--offload-optimizer",
-       "where the fp32 master weights and AdamW state live (AdamW runs next to them): none | cpu | nvme",
+       "where the fp32 master weights and AdamW state live (AdamW runs next to them): none | cpu | nvme | auto",
        &O::offload_optimizer, all},
-      {"--offload-activations", "where checkpointed blocks' kept inputs live: none | cpu | nvme",
+      {"--offload-activations", "where checkpointed blocks' kept inputs live: none | cpu | nvme | auto",
        &O::offload_activations, all},
       {"--checkpoint-activations",
-       "none | full (every block keeps only its input and recomputes in backward) | every:N (blocks 0, N, 2N, ...)",
+       "none | full (every block keeps only its input and recomputes in backward) | every:N (blocks 0, N, 2N, ...) | auto",
        &O::checkpoint_activations, all},
+      {"--offload",
+       "auto: the planner picks every --offload-* flag and --checkpoint-activations not given (the fastest "
+       "predicted placement within --device-mem and --host-mem, default what the machine has less max(10%, 2 GiB); "
+       "NVMe only with --nvme-path); each of those flags also takes auto",
+       &O::offload, all},
       {"--nvme-path", "directory for NVMe swap files (repeat: one per SSD, striped)", &O::nvme_paths,
        OptionSpec::cli | OptionSpec::recorded},
       {"--device-mem", "device memory budget, e.g. 24G (empty: what the plan needs)", &O::device_mem, all},
@@ -248,6 +253,9 @@ void validate_options(const TrainOptions& o) {
                                   "(the base is then whole on every rank) or --base-dtype " + o.dtype);
   }
   if (o.merge_adapter && o.out.empty()) throw std::invalid_argument("--merge-adapter needs --out DIR (where the merged model goes)");
+  if (!o.offload.empty() && o.offload != "auto")
+    throw std::invalid_argument("--offload " + o.offload + ": the one value is auto (the planner picks the placement "
+                                "flags not given); or give --offload-params/-grads/-optimizer/-activations by hand");
   if (o.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 0 (0 = only at the end)");
   if (o.keep < 1) throw std::invalid_argument("--keep must be at least 1");
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())

@@ -62,6 +62,10 @@ struct TrainOptions {
   std::string offload_optimizer = "none";   // fp32 master + AdamW m, v
   std::string offload_activations = "none"; // kept inputs of checkpointed blocks
   std::string checkpoint_activations = "none";  // none | full | every:N
+  // "auto": every --offload-* flag and --checkpoint-activations not given is chosen by the planner
+  // (the fastest predicted placement that fits the budgets; src/train/auto_placement.h). Each of
+  // the five also takes "auto" itself; a run resolves them before anything is sized.
+  std::string offload;
   std::vector<std::string> nvme_paths;      // swap directories (one per SSD)
   std::string device_mem;                   // device budget, e.g. 24G
   std::string host_mem;                     // pinned host budget

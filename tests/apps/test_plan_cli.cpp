@@ -112,3 +112,85 @@ TEST_F(PlanCli, ScaledProbePlansTheSameBytesAndACloseStep) {
 }
 
 }  // namespace
+
+// `--offload auto` (src/train/auto_placement.h): the placements searched from one probe.
+class PlanAutoCli : public PlanCli {
+ protected:
+  std::string auto_plan() const { return plan("tiny") + "--offload auto "; }
+  static void expect_fits(const json& j, uint64_t device, uint64_t host) {
+    EXPECT_LE(j["device_budget_bytes"].get<uint64_t>(), device);
+    EXPECT_LE(j["host_budget_bytes"].get<uint64_t>(), host);
+    for (const json& c : j["auto"]["fitting"]) {
+      EXPECT_LE(c["device_bytes"].get<uint64_t>(), device) << c.dump();
+      EXPECT_LE(c["host_bytes"].get<uint64_t>(), host) << c.dump();
+    }
+  }
+};
+
+// With the machine's memory the pick is all-resident, and the plan printed is the pick's: the
+// hand placement (the defaults) is the first candidate, so the pick is never slower than it.
+TEST_F(PlanAutoCli, AmpleMemoryPicksAllResident) {
+  const json j = plan_json(auto_plan());
+  ASSERT_TRUE(j.contains("auto")) << j.dump();
+  const json& best = j["auto"]["fitting"][0];
+  for (const char* k : {"params", "grads", "optimizer", "activations", "checkpointing"}) EXPECT_EQ(best[k], "none") << k;
+  EXPECT_EQ(j["auto"]["candidates"], 40) << "no --nvme-path: no NVMe candidates";
+  EXPECT_DOUBLE_EQ(best["predicted_step_ms"].get<double>(), j["predicted_step_ms"].get<double>());
+  for (const json& c : j["auto"]["fitting"])
+    EXPECT_LE(best["predicted_step_ms"].get<double>(), c["predicted_step_ms"].get<double>());
+  const strata::test::CliResult r = strata::test::run_strata(dir_, auto_plan());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("offload auto: 40 placements"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("placement: params none, grads none, optimizer none, activations none (checkpointing none)"),
+            std::string::npos)
+      << r.out;
+}
+
+// Small budgets and a disk: the pick and every ranked candidate fit them; NVMe holds the rest.
+// The tiny model needs 19 MiB all-resident.
+TEST_F(PlanAutoCli, SmallBudgetsPickWhatFits) {
+  fs::create_directories(dir_ / "nvme");
+  for (const uint64_t device_mib : {8, 4}) {
+    const json j = plan_json(auto_plan() + "--device-mem " + std::to_string(device_mib) +
+                             "M --host-mem 6M --nvme-bw 1 --nvme-path " + (dir_ / "nvme").string());
+    ASSERT_TRUE(j.contains("auto")) << j.dump();
+    expect_fits(j, device_mib << 20, 6u << 20);
+    EXPECT_GT(j["nvme_budget_bytes"].get<uint64_t>(), 0u);
+    EXPECT_GT(j["auto"]["refused_device"].get<int>(), 0);
+    // The hand placement for a small machine (everything on NVMe, full checkpointing), where it
+    // fits, is ranked from the same probe, and the pick is never slower than it.
+    bool hand_ranked = false;
+    for (const json& c : j["auto"]["fitting"])
+      if (c["params"] == "nvme" && c["grads"] == "nvme" && c["optimizer"] == "nvme" && c["activations"] == "none" &&
+          c["checkpointing"] == "full") {
+        hand_ranked = true;
+        EXPECT_LE(j["auto"]["fitting"][0]["predicted_step_ms"].get<double>(), c["predicted_step_ms"].get<double>());
+      }
+    if (device_mib == 8) {
+      EXPECT_TRUE(hand_ranked) << j["auto"].dump();  // (at 4 MiB only with the kept inputs in RAM)
+    }
+  }
+}
+
+// Explicit flags win over auto, flag by flag.
+TEST_F(PlanAutoCli, ExplicitFlagsWin) {
+  fs::create_directories(dir_ / "nvme");
+  const json j = plan_json(auto_plan() + "--offload-params nvme --checkpoint-activations full --nvme-bw 1 --nvme-path " +
+                           (dir_ / "nvme").string());
+  ASSERT_TRUE(j.contains("auto")) << j.dump();
+  for (const json& c : j["auto"]["fitting"]) {
+    EXPECT_EQ(c["params"], "nvme");
+    EXPECT_EQ(c["checkpointing"], "full");
+  }
+  EXPECT_GE(j["nvme_budget_bytes"].get<uint64_t>(), j["params_bytes"].get<uint64_t>()) << "the params live on NVMe";
+  EXPECT_EQ(j["auto"]["fitting"][0]["grads"], "none") << "the rest all-resident, memory being ample";
+}
+
+// Nothing fits: one line naming the budgets and the closest placement, a non-zero exit.
+TEST_F(PlanAutoCli, NothingFitsIsAnError) {
+  const strata::test::CliResult r = strata::test::run_strata(dir_, auto_plan() + "--device-mem 1M --host-mem 1M");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--offload auto: none of the 40 placements fits device memory 1.00 MiB"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("the closest: "), std::string::npos) << r.err;
+}

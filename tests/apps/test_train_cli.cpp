@@ -382,3 +382,64 @@ TEST_F(TrainCli, CorpusLeftoversOfDeadRunsAreRemoved) {
 }
 
 }  // namespace
+
+namespace {
+// A run's losses from its --metrics file, in order.
+std::vector<double> metric_losses(const fs::path& p) {
+  std::vector<double> losses;
+  std::ifstream f(p);
+  for (std::string line; std::getline(f, line);) losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  return losses;
+}
+}  // namespace
+
+// --offload auto: the header names the pick and the runner-up with their predicted step times;
+// with ample memory the pick is all-resident, an explicit flag stays as given, and the losses are
+// the hand-placed run's (placement never changes the math).
+TEST_F(TrainCli, OffloadAutoNamesItsChoice) {
+  const std::string args = "train " + tiny() + "--batch 2 --seq 16 --steps 2 ";
+  const Result hand = run(args + "--metrics " + (dir_ / "hand.jsonl").string());
+  ASSERT_EQ(hand.status, 0) << hand.err;
+  const Result a = run(args + "--offload auto --metrics " + (dir_ / "auto.jsonl").string());
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_NE(a.out.find("offload auto: chose params none, grads none, optimizer none, activations none, checkpointing "
+                       "none ("),
+            std::string::npos)
+      << a.out;
+  EXPECT_NE(a.out.find("ms/step); runner-up params "), std::string::npos) << a.out;
+  EXPECT_EQ(metric_losses(dir_ / "auto.jsonl"), metric_losses(dir_ / "hand.jsonl"));
+
+  fs::create_directories(dir_ / "nvme");
+  const Result n = run(args + "--offload-params nvme --offload auto --nvme-path " + (dir_ / "nvme").string() +
+                       " --metrics " + (dir_ / "nvme.jsonl").string());
+  ASSERT_EQ(n.status, 0) << n.err;
+  EXPECT_NE(n.out.find("offload auto: chose params nvme, "), std::string::npos) << n.out;
+  EXPECT_EQ(metric_losses(dir_ / "nvme.jsonl"), metric_losses(dir_ / "hand.jsonl"));
+}
+
+// A checkpoint records the pick's flags (and --offload auto); a resume with the same flags
+// searches again and, the pick being the same, names no placement flag as changed.
+TEST_F(TrainCli, OffloadAutoResumes) {
+  const std::string args = "train " + tiny() + "--batch 2 --seq 16 --offload auto --checkpoint-dir " +
+                           (dir_ / "ck").string() + " ";
+  const Result first = run(args + "--steps 2");
+  ASSERT_EQ(first.status, 0) << first.err;
+  const Result again = run(args + "--steps 3 --resume auto");
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_NE(again.out.find("resumed"), std::string::npos) << again.out;
+  const size_t at = again.out.find("changed since the checkpoint:");
+  ASSERT_NE(at, std::string::npos) << again.out;  // --steps
+  const std::string changed = again.out.substr(at, again.out.find('\n', at) - at);
+  for (const char* flag : {"--offload", "--checkpoint-activations", "--device-mem", "--host-mem"})
+    EXPECT_EQ(changed.find(flag), std::string::npos) << changed;
+}
+
+// In an mpirun job each rank would pick on its own probe: refused, naming the plan that does it.
+TEST_F(TrainCli, OffloadAutoIsRefusedInAJob) {
+  const Result r = run("train " + tiny() + "--batch 2 --seq 16 --steps 1 --offload auto", "OMPI_COMM_WORLD_SIZE=1");
+  EXPECT_EQ(r.status, 0) << r.err;  // a one-rank "job" is a plain run
+  const Result two = run("train " + tiny() + "--batch 2 --seq 16 --steps 1 --offload auto",
+                         "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0");
+  EXPECT_NE(two.status, 0);
+  EXPECT_NE(two.err.find("--offload auto in a job of 2 ranks"), std::string::npos) << two.err;
+}

@@ -19,7 +19,7 @@ TEST(Options, ACheckpointRecordsTheSameFlagsUnderTheSameKeys) {
       "model", "preset", "data", "pack", "shuffle", "epochs", "val_data", "eval_every", "eval_batches",
       "synthetic_data", "backend", "dtype", "batch", "seq", "grad_accum", "steps", "lr", "lr_schedule", "warmup",
       "min_lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "loss_scale", "seed", "offload_params",
-      "offload_grads", "offload_optimizer", "offload_activations", "checkpoint_activations", "nvme_path",
+      "offload_grads", "offload_optimizer", "offload_activations", "checkpoint_activations", "offload", "nvme_path",
       "device_mem", "host_mem", "zero_stage", "lora_rank", "lora_alpha", "lora_rslora", "lora_dropout",
       "lora_targets", "adapter", "base_dtype"};
   TrainOptions o;
