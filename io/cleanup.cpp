@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 
 namespace strata::io {
@@ -72,8 +73,12 @@ void emergency_cleanup() noexcept {
       if (pass == kFile) {
         ::unlink(s.path);
       } else {
-        if (pass == kTree) empty_directory(s.path);
-        ::rmdir(s.path);
+        // Again while the directory is not empty: an entry a getdents pass missed, or a file
+        // another thread created meanwhile.
+        for (int round = 0; round < 16; ++round) {
+          if (pass == kTree) empty_directory(s.path);
+          if (::rmdir(s.path) == 0 || errno != ENOTEMPTY || pass != kTree) break;
+        }
       }
     }
 }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <ctime>
 #include <stdexcept>
 
 #include <fcntl.h>
@@ -145,6 +146,30 @@ void TempDir::release() {
   io::unregister_cleanup(cleanup_slot_);
   cleanup_slot_ = -1;
   path_.clear();
+}
+
+TempDir TempDir::create_owned(const std::filesystem::path& base, const std::string& suffix) {
+  // mkdtemp picks the name and creates the directory at once, leaving an instant where a
+  // signal would find it unregistered; here the name is drawn first, claimed, then created.
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  const std::string stem = base.string() + suffix + std::to_string(::getpid()) + "-";
+  uint64_t state = (static_cast<uint64_t>(::getpid()) << 32) ^ static_cast<uint64_t>(::time(nullptr)) ^
+                   reinterpret_cast<uintptr_t>(&state);
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string name = stem;
+    for (int i = 0; i < 6; ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;  // one LCG draw per character
+      name += kChars[(state >> 33) % (sizeof(kChars) - 1)];
+    }
+    const int slot = io::register_cleanup_tree(name);
+    if (::mkdir(name.c_str(), 0700) == 0) return TempDir(std::filesystem::path(name), slot);
+    const int err = errno;
+    io::unregister_cleanup(slot);
+    if (err != EEXIST)
+      throw std::runtime_error(base.string() + ": cannot create temporary directory " + name + ": " + errno_text(err));
+  }
+  throw std::runtime_error(base.string() + ": cannot create a temporary directory " + stem +
+                           "XXXXXX: 100 names taken");
 }
 
 std::filesystem::path make_temp_dir(const std::filesystem::path& base, const char* suffix) {

@@ -90,6 +90,9 @@ class TempDir {
  public:
   TempDir() = default;
   explicit TempDir(std::filesystem::path p);
+  // A new directory "<base><suffix><pid>-XXXXXX" (as make_owned_temp_dir), registered for
+  // io::emergency_cleanup before it is created: a signal at any instant leaves nothing behind.
+  static TempDir create_owned(const std::filesystem::path& base, const std::string& suffix);
   ~TempDir();
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
@@ -97,6 +100,7 @@ class TempDir {
   const std::filesystem::path& path() const { return path_; }
 
  private:
+  TempDir(std::filesystem::path p, int slot) : path_(std::move(p)), cleanup_slot_(slot) {}
   std::filesystem::path path_;
   int cleanup_slot_ = -1;
 };

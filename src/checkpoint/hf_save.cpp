@@ -175,7 +175,7 @@ void prepare_parent(const fs::path& out_dir) {
 void check_hf_save_target(const std::filesystem::path& out_dir_in) {
   const fs::path out_dir = normalised_out(out_dir_in);
   prepare_parent(out_dir);
-  TempDir probe(make_owned_temp_dir(out_dir, ".tmp-"));  // the sibling the save will write into
+  TempDir probe = TempDir::create_owned(out_dir, ".tmp-");  // the sibling the save will write into
 }
 
 void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& cfg,
@@ -219,7 +219,7 @@ void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& c
   }
 
   prepare_parent(out_dir);
-  TempDir tmp(make_owned_temp_dir(out_dir, ".tmp-"));
+  TempDir tmp = TempDir::create_owned(out_dir, ".tmp-");
   // mkdtemp makes 0700; a model directory is normally readable by others.
   if (::chmod(tmp.path().c_str(), 0755) != 0)
     throw std::runtime_error(tmp.path().string() + ": chmod failed: " + errno_text());
@@ -250,7 +250,7 @@ void save_peft_adapter(const std::filesystem::path& out_dir_in, const nlohmann::
                        const std::vector<TensorToSave>& tensors, const std::vector<fs::path>& extra_files) {
   const fs::path out_dir = normalised_out(out_dir_in);
   prepare_parent(out_dir);
-  TempDir tmp(make_owned_temp_dir(out_dir, ".tmp-"));
+  TempDir tmp = TempDir::create_owned(out_dir, ".tmp-");
   if (::chmod(tmp.path().c_str(), 0755) != 0)
     throw std::runtime_error(tmp.path().string() + ": chmod failed: " + errno_text());
   write_safetensors_file(tmp.path() / "adapter_model.safetensors", tensors);

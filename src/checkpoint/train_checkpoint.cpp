@@ -120,7 +120,7 @@ fs::path write_train_checkpoint(const fs::path& dir, int64_t step, const TrainCh
   // Its run id: rotation removes, and a save of the same step replaces, only this run's own.
   const std::string run_id =
       c.state.contains("run_id") && c.state["run_id"].is_string() ? c.state["run_id"].get<std::string>() : "";
-  TempDir tmp(make_owned_temp_dir(dir / ".tmp", "-"));  // .tmp-<pid>-XXXXXX
+  TempDir tmp = TempDir::create_owned(dir / ".tmp", "-");  // .tmp-<pid>-XXXXXX
 
   json files = json::array();
   auto add = [&](const std::string& name, WrittenFile w) {
@@ -174,8 +174,13 @@ fs::path write_train_checkpoint(const fs::path& dir, int64_t step, const TrainCh
     it = !run_id.empty() && run_id_of(it->second) == run_id ? std::next(it) : all.erase(it);
   while (static_cast<int>(all.size()) > keep && all.begin()->first != step) {
     const fs::path doomed = dir / fmt::format(".tmp-{}-drop-{}", ::getpid(), all.begin()->second.filename().string());
-    if (::rename(all.begin()->second.c_str(), doomed.c_str()) == 0) {
-      TempDir gone(doomed);  // removed now; on a second Ctrl-C meanwhile, by the signal handler
+    {
+      // Registered before the rename: removed now, or by the signal handler on a second Ctrl-C
+      // at any instant from here (a failed rename leaves nothing to remove).
+      TempDir gone(doomed);
+      if (::rename(all.begin()->second.c_str(), doomed.c_str()) != 0) {
+        // Best effort, as before: a checkpoint that cannot be moved out stays whole.
+      }
     }
     all.erase(all.begin());
   }

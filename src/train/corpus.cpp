@@ -86,12 +86,12 @@ std::string embedded_corpus_text(size_t bytes) {
 
 namespace {
 // strata-corpus-<pid>-XXXXXX in the temp folder, after removing those of runs that were killed.
-std::filesystem::path corpus_dir() {
+TempDir corpus_dir() {
   const std::filesystem::path tmp = std::filesystem::temp_directory_path();
   // Quietly: the temporary folder is shared by every strata run on the machine, so a notice
   // here would land in the stderr of unrelated runs (and break their one-line errors).
   remove_dead_pid_dirs(tmp, "strata-corpus-", /*report=*/false);
-  return make_owned_temp_dir(tmp / "strata-corpus", "-");
+  return TempDir::create_owned(tmp / "strata-corpus", "-");
 }
 }  // namespace
 

@@ -516,6 +516,27 @@ TEST_F(CheckpointDir, ATemporaryDirectoryBeingWrittenGoesWithASecondSignal) {
   }
 }
 
+// A TempDir made by create_owned is registered before the directory exists, so no instant of
+// its life is unregistered; the name is the owned pattern the next run's cleanup recognises,
+// and two in a row differ.
+TEST_F(CheckpointDir, AnOwnedTemporaryDirectoryIsRegisteredFromItsCreation) {
+  TempDir a = TempDir::create_owned(root_ / "out", ".tmp-"), b = TempDir::create_owned(root_ / "out", ".tmp-");
+  const std::string prefix = "out.tmp-" + std::to_string(::getpid()) + "-";
+  for (const TempDir* t : {&a, &b}) {
+    ASSERT_TRUE(fs::is_directory(t->path()));
+    const std::string name = t->path().filename().string();
+    EXPECT_EQ(name.rfind(prefix, 0), 0u) << name;
+    EXPECT_EQ(name.size(), prefix.size() + 6) << name;
+    EXPECT_EQ(fs::status(t->path()).permissions() & fs::perms::all, fs::perms::owner_all);
+  }
+  EXPECT_NE(a.path(), b.path());
+  std::ofstream(a.path() / "model.safetensors") << "bytes";
+  strata::io::emergency_cleanup();
+  EXPECT_FALSE(fs::exists(a.path()));
+  EXPECT_FALSE(fs::exists(b.path()));
+  EXPECT_THROW(TempDir::create_owned(root_ / "missing" / "x", ".tmp-"), std::runtime_error);
+}
+
 TEST_F(CheckpointDir, LeftoversOfKilledSavesAreRemoved) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
