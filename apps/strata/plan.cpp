@@ -539,6 +539,7 @@ int run_plan(const PlanOptions& po) {
     j["adamw_ms"] = f.adamw_ms;
     j["nvme_ms"] = f.nvme_ms;
     j["predicted_step_ms"] = f.predicted_ms;
+    j["speculate"] = p.speculate;
     if (replayed) {
       j["replayed_step_ms"] = tl.step_ms;
       j["replayed_stall_ms"] = tl.stall_ms;
@@ -573,7 +574,9 @@ int run_plan(const PlanOptions& po) {
   if (pick) print_auto_table(*pick, po.train);
   fmt::print("placement: params {}, grads {}, optimizer {}, activations {} (checkpointing {}); AdamW {}\n",
              o.offload_params, o.offload_grads, o.offload_optimizer, o.offload_activations, o.checkpoint_activations,
-             p.update_in_backward ? "in the backward (no clipping)" : "in the next step's forward");
+             p.speculate            ? "in the backward, speculative (--speculate: redone once the norm clips)"
+             : p.update_in_backward ? "in the backward (no clipping)"
+                                    : "in the next step's forward");
   if (p.world > 1)
     fmt::print("ranks: {}, ZeRO stage {}: the tiers below are per rank; each rank sends {} and receives {} per step\n",
                p.world, o.zero_stage, gib(p.comm_bytes), gib(p.comm_bytes));

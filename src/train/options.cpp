@@ -62,6 +62,11 @@ const std::vector<OptionSpec>& option_table() {
       {"--beta1", "AdamW beta1", &O::beta1, all},
       {"--beta2", "AdamW beta2", &O::beta2, all},
       {"--eps", "AdamW epsilon", &O::eps, all},
+      {"--speculate",
+       "auto | on | off: with clipping (or fp16), run each unit's AdamW in the backward as if nothing clips, then keep "
+       "it or redo it once the global norm is known (bitwise the same run; a second copy of the optimizer state on its "
+       "tier; ZeRO stages 0-1); auto: on where the optimizer state is on NVMe",
+       &O::speculate, OptionSpec::cli | OptionSpec::agreed},
       {"--grad-clip",
        "clip the global gradient L2 norm to this (0 = off: then, bf16 or fp32 at ZeRO stage 0-1, each unit updates in "
        "the backward as soon as its gradient is final)",
@@ -181,6 +186,8 @@ void validate_options(const TrainOptions& o) {
   positive(o.grad_accum, "--grad-accum");
   if (o.epochs < 0) throw std::invalid_argument("--epochs must not be negative, got " + std::to_string(o.epochs));
   if (o.steps != 0 || o.epochs == 0) positive(o.steps, "--steps");
+  if (o.speculate != "auto" && o.speculate != "on" && o.speculate != "off")
+    throw std::invalid_argument("--speculate " + o.speculate + ": must be auto, on or off");
   if (o.pack != "off" && o.pack != "on")
     throw std::invalid_argument("--pack " + o.pack + ": must be off (one document per row) or on (documents packed "
                                 "into rows, attention kept inside each)");

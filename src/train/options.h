@@ -48,6 +48,11 @@ struct TrainOptions {
   // each unit's AdamW in the backward as its gradient becomes final (Placement::
   // update_in_backward()). The same math either way; false keeps the update in the next forward.
   bool update_in_backward = true;
+  // With clipping or fp16: on = each unit's AdamW runs in the backward as if nothing clips, into
+  // a second copy of its master and AdamW state, committed or redone once the norm is known
+  // (Placement::speculate); auto = on where the optimizer state lives on NVMe (the update's disk
+  // traffic then leaves the next forward); off = the update waits for the norm.
+  std::string speculate = "auto";
   double loss_scale = 65536;   // fp16: the dynamic loss scaler's starting scale
   uint64_t seed = 1337;        // random init (models without weights) and synthetic data
   std::string metrics;         // JSONL file, one object per optimizer step ("" = none)

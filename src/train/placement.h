@@ -22,12 +22,17 @@ struct Placement {
   uint64_t host_mem = 0;                             // 0: what the plan needs, within physical RAM
   Sharding sharding;                                 // ZeRO: this rank's part of each unit
   bool norm_free = false;  // nothing waits for the global norm: no clipping, no fp16 loss scaler
+  // --speculate: with clipping or fp16, each unit's AdamW still runs in the backward, with clip
+  // coefficient 1, into a second copy of its master and AdamW state; once the global norm is
+  // known the copies are made current (commit) or the update is redone from the first copies
+  // with the true coefficient (rollback). Whole gradients only (ZeRO stages 0-1).
+  bool speculate = false;
   bool uses_nvme() const;
   // Each unit's AdamW runs in the backward, right after its last gradient of the step, instead
   // of inside the next step's forward (StepDriver::forward_backward): where nothing waits for
   // the global norm and a unit's gradient is whole when final (ZeRO stages 2-3 reduce-scatter
   // it into shards).
-  bool update_in_backward() const { return norm_free && !sharding.sharded_grads(); }
+  bool update_in_backward() const { return (norm_free || speculate) && !sharding.sharded_grads(); }
 };
 
 }  // namespace strata

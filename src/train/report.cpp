@@ -132,6 +132,8 @@ nlohmann::json step_metrics(const StepStats& st, const offload::OffloadStats& os
     j["val_tokens"] = ev->tokens;
   }
   j["grad_norm"] = finite_or_null(st.grad_norm);
+  j["speculated"] = st.speculated;
+  j["rolled_back"] = st.rolled_back;
   j["lr"] = st.lr;
   j["tokens"] = st.tokens;
   j["step_ms"] = st.step_ms;
@@ -171,12 +173,13 @@ std::string step_line(const StepStats& st, int64_t steps, bool io, double loss_s
   if (io)
     moved = fmt::format(" | compute {:.0f} ms | moved {} | stall {:.0f} ms", st.compute_ms,
                         human_bytes(static_cast<double>(st.bytes_moved())), st.stall_ms);
-  return fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | {:.1f} ms{}{}\n",
+  return fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | {:.1f} ms{}{}{}\n",
                      st.step, std::to_string(steps).size(), steps, st.loss, st.lr, st.grad_norm, st.tokens_per_s,
                      st.step_ms, moved,
                      st.trained_tokens == 0 ? std::string(" | no trained target: skipped")
                      : st.skipped ? fmt::format(" | fp16 overflow: step skipped, loss scale {:g}", loss_scale)
-                                  : "");
+                                  : "",
+                     st.rolled_back ? " | speculative update rolled back" : "");
 }
 
 std::string eval_line(const Trainer::EvalStats& ev, int64_t step, int64_t steps) {
@@ -192,6 +195,7 @@ void RunTally::add(const StepStats& st) {
     min_loss = std::min(min_loss, st.loss);
   }
   fp16_skipped += st.skipped && st.trained_tokens > 0;
+  rolled_back += st.rolled_back;
   no_targets += st.trained_tokens == 0;
   moved += st.bytes_moved();
 }
@@ -206,6 +210,7 @@ std::string RunTally::done_line(int64_t total_steps, int64_t tokens, int64_t tok
   done += fmt::format("; loss {:.4f} -> {:.4f} (min {:.4f})", first_loss, last_loss, min_loss);
   if (moved) done += fmt::format("; {} moved between tiers", human_bytes(static_cast<double>(moved)));
   if (fp16_skipped) done += fmt::format("; {} fp16 steps skipped", fp16_skipped);
+  if (rolled_back) done += fmt::format("; {} speculative updates rolled back", rolled_back);
   if (no_targets) done += fmt::format("; {} steps had no trained target (skipped)", no_targets);
   return done + extra + "\n";
 }
@@ -285,7 +290,12 @@ void Trainer::print_header(std::FILE* out) const {
   fmt::print(out, "  optimizer  AdamW lr {:g} ({}, warmup {}, min {:g}), betas ({:g}, {:g}), eps {:g}, "
                   "weight decay {:g} (2-D only), clip {}\n",
              o.lr, o.lr_schedule, o.warmup, o.min_lr, o.beta1, o.beta2, o.eps, o.weight_decay,
-             o.grad_clip > 0 ? fmt::format("{:g}", o.grad_clip)
+             o.grad_clip > 0 || m.placement.speculate
+                 ? fmt::format("{}{}", o.grad_clip > 0 ? fmt::format("{:g}", o.grad_clip) : std::string("off"),
+                               m.placement.speculate ? " (speculative: each unit updates in the backward as if "
+                                                       "nothing clips, redone from its first copy when the norm "
+                                                       "clips or overflows)"
+                                                     : "")
              : m.placement.update_in_backward()
                  ? std::string("off (so each unit updates in the backward, as soon as its gradient is final)")
                  : std::string("off"));

@@ -56,7 +56,7 @@ struct RunTally {
   double first_loss = NAN, last_loss = NAN, min_loss = INFINITY;
   double ms_after_first = 0;   // the steps after the first (which includes warm-up)
   int64_t steps = 0;           // trained by this run (a resumed run: since the resume)
-  int64_t fp16_skipped = 0, no_targets = 0;
+  int64_t fp16_skipped = 0, no_targets = 0, rolled_back = 0;
   uint64_t moved = 0;          // bytes between tiers
   void add(const StepStats& st);
   // "done: N steps, ... tokens in S s (tok/s, ms/step after the first); loss a -> b (min c)..."

@@ -142,7 +142,8 @@ int Trainer::run(std::FILE* rank0_out) {
           "--lr, add --warmup or set --grad-clip",
           st.step, st.loss, st.grad_norm,
           // In the backward, each unit's update ran as its gradient became final.
-          m.placement.update_in_backward() ? "" : "the step was not applied and "));
+          // Speculative: it ran, then was rolled back like any step that is not applied.
+          m.placement.update_in_backward() && !m.placement.speculate ? "" : "the step was not applied and "));
   }
   m.flush();  // the last step's update
   if (has_validation() && last_eval != m.steps_done) print_eval(validate());  // (not reached in the loop)

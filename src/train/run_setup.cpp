@@ -126,6 +126,13 @@ ResolvedRun resolve_run(const TrainOptions& o, int world, int rank) {
   pl.sharding = Sharding{o.zero_stage, world, rank};
   pl.nvme_paths = o.nvme_paths;
   pl.norm_free = o.update_in_backward && o.grad_clip <= 0 && r.dtype != DType::f16;
+  // Speculation: only where something waits for the norm, and with whole gradients.
+  if (o.speculate == "on" && pl.sharding.sharded_grads())
+    throw std::invalid_argument("--speculate on needs whole gradients: ZeRO stage 0 or 1 (this job is stage " +
+                                std::to_string(o.zero_stage) + " on " + std::to_string(world) +
+                                " ranks); use --zero-stage 1 or --speculate off");
+  pl.speculate = o.update_in_backward && !pl.norm_free && !pl.sharding.sharded_grads() &&
+                 (o.speculate == "on" || (o.speculate == "auto" && pl.optimizer == offload::Tier::nvme));
   if (pl.uses_nvme() && pl.nvme_paths.empty())
     throw std::invalid_argument("an --offload-* flag is nvme but no --nvme-path DIR was given (a directory on the SSD "
                                 "for swap files)");
@@ -249,6 +256,12 @@ uint64_t comm_bytes_per_step(const Transformer& model, const Sharding& sh, int64
   return static_cast<uint64_t>(b);
 }
 
+void settle_speculation(const TrainOptions& o, Placement& pl, const Transformer& model, kernels::Backend backend,
+                        size_t step_buffers) {
+  if (!pl.speculate || o.speculate != "auto") return;
+  pl.speculate = TieredMemory::fits(model, backend, pl, o.grad_accum, step_buffers);
+}
+
 namespace {
 // One rank of a `world`-rank run, sized for planning: its model on a CPU runtime (shapes only, no
 // device needed) and its placement with this rank's sharding.
@@ -262,7 +275,9 @@ struct SizedRun {
       : o(with_adapter_config(given)),
         r((validate_options(o), resolve_run(o, world, 0))),
         model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world, r.lora),
-        step_buffers(step_buffer_bytes(o, r, model.units().size())) {}
+        step_buffers(step_buffer_bytes(o, r, model.units().size())) {
+    settle_speculation(o, r.placement, model, r.backend, step_buffers);
+  }
 };
 }  // namespace
 
@@ -271,6 +286,14 @@ RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
   const SizedRun run(o, world);
   RunPlan p;
   p.memory = TieredMemory::plan(run.model, run.r.backend, run.r.placement, o.grad_accum, run.step_buffers, minimums);
+  if (minimums && run.r.placement.speculate && run.o.speculate == "auto") {
+    // Below what speculation needs, auto runs without it: the minimums are those of that run.
+    Placement plain = run.r.placement;
+    plain.speculate = false;
+    p.memory.minimum =
+        TieredMemory::plan(run.model, run.r.backend, plain, o.grad_accum, run.step_buffers, true).minimum;
+  }
+  p.speculate = run.r.placement.speculate;
   p.cfg = run.r.cfg;
   p.lora = run.r.lora;
   p.n_params = run.model.n_params();

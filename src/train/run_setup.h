@@ -57,4 +57,11 @@ int64_t token_arrays(const ResolvedRun& r);
 size_t token_buffer_bytes(const TrainOptions& o, int64_t arrays);
 size_t step_buffer_bytes(const TrainOptions& o, const ResolvedRun& r, size_t n_units);
 
+// --speculate auto: speculation's second copy of the master and AdamW state must fit the budgets
+// and the RAM next to everything else; where it does not, `pl` runs without it (the update then
+// waits for the norm, as with --speculate off). `on` is left as asked: a budget it overflows is
+// the error the user sees.
+void settle_speculation(const TrainOptions& o, Placement& pl, const Transformer& model, kernels::Backend backend,
+                        size_t step_buffers);
+
 }  // namespace strata

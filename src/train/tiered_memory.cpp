@@ -20,6 +20,7 @@
 #include "offload/planner.h"
 #include "offload/size.h"
 #include "src/train/faults.h"
+#include "src/train/memory_remedies.h"
 #include "src/train/step_driver.h"
 #include "src/zero/step_program.h"
 
@@ -52,27 +53,6 @@ namespace {
 
 constexpr uint64_t kUnbounded = uint64_t{1} << 60;
 const char* const kRoleNames[kNumRoles] = {"params", "master", "adam", "grads", "activations"};
-
-uint64_t physical_ram() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
-}
-
-// What the host can still give this process: MemAvailable + SwapFree from /proc/meminfo (0 when
-// it cannot be read, and then nothing is checked).
-uint64_t host_memory_available() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (!f) return 0;
-  uint64_t avail = 0, swap = 0;
-  char line[256];
-  while (std::fgets(line, sizeof(line), f)) {
-    unsigned long long kb = 0;
-    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = kb * 1024;
-    else if (std::sscanf(line, "SwapFree: %llu kB", &kb) == 1) swap = kb * 1024;
-  }
-  std::fclose(f);
-  return avail ? avail + swap : 0;
-}
 
 std::string gib(uint64_t b) { return offload::format_size(b); }
 
@@ -136,7 +116,7 @@ struct TieredMemory::Layout {
   std::array<int, 2> decoded{-1, -1};  // LoRA --base-dtype: a frozen layer decoded (RunMemory::decoded)
   // The schedules the manager plans: [step] one training step (the previous step's update inside
   // its forward), [update] a pending update on its own (before a save or checkpoint).
-  std::array<offload::Schedule, kNumSchedules> schedules;
+  std::array<offload::Schedule, 2 * kNumSchedules> schedules;  // (the second half: speculation's odd parity)
   uint64_t aside_host_bytes = 0;  // host room the asides need (GPU: the host homes + a unit staged through the host)
 
   Tier tier_of(int block, Side side) const {
@@ -146,7 +126,19 @@ struct TieredMemory::Layout {
     if (side == Side::compute || side == Side::comm) return Tier::device;
     return placement.optimizer == Tier::device ? Tier::device : Tier::host;  // AdamW on the GPU or on the CPU
   }
-  int block(Role r, int index) const {
+  // Speculative updates (Placement::speculate): the master and AdamW state have two copies
+  // each; `parity` says which is current. Index u names unit u's current copy, u + n_units
+  // (n_units = units.size()) its other copy, which an update writes and a flip makes current.
+  bool two_copies = false;
+  std::array<std::vector<int>, 2> other;  // [0] master, [1] adam: the second copies' blocks
+  int block(Role r, int index, int parity = 0) const {
+    if (two_copies && (r == Role::master || r == Role::adam)) {
+      const int n = static_cast<int>(units.size());
+      const bool next = index >= n;
+      const int u = next ? index - n : index;
+      if (next != (parity != 0)) return other[r == Role::master ? 0 : 1].at(static_cast<size_t>(u));
+      index = u;
+    }
     const int b = ids[static_cast<size_t>(r)].at(static_cast<size_t>(index));
     if (b < 0)
       throw std::logic_error("TieredMemory: unit " + units[index].name + " has no " + kRoleNames[static_cast<int>(r)] +
@@ -165,10 +157,11 @@ namespace {
 // A dry RunMemory: the driver's acquires and releases become the step's schedule.
 class ScheduleRecorder final : public RunMemory {
  public:
-  ScheduleRecorder(const TieredMemory::Layout& layout, offload::Schedule& out) : l_(layout), out_(out) {}
+  ScheduleRecorder(const TieredMemory::Layout& layout, offload::Schedule& out, int parity = 0)
+      : l_(layout), out_(out), parity_(parity) {}
   bool dry() const override { return true; }
   void* acquire(Role r, int index, Mode m, Side side) override {
-    const int b = l_.block(r, index);
+    const int b = l_.block(r, index, parity_);
     open_[b] = out_.acquire(static_cast<BlockId>(b), l_.tier_of(b, side), m);
     return nullptr;
   }
@@ -181,12 +174,13 @@ class ScheduleRecorder final : public RunMemory {
 
  private:
   void end(Role r, int index, bool discard) {
-    const int b = l_.block(r, index);
+    const int b = l_.block(r, index, parity_);
     out_.release(open_.at(b), discard);
     open_.erase(b);
   }
   const TieredMemory::Layout& l_;
   offload::Schedule& out_;
+  int parity_;
   std::map<int, size_t> open_;
 };
 
@@ -199,83 +193,6 @@ uint64_t homed_sum(const TieredMemory::Layout& l, Tier t) {
   for (const auto& b : l.specs)
     if (b.home == t) s += offload::align_up(b.bytes);
   return s;
-}
-
-using Homed = std::array<uint64_t, kNumRoles + 1>;  // bytes by role, then buffers (MemoryPlan::homed)
-
-// The flags that move state off tier t, given what already lives elsewhere (and checkpointing,
-// which shrinks what the device keeps of the activations).
-std::vector<std::string> moves_off(Tier t, const Placement& pl, bool checkpointing) {
-  std::vector<std::string> h;
-  if (t == Tier::device) {
-    if (pl.optimizer == Tier::device) h.push_back("--offload-optimizer cpu|nvme");
-    if (pl.grads == Tier::device) h.push_back("--offload-grads cpu|nvme");
-    if (pl.params == Tier::device) h.push_back("--offload-params cpu|nvme");
-    if (!checkpointing) h.push_back("--checkpoint-activations full");
-  } else if (t == Tier::host) {
-    if (pl.optimizer == Tier::host) h.push_back("--offload-optimizer nvme");
-    if (pl.grads == Tier::host) h.push_back("--offload-grads nvme");
-    if (pl.params == Tier::host) h.push_back("--offload-params nvme");
-    if (pl.activations == Tier::host) h.push_back("--offload-activations nvme");
-  }
-  return h;
-}
-
-// Takes the first of `moves` that starts with `flag` out of it ("" when none does).
-std::string take(std::vector<std::string>& moves, const std::string& flag) {
-  for (auto it = moves.begin(); it != moves.end(); ++it)
-    if (it->rfind(flag, 0) == 0) {
-      std::string m = *it;
-      moves.erase(it);
-      return m;
-    }
-  return "";
-}
-
-std::string join(const std::vector<std::string>& v, const std::string& last_sep) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i == 0 ? "" : i + 1 == v.size() ? last_sep : ", ") + v[i];
-  return out;
-}
-
-// The fixes for memory that is too small (a tier, or the machine's RAM: `where`), the one for
-// what fills it most first: a run whose activations fill memory is fixed by --batch/--seq or
-// checkpointing, not by moving its optimizer state. `h` is what it holds by kind; the buffers
-// (the workspace, mostly one block's activations, and the step's own) count with the kept block
-// inputs, as both grow with --batch x --seq. `moves` are the flags that move state off it.
-std::string remedies(const Homed& h, const std::string& where, bool checkpointing, std::vector<std::string> moves) {
-  const auto at = [&](Role r) { return h[static_cast<size_t>(r)]; };
-  struct Part {
-    const char* what;
-    uint64_t bytes;
-    const char* flag;  // the --offload-* flag that moves it
-  };
-  const Part parts[] = {
-      {"activations and workspace", at(Role::activations) + h[kNumRoles], "--offload-activations"},
-      {"the optimizer state (fp32 master weights and AdamW moments)", at(Role::master) + at(Role::adam),
-       "--offload-optimizer"},
-      {"the gradients", at(Role::grads), "--offload-grads"},
-      {"the parameters", at(Role::params), "--offload-params"},
-  };
-  const Part* top = &parts[0];
-  for (const Part& p : parts)
-    if (p.bytes > top->bytes) top = &p;
-  std::string out;
-  if (top->bytes > 0) {
-    out = "; the largest part of " + where + " is " + top->what + " (" + offload::format_size(top->bytes) + ")";
-    std::vector<std::string> fix;
-    if (top == &parts[0]) {
-      fix.push_back("a smaller --batch or --seq (--grad-accum keeps the tokens per step)");
-      if (std::string c = take(moves, "--checkpoint-activations"); !c.empty()) fix.push_back(c);
-      else if (checkpointing) fix.push_back("--offload-activations cpu|nvme");
-      take(moves, top->flag);
-      out += ": use " + join(fix, " or ");
-    } else if (std::string m = take(moves, top->flag); !m.empty()) {
-      out += ": move it with " + m;
-    }
-  }
-  if (!moves.empty()) out += "; or move state off it with " + join(moves, ", ");
-  return out;
 }
 
 }  // namespace
@@ -307,6 +224,18 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
       l->ids[static_cast<int>(r)].push_back(id);
     }
   }
+  // Speculation: a second master and AdamW block per trainable unit, on the same tier.
+  l->two_copies = pl.speculate;
+  for (auto& v : l->other) v.clear();
+  if (l->two_copies)
+    for (int u = 0; u < static_cast<int>(ut.size()); ++u)
+      for (Role r : {Role::master, Role::adam}) {
+        const UnitBlock& b = ut[u].block(r);
+        l->other[r == Role::master ? 0 : 1].push_back(
+            b.exists ? l->add(ut[u].name + "." + kRoleNames[static_cast<int>(r)] + ".next", ut.bytes(r, u), b.home,
+                              static_cast<int>(r))
+                     : -1);
+      }
   for (int64_t layer = 0; layer < model.dims().L; ++layer)
     l->ids[static_cast<int>(Role::activations)].push_back(
         l->add("input." + std::to_string(layer), model.input_bytes(),
@@ -344,17 +273,22 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   // The step's program, as the driver will run it: grad_accum micro-batches, the first with the
   // previous step's AdamW inside its forward (src/train/step_driver.h PendingUpdate), or the
   // last with this step's inside its backward (Placement::update_in_backward()).
-  {
-    ScheduleRecorder rec(*l, l->schedules[static_cast<int>(Schedule::step)]);
-    StepDriver driver(const_cast<Transformer&>(model), rec, sh);
-    const PendingUpdate update;
-    const AdamWStep now;
-    for (const MicroBatch& mb : StepProgram(grad_accum, pl))
-      driver.micro_batch(mb, nullptr, nullptr, 1.f, nullptr, &update, &now);
-  }
-  {
-    ScheduleRecorder rec(*l, l->schedules[static_cast<int>(Schedule::update)]);
-    StepDriver(const_cast<Transformer&>(model), rec, sh).optimizer(AdamWStep{});
+  // With speculation, each schedule twice: the copies take turns being current (schedules
+  // kNumSchedules + p run while the second copies are current).
+  for (int parity = 0; parity < (l->two_copies ? 2 : 1); ++parity) {
+    const size_t at = parity ? kNumSchedules : 0;
+    {
+      ScheduleRecorder rec(*l, l->schedules[at + static_cast<size_t>(Schedule::step)], parity);
+      StepDriver driver(const_cast<Transformer&>(model), rec, sh);
+      const PendingUpdate update;
+      const AdamWStep now;
+      for (const MicroBatch& mb : StepProgram(grad_accum, pl))
+        driver.micro_batch(mb, nullptr, nullptr, 1.f, nullptr, &update, &now);
+    }
+    {
+      ScheduleRecorder rec(*l, l->schedules[at + static_cast<size_t>(Schedule::update)], parity);
+      StepDriver(const_cast<Transformer&>(model), rec, sh).optimizer(AdamWStep{});
+    }
   }
   for (const auto& p : l->schedules) p.validate(l->specs.size());
   // Initialising and saving stage one unit's master, weights and AdamW state through host memory
@@ -456,6 +390,19 @@ MemoryPlan TieredMemory::plan(const Transformer& model, kernels::Backend backend
   return mp;
 }
 
+bool TieredMemory::fits(const Transformer& model, kernels::Backend backend, const Placement& placement,
+                        int64_t grad_accum, size_t extra_device_bytes) {
+  MemoryPlan mp;
+  try {
+    mp = plan(model, backend, placement, grad_accum, extra_device_bytes);
+  } catch (const offload::BudgetError&) {
+    return false;
+  }
+  const uint64_t ram_need = mp.budget[1] + (backend == kernels::Backend::cpu ? mp.budget[0] : 0);
+  const uint64_t avail = host_memory_available();
+  return !avail || ram_need <= avail;
+}
+
 BarrierBound barrier_bound(const MemoryPlan& mp, kernels::Backend backend, double window_compute_ms, double rest_ms,
                            const offload::LinkRates& rates) {
   BarrierBound b;
@@ -497,6 +444,8 @@ offload::StepTimeline TieredMemory::estimate(const Transformer& model, kernels::
     for (size_t u = 0; u < l->ids[static_cast<size_t>(r)].size(); ++u)
       if (const int id = l->ids[static_cast<size_t>(r)][u]; id >= 0)
         unit_of[static_cast<size_t>(id)] = static_cast<int>(u);
+  for (size_t u = 0; u < l->other[1].size(); ++u)
+    if (const int id = l->other[1][u]; id >= 0) unit_of[static_cast<size_t>(id)] = static_cast<int>(u);
   std::vector<int> layer_of(model.units().size(), -1);
   for (int64_t layer = 0; layer < model.dims().L; ++layer) {
     layer_of[static_cast<size_t>(model.block_unit(layer))] = static_cast<int>(layer);
@@ -597,7 +546,8 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
   mc.host_bytes = plan_.budget[1];
   mgr_ = std::make_unique<offload::BlockManager>(rt, mc, std::move(store));
   for (const auto& spec : layout_->specs) mgr_->add_block(spec.name, spec.bytes, spec.home);
-  for (int p = 0; p < kNumSchedules; ++p) mgr_->set_schedule(p, layout_->schedules[static_cast<size_t>(p)]);
+  for (int p = 0; p < (layout_->two_copies ? 2 : 1) * kNumSchedules; ++p)
+    mgr_->set_schedule(p, layout_->schedules[static_cast<size_t>(p)]);
   open_.resize(layout_->specs.size());
   open_side_.assign(layout_->specs.size(), Side::compute);
   model.bind_workspace(compute, mgr_->home_data(static_cast<BlockId>(layout_->workspace)));
@@ -617,11 +567,11 @@ TieredMemory::~TieredMemory() {
 }
 
 offload::Tier TieredMemory::tier_of(Role r, int index, Side side) const {
-  return layout_->tier_of(layout_->block(r, index), side);
+  return layout_->tier_of(layout_->block(r, index, parity_), side);
 }
 
 void* TieredMemory::acquire(Role r, int index, Mode m, Side side) {
-  const int b = layout_->block(r, index);
+  const int b = layout_->block(r, index, parity_);
   if (open_[static_cast<size_t>(b)])
     throw std::logic_error(std::string("TieredMemory: ") + kRoleNames[static_cast<int>(r)] + " " +
                            std::to_string(index) + " acquired twice");
@@ -652,11 +602,11 @@ void* TieredMemory::acquire(Role r, int index, Mode m, Side side) {
 }
 
 void TieredMemory::write_back(Role r, int index) {
-  mgr_->write_back(static_cast<BlockId>(layout_->block(r, index)));
+  mgr_->write_back(static_cast<BlockId>(layout_->block(r, index, parity_)));
 }
 
 void TieredMemory::zero(Role r, int index) {
-  const auto b = static_cast<BlockId>(layout_->block(r, index));
+  const auto b = static_cast<BlockId>(layout_->block(r, index, parity_));
   bool only_home = true;
   for (Tier t : {Tier::device, Tier::host}) only_home = only_home && !mgr_->residency().copy(b, t).present;
   if (mgr_->block(b).home == Tier::nvme && only_home) return mgr_->zero(b);
@@ -670,14 +620,14 @@ void TieredMemory::release(Role r, int index) { end(r, index, false); }
 void TieredMemory::release_discard(Role r, int index) { end(r, index, true); }
 
 void TieredMemory::end(Role r, int index, bool discard) {
-  const int b = layout_->block(r, index);
+  const int b = layout_->block(r, index, parity_);
   offload::Handle& h = open_[static_cast<size_t>(b)];
   const Side side = open_side_[static_cast<size_t>(b)];
   mgr_->release(h, side == Side::host ? nullptr : &stream(side), discard);
 }
 
 void TieredMemory::handoff(Role r, int index, Side to) {
-  const int b = layout_->block(r, index);
+  const int b = layout_->block(r, index, parity_);
   if (!open_[static_cast<size_t>(b)])
     throw std::logic_error(std::string("TieredMemory: handoff of ") + kRoleNames[static_cast<int>(r)] + " " +
                            std::to_string(index) + ", which is not acquired");
@@ -686,6 +636,17 @@ void TieredMemory::handoff(Role r, int index, Side to) {
 }
 
 const UnitTable& TieredMemory::units() const { return layout_->units; }
+
+void TieredMemory::begin_step(Schedule p) {
+  const int at = p == Schedule::aside ? offload::BlockManager::kAside
+                                      : static_cast<int>(p) + (parity_ ? kNumSchedules : 0);
+  mgr_->begin_step(at);
+}
+
+void TieredMemory::flip() {
+  if (!layout_->two_copies) throw std::logic_error("TieredMemory::flip: no second copies (speculation is off)");
+  parity_ ^= 1;
+}
 
 std::vector<std::string> TieredMemory::swap_files() const { return swap_ ? swap_->files() : std::vector<std::string>{}; }
 

@@ -90,6 +90,10 @@ class TieredMemory final : public RunMemory {
   // bisection of simulated steps).
   static MemoryPlan plan(const Transformer& model, kernels::Backend backend, const Placement& placement,
                          int64_t grad_accum, size_t extra_device_bytes, bool minimums = false);
+  // Whether `placement` runs within its budgets and the RAM this host has available (what the
+  // constructor checks before allocating), without throwing.
+  static bool fits(const Transformer& model, kernels::Backend backend, const Placement& placement, int64_t grad_accum,
+                   size_t extra_device_bytes);
 
   // The step's time on this machine (CPU backend: compute and AdamW on one stream): the step's
   // plan under `budget` (plan()'s MemoryPlan::budget) replayed against a clock
@@ -98,7 +102,10 @@ class TieredMemory final : public RunMemory {
                                         int64_t grad_accum, size_t extra_device_bytes,
                                         const std::array<uint64_t, offload::kNumTiers>& budget, const StepCosts& costs);
 
-  void begin_step(Schedule p = Schedule::step) { mgr_->begin_step(static_cast<int>(p)); }
+  void begin_step(Schedule p = Schedule::step);
+  // Speculation (Placement::speculate): the master and AdamW copies an update wrote become
+  // current. Between begin_step and end_step nothing may be acquired across a flip.
+  void flip();
   void end_step() { mgr_->end_step(); }
   void* acquire(Role r, int index, offload::Mode m, Side side) override;
   void release(Role r, int index) override;
@@ -160,6 +167,7 @@ class TieredMemory final : public RunMemory {
   std::array<void*, kNumUnitSlots> gathered_{};
   std::array<void*, 2> decoded_{};
   double stall_ms_ = 0;
+  int parity_ = 0;  // speculation: which master/AdamW copies are current
 };
 
 }  // namespace strata

@@ -121,6 +121,13 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
                                           r.lora);
   const int64_t n = m.N();
   const size_t n_units = m.model->units().size();
+  settle_speculation(o, m.placement, *m.model, m.backend, step_buffer_bytes(o, r, n_units));
+  if (m.sh.world > 1) {  // every rank speculates, or none: the step's collectives must line up
+    const uint8_t mine = m.placement.speculate;
+    std::vector<uint8_t> all(static_cast<size_t>(m.sh.world));
+    m.comm->host_all_gather(&mine, all.data(), 1);
+    m.placement.speculate = std::all_of(all.begin(), all.end(), [](uint8_t s) { return s != 0; });
+  }
   m.mem = std::make_unique<TieredMemory>(*m.model, *m.rt, *m.stream, *opt_rt, m.opt_stream(), pl, o.grad_accum,
                                          step_buffer_bytes(o, r, n_units), m.comm_stream.get());
   m.dev_tokens = static_cast<int32_t*>(m.mem->extra_device());
@@ -262,6 +269,21 @@ StepStats Trainer::step() {
   m.mem->end_step();
   // This step's update, applied inside the next step's forward.
   if (!in_backward) m.pending = PendingUpdate{adamw_step(apply ? clip_coefficient(norm, o.grad_clip) : 1.f), apply};
+  if (m.placement.speculate) {
+    // The update ran in the backward as if nothing clipped, into the second copies. It stands
+    // when that is what the norm says (the same AdamWStep, bit for bit); else it is redone from
+    // the current copies (the grads were kept) with the true coefficient, or not applied: the
+    // update program on its own, as a flush. Either way the second copies become current.
+    const AdamWStep truth = adamw_step(apply ? clip_coefficient(norm, o.grad_clip) : 1.f);
+    st.speculated = true;
+    st.rolled_back = !apply || truth.grad_scale != this_step.grad_scale;
+    if (st.rolled_back) {
+      m.mem->begin_step(TieredMemory::Schedule::update);
+      m.driver->optimizer(truth, apply);
+      m.mem->end_step();
+    }
+    m.mem->flip();
+  }
   s.synchronize();
   m.opt_stream().synchronize();
   if (st.skipped) ++m.skipped_steps;

@@ -29,6 +29,11 @@ struct StepStats {
   bool skipped = false;      // fp16 overflow (loss scale halved) or no trained target: no update
   bool diverged = false;     // loss (or, outside fp16, grad norm) not finite: nothing applied
   double loss_scale = 1;
+  // --speculate: this step's update ran in the backward with clip coefficient 1; rolled_back:
+  // the norm clipped (or fp16 overflowed, or the step diverged), so it was redone from the
+  // previous state with the true coefficient (or not applied).
+  bool speculated = false;
+  bool rolled_back = false;
   // Offload: bytes moved per link during this step, time compute waited for blocks, and
   // the time each link was busy.
   std::array<uint64_t, 4> link_bytes{};   // h2d, d2h, host_to_nvme, nvme_to_host
@@ -56,6 +61,7 @@ struct RunPlan {
   int64_t tokens_per_step = 0;  // the global batch: all ranks
   int world = 1;
   bool update_in_backward = false;  // Placement::update_in_backward(): no norm barrier
+  bool speculate = false;           // ... because the update is speculative (--speculate)
   MemoryPlan memory;            // per rank
   uint64_t comm_bytes = 0;      // sent per step by each rank (as many received)
 };

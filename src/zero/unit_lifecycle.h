@@ -109,7 +109,8 @@ class UnitLifecycle {
   void prepare(size_t i);
   // AdamW over one unit; returns the event compute waits on before using the new weights
   // (stages 1-2 with overlap: the all-gather's), else null.
-  kernels::Event* update_unit(int u, const AdamWStep& st, bool apply);
+  // keep_grads: release the grads normally (a speculative update: a rollback reads them again).
+  kernels::Event* update_unit(int u, const AdamWStep& st, bool apply, bool keep_grads = false);
   // World > 1, stages 0-1: all-reduce unit u's grads `g` on the comm stream (with this rank's
   // Σ g² there) and release them from there.
   void reduce_grads_async(int u, float* g, double* norm2);

@@ -27,7 +27,9 @@ UnitTable::UnitTable(const Transformer& model, const Placement& pl, const std::v
   // One fp32 block for both where they cover the same elements on the same tier: the whole
   // unit (unsharded), or at stage 3 this rank's shard of each (the working weights are
   // gathered from the shards when used, so the master shard can be the weights shard).
-  master_is_weights_ = dtype_ == DType::f32 && pl.params == pl.optimizer &&
+  // (Not with speculation: the update writes a second master copy, the weights stay one block.)
+  two_copies_ = pl.speculate;
+  master_is_weights_ = dtype_ == DType::f32 && pl.params == pl.optimizer && !pl.speculate &&
                        (!sh_.sharded_optimizer() || sh_.sharded_weights());
   for (size_t u = 0; u < model.units().size(); ++u) {
     const Unit& unit = model.units()[u];

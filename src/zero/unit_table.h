@@ -85,6 +85,10 @@ class UnitTable {
   // One fp32 block serves as master and working weights: an fp32 run that homes params and
   // optimizer on one tier with an unsharded master (a sharded master is never the whole weights).
   bool master_is_weights() const { return master_is_weights_; }
+  // Speculation (Placement::speculate): each trainable unit's master and AdamW state have a
+  // second copy, RunMemory index u + size(); an update reads the current copy and writes the
+  // other, which the memory then makes current (TieredMemory::flip).
+  bool two_copies() const { return two_copies_; }
   // Bytes of unit u's block of state r (0 where the unit lacks it).
   uint64_t bytes(Role r, int u) const;
 
@@ -93,6 +97,7 @@ class UnitTable {
   Sharding sh_;
   DType dtype_ = DType::f32;
   bool master_is_weights_ = false;
+  bool two_copies_ = false;
 };
 
 // The whole-unit slot (kNumUnitSlots) unit u's gathered weights and scratch grads take: 0 the

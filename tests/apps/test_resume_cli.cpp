@@ -107,6 +107,25 @@ TEST_F(ResumeCli, BitExactFp16LossScaler) {
   EXPECT_GE(skipped_before_ckpt, 1) << "no fp16 overflow before the checkpoint: the scaler's restore is not exercised";
   EXPECT_LT(skipped_before_ckpt, 5) << "every step overflowed: nothing was trained";
 }
+// --speculate with a clip below every norm and fp16 overflows: every step's update in the
+// backward is rolled back and redone (or skipped). The checkpoint at step 5 is taken between
+// rollbacks: the resumed run is bitwise the run without breaks, and that is bitwise the run
+// whose update waits for the norm.
+TEST_F(ResumeCli, BitExactInARollbackHeavySpeculativeRun) {
+  const std::string flags = "--dtype fp16 --loss-scale 1048576 --grad-clip 1e-3 ";
+  expect_resume_exact("optimizer-nvme", "resident", flags + "--speculate on ");
+  std::istringstream lines(slurp(dir_ / "a" / "m.jsonl"));
+  int rolled = 0;
+  for (std::string line; std::getline(lines, line);) rolled += line.find("\"rolled_back\":true") != std::string::npos;
+  EXPECT_EQ(rolled, 10);
+  const fs::path c = dir_ / "c";
+  fs::create_directories(c);
+  Result r = run(base(10) + placement("optimizer-nvme") + flags + "--speculate off --metrics " +
+                 (c / "m.jsonl").string() + " --out " + (c / "model").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(exact_metrics(c / "m.jsonl"), exact_metrics(dir_ / "a" / "m.jsonl"));
+  EXPECT_TRUE(slurp(c / "model" / "model.safetensors") == slurp(dir_ / "a" / "model" / "model.safetensors"));
+}
 TEST_F(ResumeCli, BitExactBf16WithAccumulation) { expect_resume_exact("optimizer-nvme", "resident", "--dtype bf16 --grad-accum 2 "); }
 // Without clipping each unit updates in the backward (nothing is left pending at a step's end):
 // a checkpoint and its resume, offloaded or not, continue bit for bit.
