@@ -65,7 +65,8 @@ const std::vector<OptionSpec>& option_table() {
       {"--speculate",
        "auto | on | off: with clipping (or fp16), run each unit's AdamW in the backward as if nothing clips, then keep "
        "it or redo it once the global norm is known (bitwise the same run; a second copy of the optimizer state on its "
-       "tier; ZeRO stages 0-1); auto: on where the optimizer state is on NVMe",
+       "tier; ZeRO stages 0-1); auto: on where the optimizer state is on NVMe and both copies fit, waiting for the "
+       "norm for 1, 2, 4 ... 128 steps after each rollback",
        &O::speculate, OptionSpec::cli | OptionSpec::agreed},
       {"--grad-clip",
        "clip the global gradient L2 norm to this (0 = off: then, bf16 or fp32 at ZeRO stage 0-1, each unit updates in "

@@ -289,6 +289,15 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
       ScheduleRecorder rec(*l, l->schedules[at + static_cast<size_t>(Schedule::update)], parity);
       StepDriver(const_cast<Transformer&>(model), rec, sh).optimizer(AdamWStep{});
     }
+    if (l->two_copies) {  // the step that waits for the norm, over the same two copies
+      Placement waits = pl;
+      waits.speculate = false;
+      ScheduleRecorder rec(*l, l->schedules[at + static_cast<size_t>(Schedule::plain)], parity);
+      StepDriver driver(const_cast<Transformer&>(model), rec, sh);
+      const PendingUpdate update;
+      for (const MicroBatch& mb : StepProgram(grad_accum, waits))
+        driver.micro_batch(mb, nullptr, nullptr, 1.f, nullptr, &update, nullptr);
+    }
   }
   for (const auto& p : l->schedules) p.validate(l->specs.size());
   // Initialising and saving stage one unit's master, weights and AdamW state through host memory
@@ -547,7 +556,8 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
   mgr_ = std::make_unique<offload::BlockManager>(rt, mc, std::move(store));
   for (const auto& spec : layout_->specs) mgr_->add_block(spec.name, spec.bytes, spec.home);
   for (int p = 0; p < (layout_->two_copies ? 2 : 1) * kNumSchedules; ++p)
-    mgr_->set_schedule(p, layout_->schedules[static_cast<size_t>(p)]);
+    if (!layout_->schedules[static_cast<size_t>(p)].empty())
+      mgr_->set_schedule(p, layout_->schedules[static_cast<size_t>(p)]);
   open_.resize(layout_->specs.size());
   open_side_.assign(layout_->specs.size(), Side::compute);
   model.bind_workspace(compute, mgr_->home_data(static_cast<BlockId>(layout_->workspace)));

@@ -42,6 +42,7 @@ void Trainer::Impl::flush() {
   mem->begin_step(TieredMemory::Schedule::update);
   driver->optimizer(pending->st, pending->apply);
   mem->end_step();
+  if (placement.speculate) mem->flip();  // the update wrote the second copies (TieredMemory::flip)
   stream->synchronize();
   opt_stream().synchronize();
   pending.reset();

@@ -30,6 +30,12 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// --speculate auto's longest wait after rollbacks in a row: a rollback costs about one
+// unoverlapped update pass (and the step back to speculating one more), so where every step
+// clips (early training, a clip below the usual norm) the waits keep that under ~2% of the steps,
+// and speculation is tried again at least this often.
+constexpr int64_t kMaxSpeculationBackoff = 128;
+
 // Fault injection for the multi-rank CLI tests (src/train/faults.h): kill:R:S kills rank R with
 // SIGKILL in the middle of step S (its collectives enqueued, the others waiting in them), as a
 // crashed node would.
@@ -200,7 +206,12 @@ StepStats Trainer::step() {
     st.step_ms = ms_since(t0);
     return st;
   }
-  m.mem->begin_step();
+  // With speculation's two copies, this step speculates or waits for the norm (auto backing
+  // off); an update a waiting step left pending runs first, on its own.
+  const bool speculating = m.speculating();
+  if (speculating) m.flush();
+  m.mem->begin_step(m.placement.speculate && !speculating ? TieredMemory::Schedule::plain
+                                                          : TieredMemory::Schedule::step);
   s.memcpy_async(m.dev_tokens, m.host_tokens.data(), m.host_tokens.size() * sizeof(int32_t));
   s.memset_async(m.dev_norm2, 0, m.host_norm2.size() * sizeof(double));
   // d(mean loss over the global batch's trained targets) = Σ rows' CE / their count (N · accum
@@ -219,10 +230,12 @@ StepStats Trainer::step() {
                      clip / static_cast<float>(st.loss_scale)};
   };
   const PendingUpdate none;
-  const bool in_backward = m.placement.update_in_backward();
+  Placement this_run = m.placement;
+  this_run.speculate = speculating;
+  const bool in_backward = this_run.update_in_backward();
   const PendingUpdate* update = in_backward ? nullptr : m.pending ? &*m.pending : &none;
   const AdamWStep this_step = adamw_step(clip_coefficient(0, o.grad_clip));
-  for (const MicroBatch& mb : StepProgram(o.grad_accum, m.placement)) {
+  for (const MicroBatch& mb : StepProgram(o.grad_accum, this_run)) {
     const int32_t* ids = m.dev_tokens + mb.index * m.arrays * n;
     if (m.data->documents()) m.model->set_documents(ids + 2 * n, ids + 3 * n);
     // LoRA dropout: masks of this step, micro-batch and rank (a resume draws the same ones).
@@ -269,7 +282,10 @@ StepStats Trainer::step() {
   m.mem->end_step();
   // This step's update, applied inside the next step's forward.
   if (!in_backward) m.pending = PendingUpdate{adamw_step(apply ? clip_coefficient(norm, o.grad_clip) : 1.f), apply};
-  if (m.placement.speculate) {
+  if (m.placement.speculate && !speculating) {
+    m.mem->flip();  // the forward's update (the last step's, or none) wrote the second copies
+    --m.plain_left;
+  } else if (speculating) {
     // The update ran in the backward as if nothing clipped, into the second copies. It stands
     // when that is what the norm says (the same AdamWStep, bit for bit); else it is redone from
     // the current copies (the grads were kept) with the true coefficient, or not applied: the
@@ -283,6 +299,12 @@ StepStats Trainer::step() {
       m.mem->end_step();
     }
     m.mem->flip();
+    // auto: after a rollback, wait for the norm for a while (a rollback costs a second update
+    // pass, unoverlapped); `on` keeps speculating.
+    if (o.speculate == "auto") {
+      m.plain_left = st.rolled_back ? m.backoff : 0;
+      m.backoff = st.rolled_back ? std::min<int64_t>(2 * m.backoff, kMaxSpeculationBackoff) : 1;
+    }
   }
   s.synchronize();
   m.opt_stream().synchronize();

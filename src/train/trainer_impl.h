@@ -69,6 +69,11 @@ struct Trainer::Impl {
   double last_stall = 0;
   // The last step's optimizer step, carried out inside the next step's forward (or by flush()).
   std::optional<PendingUpdate> pending;
+  // --speculate auto backs off after a rollback: the next `plain_left` steps wait for the norm
+  // (TieredMemory::Schedule::plain), `backoff` of them after the next rollback (doubling while
+  // speculation keeps failing, back to 1 once a speculative update stands).
+  int64_t plain_left = 0, backoff = 1;
+  bool speculating() const { return placement.speculate && plain_left == 0; }
   std::filesystem::path resumed_from;  // the checkpoint this run continued (empty: a fresh start)
   std::string run_id;                  // this run's identity (trainer.json): rotation removes only its own
   PathLock checkpoint_lock, out_lock;  // rank 0: held for the life of the run (run_guard.h)

@@ -217,14 +217,15 @@ TEST(Placement, UpdateStaysInTheNextForwardWhenTheNormDecides) {
 // backward with clip coefficient 1 into a second copy of its state, kept when the norm agrees
 // and redone from the first copy otherwise. Bitwise the run whose update waits for the norm, for
 // steps that clip, steps that do not and fp16 overflow steps; in memory and offloaded, every
-// dtype, accumulation 1 and 2.
+// dtype, accumulation 1 and 2; and with auto's switches between speculating steps and steps
+// that wait for the norm after a rollback.
 TEST(Placement, SpeculationIsBitwiseTheUpdateThatWaitsForTheNorm) {
   TempDir dir;
   write_hf_config(tiny_llama(), dir.path() / "config.json");
   fs::create_directories(dir.path() / "swap");
   struct Run {
     Outcome out;
-    std::vector<bool> rolled_back, skipped;
+    std::vector<bool> rolled_back, skipped, speculated;
   };
   const auto run = [&](const TrainOptions& o, const fs::path& out) {
     Trainer t(o);
@@ -235,13 +236,27 @@ TEST(Placement, SpeculationIsBitwiseTheUpdateThatWaitsForTheNorm) {
       r.out.norm.push_back(st.grad_norm);
       r.rolled_back.push_back(st.rolled_back);
       r.skipped.push_back(st.skipped);
-      EXPECT_EQ(st.speculated, o.speculate == "on" || o.offload_optimizer == "nvme");
+      r.speculated.push_back(st.speculated);
+      // on: every step; auto: a step after a rollback waits for the norm, then two, ...
+      bool expected = o.speculate != "off";
+      if (o.speculate == "auto") {
+        int64_t wait = 0, backoff = 1;
+        for (size_t k = 0; k + 1 < r.rolled_back.size(); ++k)
+          if (wait > 0) {
+            --wait;
+          } else {
+            wait = r.rolled_back[k] ? backoff : 0;
+            backoff = r.rolled_back[k] ? 2 * backoff : 1;
+          }
+        expected = wait == 0;
+      }
+      EXPECT_EQ(st.speculated, expected) << "step " << i + 1;
     }
     t.save(out.string());
     r.out.weights = slurp(out / "model.safetensors");
     return r;
   };
-  int n_run = 0, mixed = 0, overflows = 0;
+  int n_run = 0, mixed = 0, overflows = 0, waited = 0;
   for (const char* dtype : {"fp32", "bf16", "fp16"}) {
     for (int64_t accum : {1, 2}) {
       TrainOptions base = three_steps(dir.path(), dtype, accum);
@@ -259,9 +274,10 @@ TEST(Placement, SpeculationIsBitwiseTheUpdateThatWaitsForTheNorm) {
         TrainOptions off = base;
         off.grad_clip = clip;
         const Run ref = run(off, dir.path() / "ref");
-        for (int placement = 0; placement < 2; ++placement) {
+        for (int placement = 0; placement < 3; ++placement) {
           TrainOptions o = off;
-          o.speculate = "on";
+          o.speculate = placement == 2 ? "auto" : "on";  // auto: backs off after rollbacks
+          if (placement == 2) o.offload_optimizer = "nvme", o.offload_grads = "nvme";
           if (placement == 1) {  // everything on NVMe at speculation's host minimum
             o.offload_params = o.offload_grads = o.offload_optimizer = "nvme";
             o.checkpoint_activations = "full", o.offload_activations = "cpu";
@@ -278,18 +294,22 @@ TEST(Placement, SpeculationIsBitwiseTheUpdateThatWaitsForTheNorm) {
             rolled += got.rolled_back[k];
             // Rolled back exactly where the norm clips or the step is not applied.
             const bool clips = clip / (ref.out.norm[k] + 1e-6) < 1.0;
-            EXPECT_EQ(got.rolled_back[k], ref.skipped[k] || !std::isfinite(ref.out.norm[k]) || clips) << "step " << k + 1;
+            EXPECT_EQ(got.rolled_back[k],
+                      got.speculated[k] && (ref.skipped[k] || !std::isfinite(ref.out.norm[k]) || clips))
+                << "step " << k + 1;
             overflows += ref.skipped[k];
           }
           if (clip == 1e-3) {
-            EXPECT_EQ(rolled, 5);
+            EXPECT_EQ(rolled, placement == 2 ? 2 : 5);  // auto: steps 1 and 3 (then waits 1, 2)
           }
+          waited += placement == 2 && rolled > 0;
           if (rolled > 0 && rolled < 5) ++mixed;
         }
       }
     }
   }
-  EXPECT_EQ(n_run, 36);
+  EXPECT_EQ(n_run, 54);
+  EXPECT_GT(waited, 0);
   EXPECT_GT(mixed, 0) << "no run had both steps that clip and steps that do not";
   EXPECT_GT(overflows, 0) << "no fp16 step overflowed";
 }
