@@ -50,9 +50,11 @@ struct TrainOptions {
   bool update_in_backward = true;
   // With clipping or fp16: on = each unit's AdamW runs in the backward as if nothing clips, into
   // a second copy of its master and AdamW state, committed or redone once the norm is known
-  // (Placement::speculate); auto = on where the optimizer state lives on NVMe (the update's disk
-  // traffic then leaves the next forward); off = the update waits for the norm.
-  std::string speculate = "auto";
+  // (Placement::speculate); auto = on where the optimizer state lives on NVMe and both copies
+  // fit, waiting for the norm for a while after each rollback; off = the update waits for the
+  // norm. Off by default: on the 1.5B all-NVMe run its committed steps measured no faster than
+  // waiting (bench/RESULTS.md), its steps that wait slower (the host cache holds two copies).
+  std::string speculate = "off";
   double loss_scale = 65536;   // fp16: the dynamic loss scaler's starting scale
   uint64_t seed = 1337;        // random init (models without weights) and synthetic data
   std::string metrics;         // JSONL file, one object per optimizer step ("" = none)

@@ -269,7 +269,7 @@ TEST_F(ZeroCli, SpeculationIsBitwiseAcrossStages) {
     const std::string stage = variant.substr(0, 1);
     const std::string tag = "spec" + variant;
     std::string args = tiny(2, 6) + "--grad-clip " + std::string(clip) + " --zero-stage " + stage + outputs(tag);
-    args += variant == "1nvme" ? " --offload-optimizer nvme" + swap_for(tag)  // auto speculates there
+    args += variant == "1nvme" ? " --speculate auto --offload-optimizer nvme" + swap_for(tag)  // auto speculates there
                                : std::string(" --speculate ") + (stage == "2" ? "auto" : "on");
     CliResult r = run(2, args, variant == "1j" ? "STRATA_TEST_STREAM_JITTER_US=300" : "", tag);
     ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;

@@ -323,6 +323,8 @@ TEST(Placement, SpeculationIsOnlyWhereTheNormWaitsAndGradsAreWhole) {
   o.model = dir.path().string();
   o.batch = 2, o.seq = 16;
   o.nvme_paths = {(dir.path() / "swap").string()};
+  EXPECT_FALSE(plan_run(o).update_in_backward);  // off by default
+  o.speculate = "auto";
   EXPECT_FALSE(plan_run(o).update_in_backward);  // auto, optimizer on the device: waits for the norm
   o.speculate = "on";
   EXPECT_TRUE(plan_run(o).update_in_backward);
