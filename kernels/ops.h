@@ -262,6 +262,12 @@ struct AdamWArgs {
   DType grad_dtype = DType::f32;
   float* m = nullptr;
   float* v = nullptr;
+  // Out of place: the step reads param, m and v from these (each null: in place), and writes
+  // param, m and v; the same operations, so the same bits as copying them first. Each either
+  // equals its output or does not overlap it.
+  const float* param_in = nullptr;
+  const float* m_in = nullptr;
+  const float* v_in = nullptr;
   void* param_copy = nullptr;
   DType copy_dtype = DType::bf16;
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.f;

@@ -65,9 +65,9 @@ void adamw_portable(const AdamWArgs& a, const AdamConsts& c, int64_t lo, int64_t
   for (int64_t i = lo; i < hi; ++i) {
     // The AVX-512 kernel's operations (adamw16) and the CUDA kernel's, rounding for rounding.
     const float g = load_as_f32(a.grad, a.grad_dtype, i) * c.grad_scale;
-    float p = a.param[i] * c.decay;
-    const float m = std::fma(a.m[i], c.b1, g * c.one_m_b1);
-    const float v = std::fma(a.v[i], c.b2, (g * g) * c.one_m_b2);
+    float p = a.param_in[i] * c.decay;
+    const float m = std::fma(a.m_in[i], c.b1, g * c.one_m_b1);
+    const float v = std::fma(a.v_in[i], c.b2, (g * g) * c.one_m_b2);
     const float denom = std::fma(std::sqrt(v), c.inv_sqrt_bc2, c.eps);
     p = std::fma(-c.step_size, m / denom, p);
     a.param[i] = p, a.m[i] = m, a.v[i] = v;
@@ -117,9 +117,9 @@ inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xffff)
 template <DType GD, DType CD, bool Copy>
 STRATA_AVX512 inline void adamw16(const AdamWArgs& a, const AdamConsts& c, int64_t i, __mmask16 k) {
   const __m512 g = _mm512_mul_ps(load_any(a.grad, GD, i, k), _mm512_set1_ps(c.grad_scale));
-  __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, a.param + i), _mm512_set1_ps(c.decay));
-  __m512 m = _mm512_maskz_loadu_ps(k, a.m + i);
-  __m512 v = _mm512_maskz_loadu_ps(k, a.v + i);
+  __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, a.param_in + i), _mm512_set1_ps(c.decay));
+  __m512 m = _mm512_maskz_loadu_ps(k, a.m_in + i);
+  __m512 v = _mm512_maskz_loadu_ps(k, a.v_in + i);
   m = _mm512_fmadd_ps(m, _mm512_set1_ps(c.b1), _mm512_mul_ps(g, _mm512_set1_ps(c.one_m_b1)));
   v = _mm512_fmadd_ps(v, _mm512_set1_ps(c.b2), _mm512_mul_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(c.one_m_b2)));
   const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), _mm512_set1_ps(c.inv_sqrt_bc2), _mm512_set1_ps(c.eps));
@@ -245,7 +245,11 @@ void cast_avx512(const CastArgs& a, int64_t lo, int64_t hi) {
 bool use_avx512() { return cpu_has_avx512() && g_avx512_enabled.load(std::memory_order_relaxed); }
 void set_avx512_enabled(bool enabled) { g_avx512_enabled.store(enabled); }
 
-void adamw(const AdamWArgs& a) {
+void adamw(const AdamWArgs& args) {
+  AdamWArgs a = args;  // the kernels read the *_in pointers: in place where they are null
+  if (!a.param_in) a.param_in = a.param;
+  if (!a.m_in) a.m_in = a.m;
+  if (!a.v_in) a.v_in = a.v;
   const AdamConsts c = adam_consts(a);
   const bool vec = use_avx512();
   for_chunks(a.n, [&](int64_t lo, int64_t hi) {

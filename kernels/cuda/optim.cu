@@ -39,17 +39,18 @@ AdamConsts adam_consts(const AdamWArgs& a) {
 
 // G: grad storage type; C: param_copy storage type (ignored when copy is null).
 template <class G, class C>
-__global__ void adamw_kernel(float* __restrict__ param, const G* __restrict__ grad, float* __restrict__ m,
-                             float* __restrict__ v, C* __restrict__ copy, int64_t n, AdamConsts c) {
+__global__ void adamw_kernel(float* param, const float* param_in, const G* __restrict__ grad, float* m,
+                             const float* m_in, float* v, const float* v_in, C* __restrict__ copy, int64_t n,
+                             AdamConsts c) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     // Operation for operation the CPU kernel's (kernels/cpu/optim.cpp: the same roundings and
     // fused multiply-adds, explicit so nvcc contracts nothing else), so an update gives the same
     // bits on either device and AdamW's placement (GPU, or CPU next to offloaded state) never
     // changes a loss.
     const float g = __fmul_rn(to_f32(grad[i]), c.grad_scale);
-    float p = __fmul_rn(param[i], c.decay);
-    const float mi = __fmaf_rn(m[i], c.b1, __fmul_rn(g, c.one_m_b1));
-    const float vi = __fmaf_rn(v[i], c.b2, __fmul_rn(__fmul_rn(g, g), c.one_m_b2));
+    float p = __fmul_rn(param_in[i], c.decay);
+    const float mi = __fmaf_rn(m_in[i], c.b1, __fmul_rn(g, c.one_m_b1));
+    const float vi = __fmaf_rn(v_in[i], c.b2, __fmul_rn(__fmul_rn(g, g), c.one_m_b2));
     const float denom = __fmaf_rn(__fsqrt_rn(vi), c.inv_sqrt_bc2, c.eps);
     p = __fmaf_rn(-c.step_size, __fdiv_rn(mi, denom), p);
     param[i] = p, m[i] = mi, v[i] = vi;
@@ -99,18 +100,23 @@ void CudaOps::do_adamw(Stream& s, const AdamWArgs& a) {
   StreamContext& ctx = context(s);
   const AdamConsts c = adam_consts(a);
   const unsigned grid = grid_for(a.n, kThreads * 8);
+  // In place where the *_in pointers are null (AdamWArgs).
+  const float* p_in = a.param_in ? a.param_in : a.param;
+  const float* m_in = a.m_in ? a.m_in : a.m;
+  const float* v_in = a.v_in ? a.v_in : a.v;
   dispatch_dtype(a.grad_dtype, [&](auto gtag) {
     using G = decltype(gtag);
     const auto* g = static_cast<const G*>(a.grad);
     if (!a.param_copy) {
-      adamw_kernel<G, bf16><<<grid, kThreads, 0, ctx.stream()>>>(a.param, g, a.m, a.v, nullptr, a.n, c);
+      adamw_kernel<G, bf16><<<grid, kThreads, 0, ctx.stream()>>>(a.param, p_in, g, a.m, m_in, a.v, v_in, nullptr,
+                                                                 a.n, c);
       STRATA_CUDA_CHECK_LAUNCH();
       return;
     }
     dispatch_dtype(a.copy_dtype, [&](auto ctag) {
       using C = decltype(ctag);
-      adamw_kernel<G, C><<<grid, kThreads, 0, ctx.stream()>>>(a.param, g, a.m, a.v, static_cast<C*>(a.param_copy),
-                                                              a.n, c);
+      adamw_kernel<G, C><<<grid, kThreads, 0, ctx.stream()>>>(a.param, p_in, g, a.m, m_in, a.v, v_in,
+                                                              static_cast<C*>(a.param_copy), a.n, c);
       STRATA_CUDA_CHECK_LAUNCH();
     });
   });

@@ -4,7 +4,8 @@
 namespace strata {
 
 void adamw_range(kernels::Ops& ops, kernels::Stream& s, const AdamWStep& st, bool decay, int64_t n, float* master,
-                 float* m, float* v, const float* grads, void* working, kernels::DType working_dtype) {
+                 float* m, float* v, const float* grads, void* working, kernels::DType working_dtype,
+                 const AdamWFrom& from) {
   kernels::AdamWArgs a;
   a.n = n;
   a.param = master;
@@ -12,6 +13,9 @@ void adamw_range(kernels::Ops& ops, kernels::Stream& s, const AdamWStep& st, boo
   a.grad_dtype = kernels::DType::f32;
   a.m = m;
   a.v = v;
+  a.param_in = from.master;
+  a.m_in = from.m;
+  a.v_in = from.v;
   a.param_copy = working;
   a.copy_dtype = working_dtype;
   a.lr = st.lr;

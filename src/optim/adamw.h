@@ -24,9 +24,16 @@ struct AdamWStep {
 
 // AdamW over one contiguous range of n fp32 master parameters with its m and v (enqueued on s):
 // g = grad · grad_scale, decoupled decay only when `decay`; the updated weights are also
-// written to `working` in working_dtype when working is non-null.
+// written to `working` in working_dtype when working is non-null. `from` (optional): read the
+// old master, m and v there instead of in place (kernels::AdamWArgs::param_in; the same bits).
+struct AdamWFrom {
+  const float* master = nullptr;
+  const float* m = nullptr;
+  const float* v = nullptr;
+};
 void adamw_range(kernels::Ops& ops, kernels::Stream& s, const AdamWStep& st, bool decay, int64_t n, float* master,
-                 float* m, float* v, const float* grads, void* working, kernels::DType working_dtype);
+                 float* m, float* v, const float* grads, void* working, kernels::DType working_dtype,
+                 const AdamWFrom& from = {});
 
 // torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6)); max_norm <= 0 = no clipping.
 inline float clip_coefficient(double norm, double max_norm) {

@@ -505,21 +505,38 @@ kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool appl
     float* mm = adam + al.m_offset();
     float* vv = adam + al.v_offset();
     const float* gs = g + (lo - e.grads.lo);  // element lo of the unit's grads
-    if (two) {
+    if (two && !apply) {
       s.memcpy_async(master, master_now, mem_.units().bytes(Role::master, u));
       s.memcpy_async(adam, adam_now, mem_.units().bytes(Role::adam, u));
     }
     if (!apply) {
       if (w) ops.cast(s, {.n = n, .src = master, .src_dtype = DType::f32, .dst = ws, .dst_dtype = dt});
     } else {
-      // The unit's decay ranges, cut at the shard's bounds.
+      // Two copies: AdamW reads the current one and writes the other (no copy first); what no
+      // range updates (padding) is copied, so the other copy ends whole, as a copy then an
+      // in-place update would leave it.
+      const float* mm_now = two ? adam_now + al.m_offset() : nullptr;
+      const float* vv_now = two ? adam_now + al.v_offset() : nullptr;
+      int64_t copied_to = 0;  // elements [0, copied_to) of the shard are covered
+      const auto copy_gap = [&](int64_t a, int64_t b) {
+        if (!two || b <= a) return;
+        const size_t bytes = static_cast<size_t>(b - a) * sizeof(float);
+        s.memcpy_async(master + a, master_now + a, bytes);
+        s.memcpy_async(mm + a, mm_now + a, bytes);
+        s.memcpy_async(vv + a, vv_now + a, bytes);
+      };
+      // The unit's decay ranges, cut at the shard's bounds (in order, disjoint).
       for (const UnitRange& r : unit.adamw_ranges) {
         const int64_t a = std::max(r.offset, lo), b = std::min(r.offset + r.numel, lo + n);
         if (b <= a) continue;
         const int64_t k = a - lo;
+        copy_gap(copied_to, k);
+        copied_to = std::max(copied_to, b - lo);
+        const AdamWFrom from = two ? AdamWFrom{master_now + k, mm_now + k, vv_now + k} : AdamWFrom{};
         adamw_range(ops, s, st, r.decay, b - a, master + k, mm + k, vv + k, gs + k,
-                    ws ? ws + static_cast<size_t>(k) * esz : nullptr, dt);
+                    ws ? ws + static_cast<size_t>(k) * esz : nullptr, dt, from);
       }
+      copy_gap(copied_to, n);
       const int64_t pad = std::max(unit.n_real, lo);
       if (ws && lo + n > pad)
         s.memset_async(ws + static_cast<size_t>(pad - lo) * esz, 0, static_cast<size_t>(lo + n - pad) * esz);

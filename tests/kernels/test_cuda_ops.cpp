@@ -454,6 +454,39 @@ TEST_P(CudaOpsTest, AdamWMatchesCpuOverStepsWithLowPrecisionCopies) {
   }
 }
 
+// Out of place on the GPU (AdamWArgs::param_in, m_in, v_in): the CPU's in-place step, bit for
+// bit, the inputs untouched.
+TEST_P(CudaOpsTest, AdamWOutOfPlaceIsTheCpuInPlaceStep) {
+  STRATA_SKIP_WITHOUT_CUDA();
+  Gpu gpu;
+  const int64_t n = 5003;
+  HostBuf p = HostBuf::random(DType::f32, n, 3), m = HostBuf::random(DType::f32, n, 4), v(DType::f32, n),
+          pc(DType::bf16, n), grad = HostBuf::random(dtype(), n, 5);
+  const HostBuf p0 = p, m0 = m;
+  DeviceBuffer dp = gpu.up(p), dm = gpu.up(m), dv = gpu.up(v), dg = gpu.up(grad);
+  DeviceBuffer dq = gpu.up(HostBuf(DType::f32, n)), dmq = gpu.up(HostBuf(DType::f32, n)),
+               dvq = gpu.up(HostBuf(DType::f32, n)), dpc = gpu.up(pc);
+  AdamWArgs a;
+  a.n = n, a.grad_dtype = dtype(), a.copy_dtype = DType::bf16, a.lr = 3e-3f, a.weight_decay = 0.1f, a.step = 2,
+  a.grad_scale = 0.5f;
+  AdamWArgs ga = a;
+  ga.param = dq.as<float>(), ga.m = dmq.as<float>(), ga.v = dvq.as<float>(), ga.grad = dg.data(),
+  ga.param_copy = dpc.data();
+  ga.param_in = dp.as<float>(), ga.m_in = dm.as<float>(), ga.v_in = dv.as<float>();
+  gpu.ops().adamw(gpu.stream(), ga);
+  a.param = p.as<float>(), a.grad = grad.data(), a.m = m.as<float>(), a.v = v.as<float>(), a.param_copy = pc.data();
+  cpu::adamw(a);
+  auto same_bits = [&](const HostBuf& got, const HostBuf& want) {
+    return got.bytes.size() == want.bytes.size() && std::memcmp(got.data(), want.data(), want.bytes.size()) == 0;
+  };
+  EXPECT_TRUE(same_bits(gpu.down(dq, p), p)) << "param";
+  EXPECT_TRUE(same_bits(gpu.down(dmq, m), m)) << "m";
+  EXPECT_TRUE(same_bits(gpu.down(dvq, v), v)) << "v";
+  EXPECT_TRUE(same_bits(gpu.down(dpc, pc), pc)) << "copy";
+  EXPECT_TRUE(same_bits(gpu.down(dp, p0), p0)) << "param_in changed";
+  EXPECT_TRUE(same_bits(gpu.down(dm, m0), m0)) << "m_in changed";
+}
+
 TEST_P(CudaOpsTest, SumSquaresAddsIntoOutAndIsDeterministic) {
   STRATA_SKIP_WITHOUT_CUDA();
   Gpu gpu;

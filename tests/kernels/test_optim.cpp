@@ -299,4 +299,36 @@ TEST(AdamW, PortableAndAvx512PathsAreBitwiseEqual) {
   EXPECT_EQ(0, std::memcmp(copy[0].data(), copy[1].data(), n * sizeof(uint16_t)));
 }
 
+// Out of place (AdamWArgs::param_in, m_in, v_in): the bits of the in-place step, the inputs
+// left as they were, on both paths, with a tail.
+TEST(AdamW, OutOfPlaceIsTheInPlaceStep) {
+  on_both_paths([] {
+    const int64_t n = 1003;
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> d(-1.f, 1.f);
+    std::vector<float> p(n), m(n), v(n), g(n);
+    for (int64_t i = 0; i < n; ++i) p[i] = d(rng), m[i] = d(rng) * 0.1f, v[i] = std::abs(d(rng)) * 0.01f, g[i] = d(rng);
+    std::vector<float> p_in = p, m_in = m, v_in = v;  // the current copies, kept
+    std::vector<float> q(n, 7.f), mq(n, 7.f), vq(n, 7.f);  // the other copies: stale
+    std::vector<uint16_t> copy_in(n), copy_out(n);
+    AdamWArgs a;
+    a.n = n, a.grad = g.data(), a.grad_dtype = DType::f32, a.copy_dtype = DType::bf16;
+    a.lr = 3e-3f, a.weight_decay = 0.1f, a.step = 3, a.grad_scale = 0.5f;
+    AdamWArgs in_place = a, out = a;
+    in_place.param = p.data(), in_place.m = m.data(), in_place.v = v.data(), in_place.param_copy = copy_in.data();
+    out.param = q.data(), out.m = mq.data(), out.v = vq.data(), out.param_copy = copy_out.data();
+    out.param_in = p_in.data(), out.m_in = m_in.data(), out.v_in = v_in.data();
+    const std::vector<float> p0 = p_in, m0 = m_in, v0 = v_in;
+    cpu::adamw(in_place);
+    cpu::adamw(out);
+    EXPECT_EQ(0, std::memcmp(p.data(), q.data(), n * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(m.data(), mq.data(), n * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(v.data(), vq.data(), n * sizeof(float)));
+    EXPECT_EQ(copy_in, copy_out);
+    EXPECT_EQ(p_in, p0);
+    EXPECT_EQ(m_in, m0);
+    EXPECT_EQ(v_in, v0);
+  });
+}
+
 }  // namespace
