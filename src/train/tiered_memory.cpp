@@ -289,15 +289,16 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
       ScheduleRecorder rec(*l, l->schedules[at + static_cast<size_t>(Schedule::update)], parity);
       StepDriver(const_cast<Transformer&>(model), rec, sh).optimizer(AdamWStep{});
     }
-    if (l->two_copies) {  // the step that waits for the norm, over the same two copies
-      Placement waits = pl;
-      waits.speculate = false;
-      ScheduleRecorder rec(*l, l->schedules[at + static_cast<size_t>(Schedule::plain)], parity);
-      StepDriver driver(const_cast<Transformer&>(model), rec, sh);
-      const PendingUpdate update;
-      for (const MicroBatch& mb : StepProgram(grad_accum, waits))
-        driver.micro_batch(mb, nullptr, nullptr, 1.f, nullptr, &update, nullptr);
-    }
+    if (l->two_copies)  // the step that waits for the norm, and the rerun, over the same two copies
+      for (Schedule which : {Schedule::plain, Schedule::rerun}) {
+        Placement waits = pl;
+        waits.speculate = false;
+        ScheduleRecorder rec(*l, l->schedules[at + static_cast<size_t>(which)], parity);
+        StepDriver driver(const_cast<Transformer&>(model), rec, sh);
+        const PendingUpdate update{.st = {}, .apply = false, .restore = which == Schedule::rerun};
+        for (const MicroBatch& mb : StepProgram(grad_accum, waits))
+          driver.micro_batch(mb, nullptr, nullptr, 1.f, nullptr, &update, nullptr);
+      }
   }
   for (const auto& p : l->schedules) p.validate(l->specs.size());
   // Initialising and saving stage one unit's master, weights and AdamW state through host memory

@@ -72,10 +72,12 @@ class TieredMemory final : public RunMemory {
   // Which schedule a step of the manager follows: a training step's, a pending update's on its
   // own, or none (an aside: initialising, loading, saving, served online).
   // step: a training step as the placement runs it; update: a pending update on its own (a
-  // flush); plain: with speculation's two copies, a step whose update waits for the norm (left
-  // pending for the next forward), which --speculate auto runs while it backs off.
-  enum class Schedule : int { step = 0, update = 1, plain = 2, aside = -1 };
-  static constexpr int kNumSchedules = 3;
+  // flush); with speculation's two copies, plain: a step whose update waits for the norm (left
+  // pending for the next forward), which --speculate auto runs while it backs off, and rerun: a
+  // rolled-back step's forward and backward again, its weights restored from the current
+  // master in the forward (PendingUpdate::restore), its update left pending.
+  enum class Schedule : int { step = 0, update = 1, plain = 2, rerun = 3, aside = -1 };
+  static constexpr int kNumSchedules = 4;
 
   // Registers the blocks of `model` (and `extra_device_bytes` of step buffers) under
   // `placement`, records the step's schedule (grad_accum micro-batches, then the optimizer),

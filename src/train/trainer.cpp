@@ -30,8 +30,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// --speculate auto's longest wait after rollbacks in a row: a rollback costs about one
-// unoverlapped update pass (and the step back to speculating one more), so where every step
+// --speculate auto's longest wait after rollbacks in a row: a rollback costs about a step (its
+// forward and backward again, and the step back to speculating a flush), so where every step
 // clips (early training, a clip below the usual norm) the waits keep that under ~2% of the steps,
 // and speculation is tried again at least this often.
 constexpr int64_t kMaxSpeculationBackoff = 128;
@@ -235,16 +235,20 @@ StepStats Trainer::step() {
   const bool in_backward = this_run.update_in_backward();
   const PendingUpdate* update = in_backward ? nullptr : m.pending ? &*m.pending : &none;
   const AdamWStep this_step = adamw_step(clip_coefficient(0, o.grad_clip));
-  for (const MicroBatch& mb : StepProgram(o.grad_accum, this_run)) {
-    const int32_t* ids = m.dev_tokens + mb.index * m.arrays * n;
-    if (m.data->documents()) m.model->set_documents(ids + 2 * n, ids + 3 * n);
-    // LoRA dropout: masks of this step, micro-batch and rank (a resume draws the same ones).
-    if (o.lora_dropout > 0)
-      m.model->set_lora_dropout_key((o.seed * 0x100000001b3ull + static_cast<uint64_t>(st.step)) * 0x9e3779b97f4a7c15ull +
-                                    static_cast<uint64_t>(mb.index * m.sh.world + m.sh.rank) + 1);
-    m.driver->micro_batch(mb, ids, ids + n, grad_scale, m.dev_norm2, update, &this_step);
-    s.memcpy_async(m.host_losses.data() + mb.index * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
-  }
+  const auto run_micro_batches = [&](const Placement& pl, const PendingUpdate* pending) {  // the step's program
+    for (const MicroBatch& mb : StepProgram(o.grad_accum, pl)) {
+      const int32_t* ids = m.dev_tokens + mb.index * m.arrays * n;
+      if (m.data->documents()) m.model->set_documents(ids + 2 * n, ids + 3 * n);
+      // LoRA dropout: masks of this step, micro-batch and rank (a resume draws the same ones).
+      if (o.lora_dropout > 0)
+        m.model->set_lora_dropout_key((o.seed * 0x100000001b3ull + static_cast<uint64_t>(st.step)) *
+                                          0x9e3779b97f4a7c15ull +
+                                      static_cast<uint64_t>(mb.index * m.sh.world + m.sh.rank) + 1);
+      m.driver->micro_batch(mb, ids, ids + n, grad_scale, m.dev_norm2, pending, &this_step);
+      s.memcpy_async(m.host_losses.data() + mb.index * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
+    }
+  };
+  run_micro_batches(this_run, update);
   s.memcpy_async(m.host_norm2.data(), m.dev_norm2, m.host_norm2.size() * sizeof(double));
   if (m.sh.world > 1) kill_if_asked(m.sh.rank, st.step);
   s.synchronize();
@@ -286,21 +290,34 @@ StepStats Trainer::step() {
     m.mem->flip();  // the forward's update (the last step's, or none) wrote the second copies
     --m.plain_left;
   } else if (speculating) {
-    // The update ran in the backward as if nothing clipped, into the second copies. It stands
-    // when that is what the norm says (the same AdamWStep, bit for bit); else it is redone from
-    // the current copies (the grads were kept) with the true coefficient, or not applied: the
-    // update program on its own, as a flush. Either way the second copies become current.
+    // The update ran in the backward as if nothing clipped, into the second copies (master,
+    // moments) and the weights. It stands when that is what the norm says (the same AdamWStep,
+    // bit for bit): the second copies become current. Else the current copies are still the
+    // step's start: the weights are cast again from the master and the step's forward and
+    // backward run again (the same grads, bit for bit: they were spent by the update), its
+    // update then pending with the true coefficient, as in a step that waits for the norm; a
+    // step not applied needs only the weights back.
     const AdamWStep truth = adamw_step(apply ? clip_coefficient(norm, o.grad_clip) : 1.f);
     st.speculated = true;
     st.rolled_back = !apply || truth.grad_scale != this_step.grad_scale;
-    if (st.rolled_back) {
-      m.mem->begin_step(TieredMemory::Schedule::update);
-      m.driver->optimizer(truth, apply);
+    if (!st.rolled_back) {
+      m.mem->flip();
+    } else {
+      Placement waits = m.placement;
+      waits.speculate = false;
+      const PendingUpdate restore{.st = {}, .apply = false, .restore = true};
+      // (A step not applied, rare: an fp16 overflow, or the run stops, reruns too, to keep to
+      // one more recorded program, and leaves its update pending not applied, as a step that
+      // waits does: that update spends the grads. Left live instead, at the host minimum of an
+      // all-NVMe run the next speculative step's norms came out NaN, a mismatch with the
+      // residency its recorded program starts from that was not run down.)
+      m.mem->begin_step(TieredMemory::Schedule::rerun);
+      run_micro_batches(waits, &restore);
       m.mem->end_step();
+      m.pending = PendingUpdate{truth, apply};
     }
-    m.mem->flip();
-    // auto: after a rollback, wait for the norm for a while (a rollback costs a second update
-    // pass, unoverlapped); `on` keeps speculating.
+    // auto: after a rollback, wait for the norm for a while (a rollback costs the step's
+    // forward and backward again); `on` keeps speculating.
     if (o.speculate == "auto") {
       m.plain_left = st.rolled_back ? m.backoff : 0;
       m.backoff = st.rolled_back ? std::min<int64_t>(2 * m.backoff, kMaxSpeculationBackoff) : 1;

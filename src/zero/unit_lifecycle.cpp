@@ -190,7 +190,7 @@ class UnitLifecycle::WholeGrads final : public UnitLifecycle::GradPath {
     if (f) lc_.mem_.release(Role::grads, fn);
   }
   void finish(int u) override {
-    if (lc_.pass_.update_now) lc_.update_unit(u, *lc_.pass_.update_now, true, lc_.mem_.units().two_copies());
+    if (lc_.pass_.update_now) lc_.update_unit(u, *lc_.pass_.update_now, true);
   }
 
  private:
@@ -379,7 +379,7 @@ void UnitLifecycle::prepare(size_t i) {
   if (i >= uses_.size() || uses_[i].prepared) return;
   Use& x = uses_[i];
   x.prepared = true;
-  if (x.update) x.ready = update_unit(x.unit, pass_.update->st, pass_.update->apply);
+  if (x.update) x.ready = update_unit(x.unit, pass_.update->st, pass_.update->apply, pass_.update->restore);
   if (!x.gather) return;
   // Stage 3: every rank's shard, in rank order, into the slot's whole-unit buffer once compute
   // is done with the slot's previous unit. The shard block is released once the gather has
@@ -469,7 +469,7 @@ void UnitLifecycle::shard_grads(kernels::Stream& s, int u, float* whole, float* 
   if (pass_.last && n > 0) ops.sum_squares(s, {.dtype = DType::f32, .n = n, .x = shard, .out = norm2});
 }
 
-kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool apply, bool keep_grads) {
+kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool apply, bool restore) {
   const Transformer& m = model_;
   const bool aliased = mem_.master_is_weights();
   const DType dt = m.dtype();
@@ -483,16 +483,19 @@ kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool appl
   // shard itself (gathered when a phase uses the unit).
   const int64_t n = e.master.n, lo = e.master.lo;
   const bool gather = e.gathers_after_update();
-  // Speculation: the current copies are read, the other ones (index u + units) written whole,
-  // starting as copies of the current ones: then the same AdamW in place, bit for bit.
-  const bool two = mem_.units().two_copies();
+  // Speculation: the current copies are read, the other ones (index u + units) written whole:
+  // the same AdamW, bit for bit. A restore reads the current master alone.
+  const bool two = mem_.units().two_copies() && !restore;
+  if (restore && (!mem_.units().two_copies() || aliased))
+    throw std::logic_error("UnitLifecycle: a restore needs the master apart from the weights (speculation)");
   const int next = u + static_cast<int>(mem_.units().size());
   const float* master_now = two ? static_cast<const float*>(mem_.acquire(Role::master, u, Mode::read, Side::optimizer)) : nullptr;
   const float* adam_now = two ? static_cast<const float*>(mem_.acquire(Role::adam, u, Mode::read, Side::optimizer)) : nullptr;
-  const Mode own = two ? Mode::write : Mode::read_write;
+  const Mode own = restore ? Mode::read : two ? Mode::write : Mode::read_write;
   float* master = static_cast<float*>(mem_.acquire(Role::master, two ? next : u, own, Side::optimizer));
-  float* adam = static_cast<float*>(mem_.acquire(Role::adam, two ? next : u, own, Side::optimizer));
-  const float* g = static_cast<const float*>(mem_.acquire(Role::grads, u, Mode::read, Side::optimizer));
+  float* adam = restore ? nullptr : static_cast<float*>(mem_.acquire(Role::adam, two ? next : u, own, Side::optimizer));
+  const float* g =
+      restore ? nullptr : static_cast<const float*>(mem_.acquire(Role::grads, u, Mode::read, Side::optimizer));
   // The new working weights: written whole (parameters by AdamW, padding zeroed here, the
   // other ranks' shards by the all-gather; stage 3: the block is this rank's shard).
   void* w = aliased ? nullptr : mem_.acquire(Role::params, u, Mode::write, Side::optimizer);
@@ -502,14 +505,14 @@ kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool appl
     kernels::Stream& s = mem_.stream(Side::optimizer);
     kernels::Ops& ops = mem_.ops(Side::optimizer);
     const AdamLayout al = e.adam_layout();
-    float* mm = adam + al.m_offset();
-    float* vv = adam + al.v_offset();
-    const float* gs = g + (lo - e.grads.lo);  // element lo of the unit's grads
+    float* mm = adam ? adam + al.m_offset() : nullptr;
+    float* vv = adam ? adam + al.v_offset() : nullptr;
+    const float* gs = restore ? nullptr : g + (lo - e.grads.lo);  // element lo of the unit's grads
     if (two && !apply) {
       s.memcpy_async(master, master_now, mem_.units().bytes(Role::master, u));
       s.memcpy_async(adam, adam_now, mem_.units().bytes(Role::adam, u));
     }
-    if (!apply) {
+    if (!apply || restore) {
       if (w) ops.cast(s, {.n = n, .src = master, .src_dtype = DType::f32, .dst = ws, .dst_dtype = dt});
     } else {
       // Two copies: AdamW reads the current one and writes the other (no copy first); what no
@@ -557,13 +560,12 @@ kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool appl
   }
   if (!aliased) mem_.release(Role::params, u);
   // The gradients are spent: the next step's backward overwrites them before anything reads
-  // them, so an offloaded copy is dropped instead of written home. A speculative update keeps
-  // them: a rollback redoes the update from them.
-  if (keep_grads)
-    mem_.release(Role::grads, u);
-  else
+  // them, so an offloaded copy is dropped instead of written home (a rolled-back speculative
+  // update computes them again: Trainer::step).
+  if (!restore) {
     mem_.release_discard(Role::grads, u);
-  mem_.release(Role::adam, two ? next : u);
+    mem_.release(Role::adam, two ? next : u);
+  }
   mem_.release(Role::master, two ? next : u);
   if (two) {
     mem_.release(Role::adam, u);

@@ -31,6 +31,9 @@ namespace strata {
 struct PendingUpdate {
   AdamWStep st;
   bool apply = false;
+  // Speculation rolled back (TieredMemory's two copies): the working weights only, cast again
+  // from the current master, as they were before the speculative update overwrote them.
+  bool restore = false;
 };
 
 // One pass over the units: a forward, or the forward and backward of one micro-batch.
@@ -109,8 +112,8 @@ class UnitLifecycle {
   void prepare(size_t i);
   // AdamW over one unit; returns the event compute waits on before using the new weights
   // (stages 1-2 with overlap: the all-gather's), else null.
-  // keep_grads: release the grads normally (a speculative update: a rollback reads them again).
-  kernels::Event* update_unit(int u, const AdamWStep& st, bool apply, bool keep_grads = false);
+  // restore: PendingUpdate::restore (only the master is read, only the weights written).
+  kernels::Event* update_unit(int u, const AdamWStep& st, bool apply, bool restore = false);
   // World > 1, stages 0-1: all-reduce unit u's grads `g` on the comm stream (with this rank's
   // Σ g² there) and release them from there.
   void reduce_grads_async(int u, float* g, double* norm2);
