@@ -36,8 +36,12 @@ NextUse next_uses(const Schedule& s) {
     later[key] = i;
   }
   nu.first = later;
+  // Past the step's end: the first use, in the next step, of the block this one becomes there.
   for (int64_t i = 0; i < n; ++i)
-    if (!ev[i].release && nu.next[i] == kNever) nu.next[i] = nu.first[{ev[i].block, index(ev[i].tier)}] + n;
+    if (!ev[i].release && nu.next[i] == kNever) {
+      auto it = nu.first.find({s.successor(ev[i].block), index(ev[i].tier)});
+      if (it != nu.first.end()) nu.next[i] = it->second + n;
+    }
   return nu;
 }
 

@@ -34,6 +34,7 @@ uint64_t Schedule::fingerprint() const {
     mix(e.acquire_event);
     mix(e.discard);
   }
+  for (BlockId b : successor_) mix(b);
   return h;
 }
 
@@ -46,6 +47,11 @@ std::string Schedule::describe(size_t i) const {
 }
 
 void Schedule::validate(size_t n_blocks) const {
+  if (!successor_.empty() && successor_.size() != n_blocks)
+    throw std::invalid_argument("schedule: a successor for " + std::to_string(successor_.size()) + " blocks, not " +
+                                std::to_string(n_blocks));
+  for (BlockId b : successor_)
+    if (b >= n_blocks) throw std::invalid_argument("schedule: successor block " + std::to_string(b) + " out of range");
   std::vector<bool> open(events_.size(), false);
   std::vector<std::vector<size_t>> open_of(n_blocks);  // per block: its open acquires
   size_t n_open = 0;

@@ -35,8 +35,13 @@ class Schedule {
   size_t size() const { return events_.size(); }
   bool empty() const { return events_.empty(); }
   void clear() { events_.clear(); }
-  bool operator==(const Schedule& o) const { return events_ == o.events_; }
+  bool operator==(const Schedule& o) const { return events_ == o.events_ && successor_ == o.successor_; }
   uint64_t fingerprint() const;
+  // The block that each block is in the step after this one, where that step is this one with
+  // blocks trading roles (two copies of a state taking turns being current): a copy's next use
+  // past the step's end is its successor's first use. Empty (default): the same block.
+  void set_successor(std::vector<BlockId> successor) { successor_ = std::move(successor); }
+  BlockId successor(BlockId b) const { return successor_.empty() ? b : successor_.at(b); }
   // Throws std::invalid_argument naming the event when a block id is out of range, an acquire is
   // never released, a release ends no open acquire, or NVMe is acquired (it is storage only).
   void validate(size_t n_blocks) const;
@@ -44,6 +49,7 @@ class Schedule {
 
  private:
   std::vector<ScheduleEvent> events_;
+  std::vector<BlockId> successor_;
 };
 
 }  // namespace strata::offload

@@ -300,6 +300,23 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
           driver.micro_batch(mb, nullptr, nullptr, 1.f, nullptr, &update, nullptr);
       }
   }
+  // With two copies, a step that ends in a flip (a step, a flush, a step that waits) is followed
+  // by one where the copies have traded roles: the planner keeps the copy that will be read.
+  if (l->two_copies) {
+    std::vector<offload::BlockId> swap(l->specs.size());
+    for (size_t b = 0; b < swap.size(); ++b) swap[b] = static_cast<offload::BlockId>(b);
+    for (int k = 0; k < 2; ++k) {
+      const auto& now = l->ids[static_cast<size_t>(k == 0 ? Role::master : Role::adam)];
+      for (size_t u = 0; u < now.size(); ++u)
+        if (const int other = l->other[static_cast<size_t>(k)][u]; other >= 0 && now[u] >= 0) {
+          swap[static_cast<size_t>(now[u])] = static_cast<offload::BlockId>(other);
+          swap[static_cast<size_t>(other)] = static_cast<offload::BlockId>(now[u]);
+        }
+    }
+    for (size_t at : {size_t{0}, size_t{kNumSchedules}})
+      for (Schedule which : {Schedule::step, Schedule::update, Schedule::plain})
+        l->schedules[at + static_cast<size_t>(which)].set_successor(swap);
+  }
   for (const auto& p : l->schedules) p.validate(l->specs.size());
   // Initialising and saving stage one unit's master, weights and AdamW state through host memory
   // (on the CPU backend the device memory is host memory already): the host holds its home

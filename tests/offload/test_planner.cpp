@@ -196,3 +196,27 @@ TEST(Planner, CleanCopyOverwrittenNextGoesBeforeOneReadLater) {
     }
   }
 }
+
+// Two copies taking turns (speculation's flip): this step reads A and writes B, the next reads B
+// and writes A. Told so (Schedule::set_successor), Belady keeps B, the copy read next, and drops
+// A, clean and overwritten next; not told, it assumes the step repeats and keeps A.
+TEST(Planner, SuccessorKeepsTheCopyTheNextStepReads) {
+  for (bool told : {false, true}) {
+    Residency r = blocks_on_host({kAlign, kAlign, kAlign}, 2 * kAlign);
+    Schedule s;
+    s.use(0, Tier::device, Mode::read);   // A: the current copy
+    s.use(1, Tier::device, Mode::write);  // B: the other, written
+    const size_t c = s.acquire(2, Tier::device, Mode::read);  // C: room for one of A, B
+    s.release(c);
+    if (told) s.set_successor({1, 0, 2});
+    s.validate(3);
+    const Plan p = simulate(r, s, {Policy::belady, false});
+    ASSERT_FALSE(p.before[c].empty());
+    const PlanOp victim{OpKind::evict, told ? BlockId{0} : BlockId{1}, Tier::device};
+    EXPECT_EQ(p.before[c].front(), victim) << "told " << told;
+  }
+  Schedule bad;
+  bad.use(0, Tier::device, Mode::read);
+  bad.set_successor({0, 1});
+  EXPECT_THROW(bad.validate(3), std::invalid_argument);
+}
