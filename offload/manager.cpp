@@ -221,6 +221,7 @@ void BlockManager::end_step() {
   if (aside_) {
     recording_ = Schedule{};
   } else if (!planned_) {
+    recording_.set_successor(prog().schedule.successors());  // a property of the blocks, not the run
     recording_.validate(res_.n_blocks());
     if (!(recording_ == prog().schedule)) {
       prog().schedule = std::move(recording_);

@@ -42,6 +42,7 @@ class Schedule {
   // past the step's end is its successor's first use. Empty (default): the same block.
   void set_successor(std::vector<BlockId> successor) { successor_ = std::move(successor); }
   BlockId successor(BlockId b) const { return successor_.empty() ? b : successor_.at(b); }
+  const std::vector<BlockId>& successors() const { return successor_; }
   // Throws std::invalid_argument naming the event when a block id is out of range, an acquire is
   // never released, a release ends no open acquire, or NVMe is acquired (it is storage only).
   void validate(size_t n_blocks) const;
