@@ -16,16 +16,13 @@ args=(--preset gpt2-124m --batch 4 --seq 64 --steps 8 --offload-params nvme --of
 med_step() { awk -F'"step_ms":' 'NR > 1 { split($2, v, /[,}]/); print v[1] }' "$1" |
              sort -n | awk '{ x[NR] = $1 } END { print NR % 2 ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2 }'; }
 losses() { grep -o '"loss":[^,}]*' "$1"; }
-ratios=()
-for ((i = 1; i <= pairs; i++)); do
+source "$(dirname "$0")/ab_lib.sh"
+pair() {
   rm -f "$tmp/a.jsonl" "$tmp/b.jsonl"
   "$a" train "${args[@]}" --metrics "$tmp/a.jsonl" > "$tmp/a.out" 2>&1 || { tail -3 "$tmp/a.out"; exit 1; }
   "$b" train "${args[@]}" --metrics "$tmp/b.jsonl" > "$tmp/b.out" 2>&1 || { tail -3 "$tmp/b.out"; exit 1; }
-  if [[ "$(losses "$tmp/a.jsonl")" != "$(losses "$tmp/b.jsonl")" ]]; then echo "pair $i: the losses differ"; exit 1; fi
-  ma=$(med_step "$tmp/a.jsonl") mb=$(med_step "$tmp/b.jsonl")
-  r=$(awk -v x="$ma" -v y="$mb" 'BEGIN { printf "%.3f", y / x }')
-  ratios+=("$r")
-  printf 'pair %d: A %.1f ms  B %.1f ms  B/A %s\n' "$i" "$ma" "$mb" "$r"
-done
-med() { sort -n | awk '{ a[NR] = $1 } END { printf "%.3f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
-echo "median B/A step time over $pairs pairs: $(printf '%s\n' "${ratios[@]}" | med) (args: ${args[*]})"
+  if [[ "$(losses "$tmp/a.jsonl")" != "$(losses "$tmp/b.jsonl")" ]]; then echo "pair $1: the losses differ"; exit 1; fi
+  MA=$(med_step "$tmp/a.jsonl") MB=$(med_step "$tmp/b.jsonl")
+}
+ab_pairs "$pairs" pair
+echo "median B/A step time over $pairs pairs: $AB_MEDIAN (args: ${args[*]})"
