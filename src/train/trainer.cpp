@@ -308,9 +308,10 @@ StepStats Trainer::step() {
       const PendingUpdate restore{.st = {}, .apply = false, .restore = true};
       // (A step not applied, rare: an fp16 overflow, or the run stops, reruns too, to keep to
       // one more recorded program, and leaves its update pending not applied, as a step that
-      // waits does: that update spends the grads. Left live instead, at the host minimum of an
-      // all-NVMe run the next speculative step's norms came out NaN, a mismatch with the
-      // residency its recorded program starts from that was not run down.)
+      // waits does. That pending update is needed: the rerun's backward drops each trainable
+      // unit's weights at their last use as spent (WholeWeights::drop), on the promise that an
+      // update rewrites them before the next read; with none pending, an offloaded run read
+      // stale weights back from NVMe.)
       m.mem->begin_step(TieredMemory::Schedule::rerun);
       run_micro_batches(waits, &restore);
       m.mem->end_step();
