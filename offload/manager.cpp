@@ -344,6 +344,13 @@ void BlockManager::write_back(BlockId b) {
   }
 }
 
+void BlockManager::discard(BlockId b) {
+  if (b >= res_.n_blocks()) throw std::out_of_range("offload: discard of unknown block " + std::to_string(b));
+  if (open_handles_[b] != 0)
+    throw std::logic_error("offload: discard of block '" + res_.block(b).name + "' while it is acquired");
+  res_.discard(b);
+}
+
 void BlockManager::zero(BlockId b) {
   if (b >= res_.n_blocks()) throw std::out_of_range("offload: zero of unknown block " + std::to_string(b));
   const BlockSpec& spec = res_.block(b);

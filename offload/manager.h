@@ -115,6 +115,9 @@ class BlockManager {
   // store records its range as zeros); only its home copy may exist, not acquired.
   void write_back(BlockId b);
   void zero(BlockId b);
+  // The block's bytes are dead until it is next written whole (Residency::discard): no copy of
+  // it is written home from here. Outside an acquire of it.
+  void discard(BlockId b);
 
   // Smallest budget of tier t at which the current schedule runs (others as configured).
   uint64_t min_budget(Tier t) const;

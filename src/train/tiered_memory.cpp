@@ -674,6 +674,14 @@ void TieredMemory::begin_step(Schedule p) {
 void TieredMemory::flip() {
   if (!layout_->two_copies) throw std::logic_error("TieredMemory::flip: no second copies (speculation is off)");
   parity_ ^= 1;
+  // The copies that were current are dead now: the next update writes them whole before
+  // anything reads them (a rollback, a flush, a save read the current ones). A dirty copy of
+  // theirs still in memory is dropped, not written home.
+  const int n = static_cast<int>(layout_->units.size());
+  for (int k = 0; k < 2; ++k)
+    for (int u = 0; u < n; ++u)
+      if (layout_->other[static_cast<size_t>(k)].at(static_cast<size_t>(u)) >= 0)
+        mgr_->discard(static_cast<BlockId>(layout_->block(k == 0 ? Role::master : Role::adam, u + n, parity_)));
 }
 
 std::vector<std::string> TieredMemory::swap_files() const { return swap_ ? swap_->files() : std::vector<std::string>{}; }

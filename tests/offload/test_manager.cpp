@@ -354,6 +354,33 @@ TEST(BlockManager, DiscardedBlockIsDroppedNotWrittenHome) {
   EXPECT_EQ(run(true), 0u);
 }
 
+// BlockManager::discard between steps (speculation's old copies after a flip): block 0, written
+// whole on the device each step and dirty at the step's end, has to make room for block 1 at the
+// next step's start. Without the discard that eviction writes it back (d2h); with it, nothing
+// does, and block 1's bytes stay intact.
+TEST(BlockManager, DiscardBetweenStepsDropsADirtyCopy) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  auto run = [&](bool discard) {
+    Schedule s;
+    s.use(1, Tier::device, Mode::read);
+    s.use(0, Tier::device, Mode::write);
+    BlockManager mgr(*rt, budgets(kAlign, 16 * kAlign));
+    for (const char* name : {"old", "w"}) mgr.add_block(name, kAlign, Tier::host);
+    std::vector<uint64_t> versions(2, 0);
+    init_blocks(mgr, versions);
+    mgr.set_schedule(s);
+    for (int step = 0; step < 4; ++step) {
+      run_step(mgr, s, versions);
+      if (::testing::Test::HasFatalFailure()) return uint64_t{0};
+      if (discard) mgr.discard(0);
+    }
+    mgr.drain();
+    return mgr.stats().links[static_cast<int>(Link::d2h)].bytes;
+  };
+  EXPECT_GT(run(false), 0u);
+  EXPECT_EQ(run(true), 0u);
+}
+
 TEST(Schedule, DiscardIsValidatedAndFingerprinted) {
   Schedule a, b;
   a.release(a.acquire(0, Tier::host, Mode::write));
