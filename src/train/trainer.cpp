@@ -295,8 +295,7 @@ StepStats Trainer::step() {
     // bit for bit): the second copies become current. Else the current copies are still the
     // step's start: the weights are cast again from the master and the step's forward and
     // backward run again (the same grads, bit for bit: they were spent by the update), its
-    // update then pending with the true coefficient, as in a step that waits for the norm; a
-    // step not applied needs only the weights back.
+    // update then pending with the true coefficient, as in a step that waits for the norm.
     const AdamWStep truth = adamw_step(apply ? clip_coefficient(norm, o.grad_clip) : 1.f);
     st.speculated = true;
     st.rolled_back = !apply || truth.grad_scale != this_step.grad_scale;
