@@ -223,6 +223,13 @@ void validate(const AdamWArgs& a) {
   need(a.beta2 >= 0.f && a.beta2 < 1.f, op, "beta2 must be in [0, 1)");
   need(a.eps >= 0.f, op, "eps must be >= 0");
   need(!a.param_copy || a.copy_dtype != DType::f32 || a.param_copy != a.param, op, "param_copy aliases param");
+  // An input either is its output (in place) or lies apart from it: a partial overlap would read
+  // bytes the step already wrote.
+  const auto apart = [&](const float* in, const float* out) {
+    return !in || in == out || in + a.n <= out || out + a.n <= in;
+  };
+  need(apart(a.param_in, a.param) && apart(a.m_in, a.m) && apart(a.v_in, a.v), op,
+       "an input (param_in, m_in or v_in) partly overlaps its output");
 }
 
 void validate(const SumSquaresArgs& a) {

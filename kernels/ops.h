@@ -268,6 +268,15 @@ struct AdamWArgs {
   const float* param_in = nullptr;
   const float* m_in = nullptr;
   const float* v_in = nullptr;
+  // These arguments with every *_in set: to its output where null (in place). The kernels read
+  // the *_in pointers.
+  AdamWArgs with_inputs() const {
+    AdamWArgs a = *this;
+    if (!a.param_in) a.param_in = param;
+    if (!a.m_in) a.m_in = m;
+    if (!a.v_in) a.v_in = v;
+    return a;
+  }
   void* param_copy = nullptr;
   DType copy_dtype = DType::bf16;
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.f;

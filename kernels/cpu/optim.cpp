@@ -246,10 +246,7 @@ bool use_avx512() { return cpu_has_avx512() && g_avx512_enabled.load(std::memory
 void set_avx512_enabled(bool enabled) { g_avx512_enabled.store(enabled); }
 
 void adamw(const AdamWArgs& args) {
-  AdamWArgs a = args;  // the kernels read the *_in pointers: in place where they are null
-  if (!a.param_in) a.param_in = a.param;
-  if (!a.m_in) a.m_in = a.m;
-  if (!a.v_in) a.v_in = a.v;
+  const AdamWArgs a = args.with_inputs();
   const AdamConsts c = adam_consts(a);
   const bool vec = use_avx512();
   for_chunks(a.n, [&](int64_t lo, int64_t hi) {

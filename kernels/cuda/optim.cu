@@ -96,26 +96,23 @@ __global__ void cast_kernel(const S* __restrict__ src, D* __restrict__ dst, int6
 
 }  // namespace
 
-void CudaOps::do_adamw(Stream& s, const AdamWArgs& a) {
+void CudaOps::do_adamw(Stream& s, const AdamWArgs& args) {
+  const AdamWArgs a = args.with_inputs();
   StreamContext& ctx = context(s);
   const AdamConsts c = adam_consts(a);
   const unsigned grid = grid_for(a.n, kThreads * 8);
-  // In place where the *_in pointers are null (AdamWArgs).
-  const float* p_in = a.param_in ? a.param_in : a.param;
-  const float* m_in = a.m_in ? a.m_in : a.m;
-  const float* v_in = a.v_in ? a.v_in : a.v;
   dispatch_dtype(a.grad_dtype, [&](auto gtag) {
     using G = decltype(gtag);
     const auto* g = static_cast<const G*>(a.grad);
     if (!a.param_copy) {
-      adamw_kernel<G, bf16><<<grid, kThreads, 0, ctx.stream()>>>(a.param, p_in, g, a.m, m_in, a.v, v_in, nullptr,
-                                                                 a.n, c);
+      adamw_kernel<G, bf16><<<grid, kThreads, 0, ctx.stream()>>>(a.param, a.param_in, g, a.m, a.m_in, a.v, a.v_in,
+                                                                 nullptr, a.n, c);
       STRATA_CUDA_CHECK_LAUNCH();
       return;
     }
     dispatch_dtype(a.copy_dtype, [&](auto ctag) {
       using C = decltype(ctag);
-      adamw_kernel<G, C><<<grid, kThreads, 0, ctx.stream()>>>(a.param, p_in, g, a.m, m_in, a.v, v_in,
+      adamw_kernel<G, C><<<grid, kThreads, 0, ctx.stream()>>>(a.param, a.param_in, g, a.m, a.m_in, a.v, a.v_in,
                                                               static_cast<C*>(a.param_copy), a.n, c);
       STRATA_CUDA_CHECK_LAUNCH();
     });

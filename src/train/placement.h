@@ -24,8 +24,8 @@ struct Placement {
   bool norm_free = false;  // nothing waits for the global norm: no clipping, no fp16 loss scaler
   // --speculate: with clipping or fp16, each unit's AdamW still runs in the backward, with clip
   // coefficient 1, into a second copy of its master and AdamW state; once the global norm is
-  // known the copies are made current (commit) or the update is redone from the first copies
-  // with the true coefficient (rollback). Whole gradients only (ZeRO stages 0-1).
+  // known the copies are made current (commit), or the step is rerun from the first copies and
+  // its true update left pending (rollback: Trainer::step). Whole gradients only (ZeRO 0-1).
   bool speculate = false;
   bool uses_nvme() const;
   // Each unit's AdamW runs in the backward, right after its last gradient of the step, instead

@@ -56,6 +56,14 @@ const char* const kRoleNames[kNumRoles] = {"params", "master", "adam", "grads", 
 
 std::string gib(uint64_t b) { return offload::format_size(b); }
 
+// Whether a run's pools (on the CPU backend the device pool is RAM too) fit what the host can
+// still give: MemAvailable + free swap, `avail` (0 where it cannot be read: nothing is checked).
+bool fits_in_ram(const MemoryPlan& mp, kernels::Backend backend, uint64_t& need, uint64_t& avail) {
+  need = mp.budget[1] + (backend == kernels::Backend::cpu ? mp.budget[0] : 0);
+  avail = host_memory_available();
+  return !avail || need <= avail;
+}
+
 // Fault injection for the CLI tests (src/train/faults.h): io-read:N (or io-write:N) fails the
 // N-th NVMe piece of that kind with EIO, as a failing disk would; io-flip:N flips one bit in the
 // swap file(s) under the N-th written piece once it is on disk, as silent corruption would (the
@@ -129,10 +137,10 @@ struct TieredMemory::Layout {
   // Speculative updates (Placement::speculate): the master and AdamW state have two copies
   // each; `parity` says which is current. Index u names unit u's current copy, u + n_units
   // (n_units = units.size()) its other copy, which an update writes and a flip makes current.
-  bool two_copies = false;
+  bool two_copies() const { return units.two_copies(); }
   std::array<std::vector<int>, 2> other;  // [0] master, [1] adam: the second copies' blocks
   int block(Role r, int index, int parity = 0) const {
-    if (two_copies && (r == Role::master || r == Role::adam)) {
+    if (two_copies() && (r == Role::master || r == Role::adam)) {
       const int n = static_cast<int>(units.size());
       const bool next = index >= n;
       const int u = next ? index - n : index;
@@ -225,9 +233,7 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
     }
   }
   // Speculation: a second master and AdamW block per trainable unit, on the same tier.
-  l->two_copies = pl.speculate;
-  for (auto& v : l->other) v.clear();
-  if (l->two_copies)
+  if (l->two_copies())
     for (int u = 0; u < static_cast<int>(ut.size()); ++u)
       for (Role r : {Role::master, Role::adam}) {
         const UnitBlock& b = ut[u].block(r);
@@ -275,7 +281,7 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
   // last with this step's inside its backward (Placement::update_in_backward()).
   // With speculation, each schedule twice: the copies take turns being current (schedules
   // kNumSchedules + p run while the second copies are current).
-  for (int parity = 0; parity < (l->two_copies ? 2 : 1); ++parity) {
+  for (int parity = 0; parity < (l->two_copies() ? 2 : 1); ++parity) {
     const size_t at = parity ? kNumSchedules : 0;
     {
       ScheduleRecorder rec(*l, l->schedules[at + static_cast<size_t>(Schedule::step)], parity);
@@ -289,20 +295,18 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
       ScheduleRecorder rec(*l, l->schedules[at + static_cast<size_t>(Schedule::update)], parity);
       StepDriver(const_cast<Transformer&>(model), rec, sh).optimizer(AdamWStep{});
     }
-    if (l->two_copies)  // the step that waits for the norm, and the rerun, over the same two copies
+    if (l->two_copies())  // the step that waits for the norm, and the rerun, over the same two copies
       for (Schedule which : {Schedule::plain, Schedule::rerun}) {
-        Placement waits = pl;
-        waits.speculate = false;
         ScheduleRecorder rec(*l, l->schedules[at + static_cast<size_t>(which)], parity);
         StepDriver driver(const_cast<Transformer&>(model), rec, sh);
         const PendingUpdate update{.st = {}, .apply = false, .restore = which == Schedule::rerun};
-        for (const MicroBatch& mb : StepProgram(grad_accum, waits))
+        for (const MicroBatch& mb : StepProgram(grad_accum, /*update_in_backward=*/false))
           driver.micro_batch(mb, nullptr, nullptr, 1.f, nullptr, &update, nullptr);
       }
   }
   // With two copies, a step that ends in a flip (a step, a flush, a step that waits) is followed
   // by one where the copies have traded roles: the planner keeps the copy that will be read.
-  if (l->two_copies) {
+  if (l->two_copies()) {
     std::vector<offload::BlockId> swap(l->specs.size());
     for (size_t b = 0; b < swap.size(); ++b) swap[b] = static_cast<offload::BlockId>(b);
     for (int k = 0; k < 2; ++k) {
@@ -425,9 +429,8 @@ bool TieredMemory::fits(const Transformer& model, kernels::Backend backend, cons
   } catch (const offload::BudgetError&) {
     return false;
   }
-  const uint64_t ram_need = mp.budget[1] + (backend == kernels::Backend::cpu ? mp.budget[0] : 0);
-  const uint64_t avail = host_memory_available();
-  return !avail || ram_need <= avail;
+  uint64_t need = 0, avail = 0;
+  return fits_in_ram(mp, backend, need, avail);
 }
 
 BarrierBound barrier_bound(const MemoryPlan& mp, kernels::Backend backend, double window_compute_ms, double rest_ms,
@@ -530,8 +533,7 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
   // has, checked before anything is allocated: past it the run would swap the machine to a
   // standstill or be killed by the OOM killer with no message.
   const bool cpu = rt.info().backend == kernels::Backend::cpu;
-  const uint64_t ram_need = plan_.budget[1] + (cpu ? plan_.budget[0] : 0);
-  if (const uint64_t avail = host_memory_available(); avail && ram_need > avail) {
+  if (uint64_t ram_need = 0, avail = 0; !fits_in_ram(plan_, rt.info().backend, ram_need, avail)) {
     // What the RAM holds, by kind: the remedy depends on which is largest.
     Homed in_ram = plan_.homed[offload::index(Tier::host)];
     if (cpu)
@@ -573,7 +575,7 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
   mc.host_bytes = plan_.budget[1];
   mgr_ = std::make_unique<offload::BlockManager>(rt, mc, std::move(store));
   for (const auto& spec : layout_->specs) mgr_->add_block(spec.name, spec.bytes, spec.home);
-  for (int p = 0; p < (layout_->two_copies ? 2 : 1) * kNumSchedules; ++p)
+  for (int p = 0; p < (layout_->two_copies() ? 2 : 1) * kNumSchedules; ++p)
     if (!layout_->schedules[static_cast<size_t>(p)].empty())
       mgr_->set_schedule(p, layout_->schedules[static_cast<size_t>(p)]);
   open_.resize(layout_->specs.size());
@@ -672,7 +674,7 @@ void TieredMemory::begin_step(Schedule p) {
 }
 
 void TieredMemory::flip() {
-  if (!layout_->two_copies) throw std::logic_error("TieredMemory::flip: no second copies (speculation is off)");
+  if (!layout_->two_copies()) throw std::logic_error("TieredMemory::flip: no second copies (speculation is off)");
   parity_ ^= 1;
   // The copies that were current are dead now: the next update writes them whole before
   // anything reads them (a rollback, a flush, a save read the current ones). A dirty copy of

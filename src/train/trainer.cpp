@@ -230,13 +230,12 @@ StepStats Trainer::step() {
                      clip / static_cast<float>(st.loss_scale)};
   };
   const PendingUpdate none;
-  Placement this_run = m.placement;
-  this_run.speculate = speculating;
-  const bool in_backward = this_run.update_in_backward();
+  // (under speculation, a step that waits for the norm leaves its update pending)
+  const bool in_backward = m.placement.update_in_backward() && (speculating || !m.placement.speculate);
   const PendingUpdate* update = in_backward ? nullptr : m.pending ? &*m.pending : &none;
   const AdamWStep this_step = adamw_step(clip_coefficient(0, o.grad_clip));
-  const auto run_micro_batches = [&](const Placement& pl, const PendingUpdate* pending) {  // the step's program
-    for (const MicroBatch& mb : StepProgram(o.grad_accum, pl)) {
+  const auto run_micro_batches = [&](bool update_in_backward, const PendingUpdate* pending) {  // the step's program
+    for (const MicroBatch& mb : StepProgram(o.grad_accum, update_in_backward)) {
       const int32_t* ids = m.dev_tokens + mb.index * m.arrays * n;
       if (m.data->documents()) m.model->set_documents(ids + 2 * n, ids + 3 * n);
       // LoRA dropout: masks of this step, micro-batch and rank (a resume draws the same ones).
@@ -248,7 +247,7 @@ StepStats Trainer::step() {
       s.memcpy_async(m.host_losses.data() + mb.index * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
     }
   };
-  run_micro_batches(this_run, update);
+  run_micro_batches(in_backward, update);
   s.memcpy_async(m.host_norm2.data(), m.dev_norm2, m.host_norm2.size() * sizeof(double));
   if (m.sh.world > 1) kill_if_asked(m.sh.rank, st.step);
   s.synchronize();
@@ -302,8 +301,6 @@ StepStats Trainer::step() {
     if (!st.rolled_back) {
       m.mem->flip();
     } else {
-      Placement waits = m.placement;
-      waits.speculate = false;
       const PendingUpdate restore{.st = {}, .apply = false, .restore = true};
       // (A step not applied, rare: an fp16 overflow, or the run stops, reruns too, to keep to
       // one more recorded program, and leaves its update pending not applied, as a step that
@@ -312,7 +309,7 @@ StepStats Trainer::step() {
       // update rewrites them before the next read; with none pending, an offloaded run read
       // stale weights back from NVMe.)
       m.mem->begin_step(TieredMemory::Schedule::rerun);
-      run_micro_batches(waits, &restore);
+      run_micro_batches(/*update_in_backward=*/false, &restore);
       m.mem->end_step();
       m.pending = PendingUpdate{truth, apply};
     }

@@ -30,8 +30,8 @@ struct StepStats {
   bool diverged = false;     // loss (or, outside fp16, grad norm) not finite: nothing applied
   double loss_scale = 1;
   // --speculate: this step's update ran in the backward with clip coefficient 1; rolled_back:
-  // the norm clipped (or fp16 overflowed, or the step diverged), so it was redone from the
-  // previous state with the true coefficient (or not applied).
+  // the norm clipped (or fp16 overflowed, or the step diverged), so the step was rerun from the
+  // previous state and its true update (or none) left for the next step.
   bool speculated = false;
   bool rolled_back = false;
   // Offload: bytes moved per link during this step, time compute waited for blocks, and

@@ -27,7 +27,10 @@ class StepProgram {
   // whole (Placement::update_in_backward()), the step's update runs in the last backward;
   // else it is left pending, for the next step's first forward or a flush (before a save or
   // a checkpoint, as a program of its own: TieredMemory::Schedule::update).
-  StepProgram(int64_t grad_accum, const Placement& pl) : update_pending_(!pl.update_in_backward()) {
+  StepProgram(int64_t grad_accum, const Placement& pl) : StepProgram(grad_accum, pl.update_in_backward()) {}
+  // The same with the choice made: update_in_backward, or left pending (speculation decides per
+  // step whether a step speculates: Trainer::step).
+  StepProgram(int64_t grad_accum, bool update_in_backward) : update_pending_(!update_in_backward) {
     for (int64_t k = 0; k < grad_accum; ++k)
       mbs_.push_back({.index = k,
                       .first = k == 0,

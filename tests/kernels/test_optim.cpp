@@ -130,6 +130,16 @@ TEST(AdamW, ThroughOpsOnAStream) {
   EXPECT_NEAR(p[2], 3.1f, 1e-6);
   a.step = 0;
   EXPECT_THROW(rt->ops().adamw(*s, a), std::invalid_argument);
+  // Out of place: an input apart from its output, or equal to it, runs; a partial overlap is refused.
+  a.step = 1;
+  std::vector<float> q(4, 0.f);
+  a.param_in = q.data();
+  rt->ops().adamw(*s, a);
+  a.param_in = p.data();
+  rt->ops().adamw(*s, a);
+  a.param_in = p.data() + 1;
+  EXPECT_THROW(rt->ops().adamw(*s, a), std::invalid_argument);
+  s->synchronize();
 }
 
 TEST(SumSquares, MatchesFp64AndAccumulates) {
