@@ -21,6 +21,7 @@
 #include "kernels/dtype.h"
 #include "kernels/runtime.h"
 #include "src/comm/communicator.h"
+#include "src/comm/grid.h"
 #include "tests/comm/mpi_check.h"
 
 using namespace strata;
@@ -357,6 +358,54 @@ void test_split(Env& e) {
   CHECK(leader == members[0], "group host_broadcast");
 }
 
+// The (dp, pp, tp) grid: every factorisation of the world, each group holding the ranks that
+// differ from this one in its axis alone, ordered along it, and summing over exactly them.
+void test_grid(Env& e) {
+  Communicator& c = e.comm;
+  const int world = c.world();
+  for (int tp = 1; tp <= world; ++tp)
+    for (int pp = 1; tp * pp <= world; ++pp) {
+      if (world % (tp * pp) != 0) continue;
+      ProcessGroups g(c, tp, pp);
+      const GridShape& s = g.shape();
+      const GridCoord me = g.coord();
+      CHECK(s.dp == world / (tp * pp) && grid_rank(s, me) == c.rank(), "grid coordinates");
+      struct Axis {
+        Communicator* comm;
+        int size, index;
+        GridCoord (*at)(GridCoord, int);
+      };
+      const Axis axes[] = {
+          {&g.tp(), s.tp, me.tp, [](GridCoord k, int i) { return GridCoord{i, k.pp, k.dp}; }},
+          {&g.pp(), s.pp, me.pp, [](GridCoord k, int i) { return GridCoord{k.tp, i, k.dp}; }},
+          {&g.dp(), s.dp, me.dp, [](GridCoord k, int i) { return GridCoord{k.tp, k.pp, i}; }},
+      };
+      for (const Axis& a : axes) {
+        CHECK(a.comm->world() == a.size && a.comm->rank() == a.index, "group size and rank follow the axis");
+        std::vector<int> members;  // global ranks in group-rank order
+        for (int i = 0; i < a.size; ++i) members.push_back(grid_rank(s, a.at(me, i)));
+        const int mine = c.rank();
+        std::vector<int> got(static_cast<size_t>(a.size));
+        a.comm->host_all_gather(&mine, got.data(), sizeof mine);
+        CHECK(got == members, "group members");
+        const size_t n = 777;
+        kernels::DeviceBuffer x(e.rt, n * 4);
+        fill(x.data(), DType::f32, n, c.rank(), 0);
+        a.comm->all_reduce(x.data(), x.data(), n, DType::f32, e.stream);
+        e.stream.synchronize();
+        const auto want = expected_sums(DType::f32, 0, n, members);
+        expect_bytes(x.data(), want.data(), n * 4, "group all_reduce");
+      }
+    }
+  bool threw = false;
+  try {
+    ProcessGroups bad(c, world + 1, 1);
+  } catch (const std::invalid_argument& err) {
+    threw = std::string(err.what()).find("--tp") != std::string::npos;
+  }
+  CHECK(threw, "a --tp that does not divide the world is refused, naming it");
+}
+
 // The NCCL bootstrap shape: rank 0 makes an opaque 128-byte id, every rank receives it.
 void test_host_plane(Env& e) {
   Communicator& c = e.comm;
@@ -441,6 +490,7 @@ int main(int argc, char** argv) {
         {"overlap", [&] { test_overlap(e); }},
         {"two_streams", [&] { test_two_streams(e); }},
         {"split", [&] { test_split(e); }},
+        {"grid", [&] { test_grid(e); }},
         {"host_plane", [&] { test_host_plane(e); }},
         {"bad_arguments", [&] { test_bad_arguments(e); }},
     };

@@ -28,6 +28,7 @@
 #include "kernels/dtype.h"
 #include "kernels/runtime.h"
 #include "src/comm/communicator.h"
+#include "src/comm/grid.h"
 #include "src/comm/reduce.h"
 
 using namespace strata;
@@ -146,6 +147,31 @@ TEST(CommSum, SixteenBitTypesAccumulateInFp32AndRoundOnce) {
       ASSERT_EQ(from_16(h1, t, i), want) << i;
     }
   }
+}
+
+// Megatron's order: tp fastest, then pp, then dp; every rank has one place and back.
+TEST(Grid, RanksAreTensorFastestThenPipelineThenData) {
+  const GridShape g = grid_shape(8, 2, 2);
+  EXPECT_EQ(g.dp, 2);
+  EXPECT_EQ(grid_name(g), "dp 2 × pp 2 × tp 2");
+  const GridCoord c5 = grid_coord(g, 5);  // 5 = (1·2 + 0)·2 + 1
+  EXPECT_EQ(c5.tp, 1);
+  EXPECT_EQ(c5.pp, 0);
+  EXPECT_EQ(c5.dp, 1);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(grid_rank(g, grid_coord(g, r)), r);
+  EXPECT_EQ(grid_shape(1, 1, 1).world(), 1);
+  EXPECT_THROW(grid_shape(6, 4, 1), std::invalid_argument);
+  EXPECT_THROW(grid_shape(4, 0, 1), std::invalid_argument);
+  EXPECT_THROW(grid_shape(4, 1, -1), std::invalid_argument);
+}
+
+TEST(Grid, OneRankIsItsOwnGroupOnEveryAxis) {
+  auto world = make_local_communicator();
+  ProcessGroups g(*world, 1, 1);
+  EXPECT_EQ(g.tp().world(), 1);
+  EXPECT_EQ(g.pp().world(), 1);
+  EXPECT_EQ(&g.dp(), world.get());  // tp = pp = 1: ZeRO on the world itself
+  EXPECT_THROW(ProcessGroups(*world, 2, 1), std::invalid_argument);
 }
 
 TEST(CommLocal, IsRankZeroOfOne) {
