@@ -55,21 +55,34 @@ void validate(const BiasBackwardArgs& a) {
   need_ptr(a.dbias, "bias_backward", "dbias");
 }
 
-void validate(const EmbeddingArgs& a) {
-  const char* op = "embedding";
+namespace {
+// Sizes and the shard's place in the full table, common to the forward and the backward.
+template <class A>
+void validate_embedding_shape(const A& a, const char* op) {
   need_pos(a.n_tokens, op, "n_tokens");
   need_pos(a.dim, op, "dim");
   need_pos(a.vocab, op, "vocab");
   need_ptr(a.ids, op, "ids");
+  need(a.full_vocab >= 0, op, "full_vocab must be >= 0 (got " + std::to_string(a.full_vocab) + ")");
+  if (a.full_vocab == 0) {
+    need(a.row0 == 0, op, "row0 must be 0 when full_vocab is 0 (got " + std::to_string(a.row0) + ")");
+  } else {
+    need(a.row0 >= 0 && a.row0 + a.vocab <= a.full_vocab, op,
+         "row0 " + std::to_string(a.row0) + " + vocab " + std::to_string(a.vocab) + " outside full_vocab " +
+             std::to_string(a.full_vocab));
+  }
+}
+}  // namespace
+
+void validate(const EmbeddingArgs& a) {
+  const char* op = "embedding";
+  validate_embedding_shape(a, op);
   need_ptr(a.table, op, "table");
   need_ptr(a.out, op, "out");
 }
 void validate(const EmbeddingBackwardArgs& a) {
   const char* op = "embedding_backward";
-  need_pos(a.n_tokens, op, "n_tokens");
-  need_pos(a.dim, op, "dim");
-  need_pos(a.vocab, op, "vocab");
-  need_ptr(a.ids, op, "ids");
+  validate_embedding_shape(a, op);
   need_ptr(a.dout, op, "dout");
   need_ptr(a.dtable, op, "dtable");
 }

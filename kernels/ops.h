@@ -54,6 +54,12 @@ struct BiasBackwardArgs {
 // out[t, :] = table[ids[t], :]   ids: (n_tokens) int32 in [0, vocab), table: (vocab, dim),
 // out: (n_tokens, dim). With accumulate, out += (adds position embeddings to token ones).
 // Backward: dtable[ids[t], :] += dout[t, :] (dtable fp32). An id outside [0, vocab) is an error.
+//
+// Vocabulary-sharded (tensor parallel), full_vocab > 0: table and dtable hold rows
+// [row0, row0 + vocab) of a (full_vocab, dim) table, one rank's shard. Ids must be in
+// [0, full_vocab); a token whose id is outside the shard gets a zero row in out (with accumulate,
+// its row is left as it was) and adds nothing to dtable, so the sum of every rank's out is the
+// unsharded lookup. full_vocab = 0: unsharded (row0 must be 0).
 struct EmbeddingArgs {
   DType dtype = DType::f32;
   int64_t n_tokens = 0, dim = 0, vocab = 0;
@@ -61,6 +67,8 @@ struct EmbeddingArgs {
   const void* table = nullptr;
   void* out = nullptr;
   bool accumulate = false;
+  int64_t row0 = 0;        // first global row the table holds
+  int64_t full_vocab = 0;  // rows of the whole table; 0 = vocab (not sharded)
 };
 struct EmbeddingBackwardArgs {
   DType dtype = DType::f32;  // of dout
@@ -68,7 +76,12 @@ struct EmbeddingBackwardArgs {
   const int32_t* ids = nullptr;
   const void* dout = nullptr;
   float* dtable = nullptr;
+  int64_t row0 = 0;        // as in EmbeddingArgs
+  int64_t full_vocab = 0;
 };
+// Ids must be below this: the whole vocabulary, sharded or not.
+inline int64_t id_limit(const EmbeddingArgs& a) { return a.full_vocab ? a.full_vocab : a.vocab; }
+inline int64_t id_limit(const EmbeddingBackwardArgs& a) { return a.full_vocab ? a.full_vocab : a.vocab; }
 
 // RMSNorm: y = x · rstd · weight,              rstd = 1/sqrt(mean(x²) + eps)
 // LayerNorm: y = (x - mean) · rstd · weight + bias, rstd = 1/sqrt(var(x) + eps)
