@@ -260,6 +260,40 @@ struct CrossEntropyArgs {
   float grad_scale = 1.f;
 };
 
+// Vocabulary-parallel cross-entropy (Megatron-LM's), the LM head's columns split over ranks.
+// Each of `parts` ranks holds logits (rows, vocab), row stride ld (0 = vocab), for global vocabulary
+// columns [vocab_start, vocab_start + vocab) of the same rows; targets are global ids (-1 = ignored),
+// each in [0, full_vocab).
+// cross_entropy_stats: per row r, stats[3r] = max of the shard's logits, stats[3r+1] = Σ exp(x − that max)
+//   over the shard, stats[3r+2] = the target's logit when the target is in the shard, else 0. Ignored rows: 0, 0, 0.
+// The caller all-gathers stats over the ranks into all_stats (parts, rows, 3), rank-major.
+// cross_entropy_finish: per row, M = max over p of all_stats[p][r][0]; S = Σ_{p = 0..parts-1, in that order}
+//   all_stats[p][r][1] · exp(all_stats[p][r][0] − M); t = Σ_p all_stats[p][r][2];
+//   losses[r] = log(S) + M − t (may be null; 0 for ignored rows), and when dlogits is non-null
+//   dlogits = grad_scale · (exp(x − M) / S − onehot(target)) over the shard's columns (0 for ignored rows),
+//   same layout as logits, may alias it (in place). logits is read only for dlogits (may be null without).
+// Every rank forms M, S and t of a row identically from the same all_stats (fixed order, no atomics),
+// so the ranks agree on the loss bit for bit. With parts = 1 (vocab_start = 0, full_vocab = vocab)
+// the result is cross_entropy's to fp32 rounding.
+struct CrossEntropyStatsArgs {
+  DType dtype = DType::f32;
+  int64_t rows = 0, vocab = 0, ld = 0, vocab_start = 0, full_vocab = 0;
+  const void* logits = nullptr;       // (rows, vocab), row stride ld
+  const int32_t* targets = nullptr;   // (rows) global ids
+  float* stats = nullptr;             // (rows, 3) fp32
+};
+struct CrossEntropyFinishArgs {
+  DType dtype = DType::f32;
+  int64_t rows = 0, vocab = 0, ld = 0, vocab_start = 0, full_vocab = 0;
+  int parts = 1;
+  const void* logits = nullptr;       // (rows, vocab), row stride ld
+  const int32_t* targets = nullptr;   // (rows) global ids
+  const float* all_stats = nullptr;   // (parts, rows, 3) fp32, rank-major
+  float* losses = nullptr;            // (rows) or null
+  void* dlogits = nullptr;            // like logits, or null: forward only
+  float grad_scale = 1.f;
+};
+
 // AdamW with PyTorch's torch.optim.AdamW semantics, over n fp32 master parameters:
 //   g = grad · grad_scale                   (grad_scale folds in clipping and 1/accumulation)
 //   p = p - lr · weight_decay · p           (decoupled weight decay)
@@ -382,6 +416,8 @@ class Ops {
   void gelu_backward(Stream& s, const GeluBackwardArgs& a);
   void add(Stream& s, const AddArgs& a);
   void cross_entropy(Stream& s, const CrossEntropyArgs& a);
+  void cross_entropy_stats(Stream& s, const CrossEntropyStatsArgs& a);
+  void cross_entropy_finish(Stream& s, const CrossEntropyFinishArgs& a);
   void adamw(Stream& s, const AdamWArgs& a);
   void sum_squares(Stream& s, const SumSquaresArgs& a);
   void scale(Stream& s, const ScaleArgs& a);
@@ -409,6 +445,8 @@ class Ops {
   virtual void do_gelu_backward(Stream& s, const GeluBackwardArgs& a) = 0;
   virtual void do_add(Stream& s, const AddArgs& a) = 0;
   virtual void do_cross_entropy(Stream& s, const CrossEntropyArgs& a) = 0;
+  virtual void do_cross_entropy_stats(Stream& s, const CrossEntropyStatsArgs& a) = 0;
+  virtual void do_cross_entropy_finish(Stream& s, const CrossEntropyFinishArgs& a) = 0;
   virtual void do_adamw(Stream& s, const AdamWArgs& a) = 0;
   virtual void do_sum_squares(Stream& s, const SumSquaresArgs& a) = 0;
   virtual void do_scale(Stream& s, const ScaleArgs& a) = 0;
@@ -434,6 +472,8 @@ void validate(const GeluArgs& a);
 void validate(const GeluBackwardArgs& a);
 void validate(const AddArgs& a);
 void validate(const CrossEntropyArgs& a);
+void validate(const CrossEntropyStatsArgs& a);
+void validate(const CrossEntropyFinishArgs& a);
 void validate(const AdamWArgs& a);
 void validate(const SumSquaresArgs& a);
 void validate(const ScaleArgs& a);
