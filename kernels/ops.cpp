@@ -55,21 +55,34 @@ void validate(const BiasBackwardArgs& a) {
   need_ptr(a.dbias, "bias_backward", "dbias");
 }
 
-void validate(const EmbeddingArgs& a) {
-  const char* op = "embedding";
+namespace {
+// Sizes and the shard's place in the full table, common to the forward and the backward.
+template <class A>
+void validate_embedding_shape(const A& a, const char* op) {
   need_pos(a.n_tokens, op, "n_tokens");
   need_pos(a.dim, op, "dim");
   need_pos(a.vocab, op, "vocab");
   need_ptr(a.ids, op, "ids");
+  need(a.full_vocab >= 0, op, "full_vocab must be >= 0 (got " + std::to_string(a.full_vocab) + ")");
+  if (a.full_vocab == 0) {
+    need(a.row0 == 0, op, "row0 must be 0 when full_vocab is 0 (got " + std::to_string(a.row0) + ")");
+  } else {
+    need(a.row0 >= 0 && a.row0 + a.vocab <= a.full_vocab, op,
+         "row0 " + std::to_string(a.row0) + " + vocab " + std::to_string(a.vocab) + " outside full_vocab " +
+             std::to_string(a.full_vocab));
+  }
+}
+}  // namespace
+
+void validate(const EmbeddingArgs& a) {
+  const char* op = "embedding";
+  validate_embedding_shape(a, op);
   need_ptr(a.table, op, "table");
   need_ptr(a.out, op, "out");
 }
 void validate(const EmbeddingBackwardArgs& a) {
   const char* op = "embedding_backward";
-  need_pos(a.n_tokens, op, "n_tokens");
-  need_pos(a.dim, op, "dim");
-  need_pos(a.vocab, op, "vocab");
-  need_ptr(a.ids, op, "ids");
+  validate_embedding_shape(a, op);
   need_ptr(a.dout, op, "dout");
   need_ptr(a.dtable, op, "dtable");
 }
@@ -211,6 +224,40 @@ void validate(const CrossEntropyArgs& a) {
   need(a.losses || a.dlogits, op, "neither losses nor dlogits is set: nothing to compute");
 }
 
+namespace {
+// The shard's shape and place in the vocabulary, common to both vocabulary-parallel ops.
+template <class A>
+void validate_vocab_shard(const A& a, const char* op) {
+  need(a.dtype == DType::f32 || a.dtype == DType::bf16 || a.dtype == DType::f16, op,
+       "dtype must be f32, bf16 or f16 (got " + std::to_string(static_cast<int>(a.dtype)) + ")");
+  need(a.rows >= 0, op, "rows must be >= 0 (got " + std::to_string(a.rows) + ")");
+  need_pos(a.vocab, op, "vocab");
+  need(a.ld == 0 || a.ld >= a.vocab, op, "ld < vocab");
+  need_pos(a.full_vocab, op, "full_vocab");
+  need(a.vocab_start >= 0 && a.vocab_start + a.vocab <= a.full_vocab, op,
+       "vocab_start " + std::to_string(a.vocab_start) + " + vocab " + std::to_string(a.vocab) +
+           " outside full_vocab " + std::to_string(a.full_vocab));
+  if (a.rows > 0) need_ptr(a.targets, op, "targets");
+}
+}  // namespace
+
+void validate(const CrossEntropyStatsArgs& a) {
+  const char* op = "cross_entropy_stats";
+  validate_vocab_shard(a, op);
+  if (a.rows == 0) return;
+  need_ptr(a.logits, op, "logits");
+  need_ptr(a.stats, op, "stats");
+}
+void validate(const CrossEntropyFinishArgs& a) {
+  const char* op = "cross_entropy_finish";
+  validate_vocab_shard(a, op);
+  need(a.parts >= 1, op, "parts must be >= 1 (got " + std::to_string(a.parts) + ")");
+  need(a.losses || a.dlogits, op, "neither losses nor dlogits is set: nothing to compute");
+  if (a.rows == 0) return;
+  need_ptr(a.all_stats, op, "all_stats");
+  if (a.dlogits) need_ptr(a.logits, op, "logits");
+}
+
 void validate(const AdamWArgs& a) {
   const char* op = "adamw";
   need_pos(a.n, op, "n");
@@ -291,6 +338,8 @@ STRATA_OP(gelu, GeluArgs)
 STRATA_OP(gelu_backward, GeluBackwardArgs)
 STRATA_OP(add, AddArgs)
 STRATA_OP(cross_entropy, CrossEntropyArgs)
+STRATA_OP(cross_entropy_stats, CrossEntropyStatsArgs)
+STRATA_OP(cross_entropy_finish, CrossEntropyFinishArgs)
 STRATA_OP(adamw, AdamWArgs)
 STRATA_OP(sum_squares, SumSquaresArgs)
 STRATA_OP(scale, ScaleArgs)

@@ -54,6 +54,12 @@ struct BiasBackwardArgs {
 // out[t, :] = table[ids[t], :]   ids: (n_tokens) int32 in [0, vocab), table: (vocab, dim),
 // out: (n_tokens, dim). With accumulate, out += (adds position embeddings to token ones).
 // Backward: dtable[ids[t], :] += dout[t, :] (dtable fp32). An id outside [0, vocab) is an error.
+//
+// Vocabulary-sharded (tensor parallel), full_vocab > 0: table and dtable hold rows
+// [row0, row0 + vocab) of a (full_vocab, dim) table, one rank's shard. Ids must be in
+// [0, full_vocab); a token whose id is outside the shard gets a zero row in out (with accumulate,
+// its row is left as it was) and adds nothing to dtable, so the sum of every rank's out is the
+// unsharded lookup. full_vocab = 0: unsharded (row0 must be 0).
 struct EmbeddingArgs {
   DType dtype = DType::f32;
   int64_t n_tokens = 0, dim = 0, vocab = 0;
@@ -61,6 +67,8 @@ struct EmbeddingArgs {
   const void* table = nullptr;
   void* out = nullptr;
   bool accumulate = false;
+  int64_t row0 = 0;        // first global row the table holds
+  int64_t full_vocab = 0;  // rows of the whole table; 0 = vocab (not sharded)
 };
 struct EmbeddingBackwardArgs {
   DType dtype = DType::f32;  // of dout
@@ -68,7 +76,12 @@ struct EmbeddingBackwardArgs {
   const int32_t* ids = nullptr;
   const void* dout = nullptr;
   float* dtable = nullptr;
+  int64_t row0 = 0;        // as in EmbeddingArgs
+  int64_t full_vocab = 0;
 };
+// Ids must be below this: the whole vocabulary, sharded or not.
+inline int64_t id_limit(const EmbeddingArgs& a) { return a.full_vocab ? a.full_vocab : a.vocab; }
+inline int64_t id_limit(const EmbeddingBackwardArgs& a) { return a.full_vocab ? a.full_vocab : a.vocab; }
 
 // RMSNorm: y = x · rstd · weight,              rstd = 1/sqrt(mean(x²) + eps)
 // LayerNorm: y = (x - mean) · rstd · weight + bias, rstd = 1/sqrt(var(x) + eps)
@@ -247,6 +260,40 @@ struct CrossEntropyArgs {
   float grad_scale = 1.f;
 };
 
+// Vocabulary-parallel cross-entropy (Megatron-LM's), the LM head's columns split over ranks.
+// Each of `parts` ranks holds logits (rows, vocab), row stride ld (0 = vocab), for global vocabulary
+// columns [vocab_start, vocab_start + vocab) of the same rows; targets are global ids (-1 = ignored),
+// each in [0, full_vocab).
+// cross_entropy_stats: per row r, stats[3r] = max of the shard's logits, stats[3r+1] = Σ exp(x − that max)
+//   over the shard, stats[3r+2] = the target's logit when the target is in the shard, else 0. Ignored rows: 0, 0, 0.
+// The caller all-gathers stats over the ranks into all_stats (parts, rows, 3), rank-major.
+// cross_entropy_finish: per row, M = max over p of all_stats[p][r][0]; S = Σ_{p = 0..parts-1, in that order}
+//   all_stats[p][r][1] · exp(all_stats[p][r][0] − M); t = Σ_p all_stats[p][r][2];
+//   losses[r] = log(S) + M − t (may be null; 0 for ignored rows), and when dlogits is non-null
+//   dlogits = grad_scale · (exp(x − M) / S − onehot(target)) over the shard's columns (0 for ignored rows),
+//   same layout as logits, may alias it (in place). logits is read only for dlogits (may be null without).
+// Every rank forms M, S and t of a row identically from the same all_stats (fixed order, no atomics),
+// so the ranks agree on the loss bit for bit. With parts = 1 (vocab_start = 0, full_vocab = vocab)
+// the result is cross_entropy's to fp32 rounding.
+struct CrossEntropyStatsArgs {
+  DType dtype = DType::f32;
+  int64_t rows = 0, vocab = 0, ld = 0, vocab_start = 0, full_vocab = 0;
+  const void* logits = nullptr;       // (rows, vocab), row stride ld
+  const int32_t* targets = nullptr;   // (rows) global ids
+  float* stats = nullptr;             // (rows, 3) fp32
+};
+struct CrossEntropyFinishArgs {
+  DType dtype = DType::f32;
+  int64_t rows = 0, vocab = 0, ld = 0, vocab_start = 0, full_vocab = 0;
+  int parts = 1;
+  const void* logits = nullptr;       // (rows, vocab), row stride ld
+  const int32_t* targets = nullptr;   // (rows) global ids
+  const float* all_stats = nullptr;   // (parts, rows, 3) fp32, rank-major
+  float* losses = nullptr;            // (rows) or null
+  void* dlogits = nullptr;            // like logits, or null: forward only
+  float grad_scale = 1.f;
+};
+
 // AdamW with PyTorch's torch.optim.AdamW semantics, over n fp32 master parameters:
 //   g = grad · grad_scale                   (grad_scale folds in clipping and 1/accumulation)
 //   p = p - lr · weight_decay · p           (decoupled weight decay)
@@ -369,6 +416,8 @@ class Ops {
   void gelu_backward(Stream& s, const GeluBackwardArgs& a);
   void add(Stream& s, const AddArgs& a);
   void cross_entropy(Stream& s, const CrossEntropyArgs& a);
+  void cross_entropy_stats(Stream& s, const CrossEntropyStatsArgs& a);
+  void cross_entropy_finish(Stream& s, const CrossEntropyFinishArgs& a);
   void adamw(Stream& s, const AdamWArgs& a);
   void sum_squares(Stream& s, const SumSquaresArgs& a);
   void scale(Stream& s, const ScaleArgs& a);
@@ -396,6 +445,8 @@ class Ops {
   virtual void do_gelu_backward(Stream& s, const GeluBackwardArgs& a) = 0;
   virtual void do_add(Stream& s, const AddArgs& a) = 0;
   virtual void do_cross_entropy(Stream& s, const CrossEntropyArgs& a) = 0;
+  virtual void do_cross_entropy_stats(Stream& s, const CrossEntropyStatsArgs& a) = 0;
+  virtual void do_cross_entropy_finish(Stream& s, const CrossEntropyFinishArgs& a) = 0;
   virtual void do_adamw(Stream& s, const AdamWArgs& a) = 0;
   virtual void do_sum_squares(Stream& s, const SumSquaresArgs& a) = 0;
   virtual void do_scale(Stream& s, const ScaleArgs& a) = 0;
@@ -421,6 +472,8 @@ void validate(const GeluArgs& a);
 void validate(const GeluBackwardArgs& a);
 void validate(const AddArgs& a);
 void validate(const CrossEntropyArgs& a);
+void validate(const CrossEntropyStatsArgs& a);
+void validate(const CrossEntropyFinishArgs& a);
 void validate(const AdamWArgs& a);
 void validate(const SumSquaresArgs& a);
 void validate(const ScaleArgs& a);

@@ -29,6 +29,8 @@ void gelu(const GeluArgs& a);
 void gelu_backward(const GeluBackwardArgs& a);
 void add(const AddArgs& a);
 void cross_entropy(const CrossEntropyArgs& a);
+void cross_entropy_stats(const CrossEntropyStatsArgs& a);
+void cross_entropy_finish(const CrossEntropyFinishArgs& a);
 void adamw(const AdamWArgs& a);
 void sum_squares(const SumSquaresArgs& a);
 void scale(const ScaleArgs& a);
@@ -77,6 +79,8 @@ class CpuOps final : public Ops {
   STRATA_CPU_OP(gelu_backward, GeluBackwardArgs)
   STRATA_CPU_OP(add, AddArgs)
   STRATA_CPU_OP(cross_entropy, CrossEntropyArgs)
+  STRATA_CPU_OP(cross_entropy_stats, CrossEntropyStatsArgs)
+  STRATA_CPU_OP(cross_entropy_finish, CrossEntropyFinishArgs)
   STRATA_CPU_OP(adamw, AdamWArgs)
   STRATA_CPU_OP(sum_squares, SumSquaresArgs)
   STRATA_CPU_OP(scale, ScaleArgs)

@@ -1,6 +1,7 @@
 // CPU token/position embedding lookup and its backward (scatter-add into the fp32 table
-// gradient). Ids are checked before anything is written; the backward partitions the embedding
-// dimension across tasks so no two tasks touch the same dtable element (deterministic, no races).
+// gradient), whole or one vocabulary shard of the table. Ids are checked before anything is
+// written; the backward partitions the embedding dimension across tasks so no two tasks touch
+// the same dtable element (deterministic, no races).
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -22,6 +23,14 @@ void check_ids(const char* op, const int32_t* ids, int64_t n_tokens, int64_t voc
   }
 }
 
+// The row of token t in this table (rows [row0, row0 + vocab) of the full one), or -1 when its
+// id lies in another shard.
+template <class A>
+int64_t local_row(const A& a, int64_t t) {
+  const int64_t row = static_cast<int64_t>(a.ids[t]) - a.row0;
+  return row >= 0 && row < a.vocab ? row : -1;
+}
+
 template <class E>
 void embedding_impl(const EmbeddingArgs& a) {
   using T = typename E::T;
@@ -30,8 +39,13 @@ void embedding_impl(const EmbeddingArgs& a) {
   T* out = static_cast<T*>(a.out);                  // (n_tokens, dim)
   parallel_simd(a.n_tokens, row_grain(dim), [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     for (int64_t t = lo; t < hi; ++t) {
-      const T* src = table + static_cast<int64_t>(a.ids[t]) * dim;
+      const int64_t row = local_row(a, t);
       T* dst = out + t * dim;
+      if (row < 0) {  // another shard's token: zero (or, accumulating, unchanged)
+        if (!a.accumulate) std::memset(dst, 0, static_cast<size_t>(dim) * sizeof(T));
+        continue;
+      }
+      const T* src = table + row * dim;
       if (a.accumulate) {
         for (int64_t c = 0; c < dim; ++c) dst[c] = E::store(E::load(dst[c]) + E::load(src[c]));
       } else {
@@ -58,8 +72,10 @@ void embedding_backward_impl(const EmbeddingBackwardArgs& a) {
   parallel_simd(n_blocks, 1, [&](int64_t lo, int64_t hi) STRATA_SIMD_BODY {
     const int64_t c0 = lo * block, c1 = std::min(dim, hi * block);
     for (int64_t t = 0; t < n_tokens; ++t) {
+      const int64_t row = local_row(a, t);
+      if (row < 0) continue;  // another shard's row
       const T* src = dout + t * dim;
-      float* dst = dtable + static_cast<int64_t>(a.ids[t]) * dim;
+      float* dst = dtable + row * dim;
       for (int64_t c = c0; c < c1; ++c) dst[c] += E::load(src[c]);
     }
   });
@@ -68,11 +84,11 @@ void embedding_backward_impl(const EmbeddingBackwardArgs& a) {
 }  // namespace
 
 void embedding(const EmbeddingArgs& a) {
-  check_ids("embedding", a.ids, a.n_tokens, a.vocab);
+  check_ids("embedding", a.ids, a.n_tokens, id_limit(a));
   dispatch_dtype(a.dtype, [&](auto e) { embedding_impl<decltype(e)>(a); });
 }
 void embedding_backward(const EmbeddingBackwardArgs& a) {
-  check_ids("embedding_backward", a.ids, a.n_tokens, a.vocab);
+  check_ids("embedding_backward", a.ids, a.n_tokens, id_limit(a));
   dispatch_dtype(a.dtype, [&](auto e) { embedding_backward_impl<decltype(e)>(a); });
 }
 

@@ -18,6 +18,8 @@ enum DeviceErrorOp : int {
   kErrEmbedding = 1,
   kErrEmbeddingBackward = 2,
   kErrCrossEntropy = 3,
+  kErrCrossEntropyStats = 4,
+  kErrCrossEntropyFinish = 5,
 };
 
 // The first bad token id a kernel met on a stream, in host-mapped pinned memory: the GPU writes
@@ -115,6 +117,8 @@ class CudaOps final : public Ops {
   void do_gelu_backward(Stream& s, const GeluBackwardArgs& a) override;
   void do_add(Stream& s, const AddArgs& a) override;
   void do_cross_entropy(Stream& s, const CrossEntropyArgs& a) override;
+  void do_cross_entropy_stats(Stream& s, const CrossEntropyStatsArgs& a) override;
+  void do_cross_entropy_finish(Stream& s, const CrossEntropyFinishArgs& a) override;
   void do_adamw(Stream& s, const AdamWArgs& a) override;
   void do_sum_squares(Stream& s, const SumSquaresArgs& a) override;
   void do_scale(Stream& s, const ScaleArgs& a) override;

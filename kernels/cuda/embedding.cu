@@ -1,7 +1,8 @@
-// CUDA token/position embedding lookup and its backward. The backward is deterministic without
-// atomics: token indices are stably sorted by id (CUB radix sort), and one block per run of equal
-// ids adds that run's dout rows in token order into the fp32 table gradient. A bad id is recorded
-// in the stream's device error record (reported at synchronize) and its row skipped.
+// CUDA token/position embedding lookup and its backward, whole or one vocabulary shard of the
+// table. The backward is deterministic without atomics: token indices are stably sorted by their
+// row in this table (CUB radix sort), and one block per run of equal rows adds that run's dout
+// rows in token order into the fp32 table gradient. A bad id is recorded in the stream's device
+// error record (reported at synchronize) and its row skipped.
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda_runtime.h>
 
@@ -15,32 +16,46 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Block t copies (or adds) table[ids[t], :] into out[t, :].
+// The table holds rows [row0, row0 + vocab) of a table whose ids lie in [0, id_limit).
+struct Shard {
+  int64_t row0, vocab, id_limit;
+};
+
+// Block t copies (or adds) table[ids[t] - row0, :] into out[t, :]; a token of another shard gets
+// zeros (accumulating: nothing).
 template <class T>
 __global__ void embedding_kernel(const int32_t* __restrict__ ids, const T* __restrict__ table, T* __restrict__ out,
-                                 int64_t dim, int64_t vocab, bool accumulate, DeviceErrorSink errors) {
+                                 int64_t dim, Shard shard, bool accumulate, DeviceErrorSink errors) {
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
-  if (id < 0 || id >= vocab) {
-    if (threadIdx.x == 0) report_device_error(errors, kErrEmbedding, t, id, vocab);
+  if (id < 0 || id >= shard.id_limit) {
+    if (threadIdx.x == 0) report_device_error(errors, kErrEmbedding, t, id, shard.id_limit);
     return;
   }
-  const T* src = table + static_cast<int64_t>(id) * dim;
+  const int64_t row = id - shard.row0;
   T* dst = out + t * dim;
+  if (row < 0 || row >= shard.vocab) {
+    if (!accumulate)
+      for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = from_f32<T>(0.f);
+    return;
+  }
+  const T* src = table + row * dim;
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x)
     dst[c] = accumulate ? from_f32<T>(to_f32(dst[c]) + to_f32(src[c])) : src[c];
 }
 
-// Sort keys: the id, or `vocab` (sorted last, then skipped) for a bad one; values: token index.
+// Sort keys: the token's row in this table, or `vocab` (sorted last, then skipped) for a bad id
+// or another shard's; values: token index.
 __global__ void embedding_keys_kernel(const int32_t* __restrict__ ids, uint32_t* __restrict__ keys,
-                                      uint32_t* __restrict__ tokens, int64_t n_tokens, int64_t vocab,
+                                      uint32_t* __restrict__ tokens, int64_t n_tokens, Shard shard,
                                       DeviceErrorSink errors) {
   const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (t >= n_tokens) return;
   const int32_t id = ids[t];
-  const bool ok = id >= 0 && id < vocab;
-  if (!ok) report_device_error(errors, kErrEmbeddingBackward, t, id, vocab);
-  keys[t] = ok ? static_cast<uint32_t>(id) : static_cast<uint32_t>(vocab);
+  if (id < 0 || id >= shard.id_limit) report_device_error(errors, kErrEmbeddingBackward, t, id, shard.id_limit);
+  const int64_t row = id - shard.row0;
+  const bool here = id >= 0 && id < shard.id_limit && row >= 0 && row < shard.vocab;
+  keys[t] = here ? static_cast<uint32_t>(row) : static_cast<uint32_t>(shard.vocab);
   tokens[t] = static_cast<uint32_t>(t);
 }
 
@@ -73,7 +88,8 @@ void CudaOps::do_embedding(Stream& s, const EmbeddingArgs& a) {
   dispatch_dtype(a.dtype, [&](auto tag) {
     using T = decltype(tag);
     embedding_kernel<T><<<static_cast<unsigned>(a.n_tokens), kThreads, 0, ctx.stream()>>>(
-        a.ids, static_cast<const T*>(a.table), static_cast<T*>(a.out), a.dim, a.vocab, a.accumulate, ctx.errors());
+        a.ids, static_cast<const T*>(a.table), static_cast<T*>(a.out), a.dim, Shard{a.row0, a.vocab, id_limit(a)},
+        a.accumulate, ctx.errors());
     STRATA_CUDA_CHECK_LAUNCH();
   });
 }
@@ -81,7 +97,7 @@ void CudaOps::do_embedding(Stream& s, const EmbeddingArgs& a) {
 void CudaOps::do_embedding_backward(Stream& s, const EmbeddingBackwardArgs& a) {
   StreamContext& ctx = context(s);
   const int n = static_cast<int>(a.n_tokens);
-  const int end_bit = bits_for(a.vocab);  // keys are in [0, vocab]
+  const int end_bit = bits_for(a.vocab);  // keys are rows of this table, in [0, vocab]
   size_t temp_bytes = 0;
   STRATA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, static_cast<const uint32_t*>(nullptr),
                                                     static_cast<uint32_t*>(nullptr),
@@ -96,8 +112,8 @@ void CudaOps::do_embedding_backward(Stream& s, const EmbeddingBackwardArgs& a) {
   auto* keys_sorted = reinterpret_cast<uint32_t*>(base + at_keys_sorted);  // (n_tokens)
   auto* tokens = reinterpret_cast<uint32_t*>(base + at_tok);               // (n_tokens)
   auto* tokens_sorted = reinterpret_cast<uint32_t*>(base + at_tok_sorted); // (n_tokens)
-  embedding_keys_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream()>>>(a.ids, keys, tokens, a.n_tokens,
-                                                                              a.vocab, ctx.errors());
+  embedding_keys_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream()>>>(
+      a.ids, keys, tokens, a.n_tokens, Shard{a.row0, a.vocab, id_limit(a)}, ctx.errors());
   STRATA_CUDA_CHECK_LAUNCH();
   STRATA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + at_temp, temp_bytes, keys, keys_sorted, tokens,
                                                     tokens_sorted, n, 0, end_bit, ctx.stream()));

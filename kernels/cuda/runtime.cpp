@@ -127,7 +127,11 @@ struct StreamErrors {
         msg = "embedding_backward: token " + row + " has id " + value + " outside [0, " + limit + ")";
         break;
       case kErrCrossEntropy:
-        msg = "cross_entropy: row " + row + " has target " + value + " outside [0, " + limit + ") (-1 = ignored)";
+      case kErrCrossEntropyStats:
+      case kErrCrossEntropyFinish:
+        msg = std::string(op == kErrCrossEntropy ? "cross_entropy" :
+                          op == kErrCrossEntropyStats ? "cross_entropy_stats" : "cross_entropy_finish") +
+              ": row " + row + " has target " + value + " outside [0, " + limit + ") (-1 = ignored)";
         break;
       default: msg = "unknown device error " + std::to_string(op); break;
     }

@@ -302,6 +302,47 @@ TEST_P(CudaOpsTest, EmbeddingForwardAccumulateAndDeterministicBackward) {
   EXPECT_TRUE(bitwise_equal(gpu.down(ddt2, dt), first)) << "embedding_backward is not bitwise reproducible";
 }
 
+// One vocabulary shard of the table (rows [30, 70) of 97): other shards' tokens get zero rows
+// (accumulating: left as they were) and add nothing to dtable.
+TEST_P(CudaOpsTest, ShardedEmbeddingMatchesCpu) {
+  STRATA_SKIP_WITHOUT_CUDA();
+  Gpu gpu;
+  const int64_t n_tokens = 777, dim = 300, full_vocab = 97, row0 = 30, vocab = 40;
+  std::vector<int32_t> ids(n_tokens);
+  for (int64_t t = 0; t < n_tokens; ++t) ids[t] = static_cast<int32_t>((t * 37 + t / 5) % full_vocab);
+  HostBuf table = HostBuf::random(dtype(), vocab * dim, 1), out = HostBuf::random(dtype(), n_tokens * dim, 2);
+  DeviceBuffer dids = gpu.up_bytes(ids.data(), ids.size() * 4), dtable = gpu.up(table), dout_ = gpu.up(out);
+  for (bool acc : {false, true}) {
+    EmbeddingArgs c{.dtype = dtype(), .n_tokens = n_tokens, .dim = dim, .vocab = vocab, .ids = ids.data(),
+                    .table = table.data(), .out = out.data(), .accumulate = acc, .row0 = row0,
+                    .full_vocab = full_vocab};
+    EmbeddingArgs g = c;
+    g.ids = dids.as<int32_t>(), g.table = dtable.data(), g.out = dout_.data();
+    gpu.ops().embedding(gpu.stream(), g);
+    cpu::embedding(c);
+    EXPECT_NMSE(gpu.down(dout_, out), out, rounding_bound(dtype()), acc ? "sharded embedding accumulate" : "sharded embedding");
+  }
+  HostBuf dy = HostBuf::random(dtype(), n_tokens * dim, 3), dt = HostBuf::random(DType::f32, vocab * dim, 4);
+  const HostBuf dt0 = dt;
+  DeviceBuffer ddy = gpu.up(dy), ddt = gpu.up(dt);
+  EmbeddingBackwardArgs c{.dtype = dtype(), .n_tokens = n_tokens, .dim = dim, .vocab = vocab, .ids = ids.data(),
+                          .dout = dy.data(), .dtable = dt.as<float>(), .row0 = row0, .full_vocab = full_vocab};
+  EmbeddingBackwardArgs g = c;
+  g.ids = dids.as<int32_t>(), g.dout = ddy.data(), g.dtable = ddt.as<float>();
+  gpu.ops().embedding_backward(gpu.stream(), g);
+  cpu::embedding_backward(c);
+  EXPECT_NMSE(gpu.down(ddt, dt), dt, 1e-11, "sharded embedding_backward");
+  // Rows the shard's tokens never reach keep their starting values exactly.
+  const HostBuf got = gpu.down(ddt, dt);
+  for (int64_t row = 0; row < vocab; ++row) {
+    bool used = false;
+    for (int32_t id : ids) used = used || id == row0 + row;
+    if (!used) {
+      for (int64_t i = row * dim; i < (row + 1) * dim; ++i) ASSERT_EQ(got.get(i), dt0.get(i)) << "row " << row;
+    }
+  }
+}
+
 // A bad id is found on the GPU and thrown at the stream's synchronize, naming the op; the
 // stream works afterwards.
 TEST(CudaOps, OutOfRangeIdsAreReportedAtSynchronize) {
@@ -414,6 +455,70 @@ TEST_P(CudaOpsTest, CrossEntropyIgnoredRowsStrideInPlaceAndForwardOnly) {
       if (in_place) EXPECT_NMSE(gpu.down(dl, logits), logits, 4 * rounding_bound(dtype()) + 1e-10, what + " dlogits");
     }
   }
+}
+
+// The vocabulary-parallel pair over three uneven shards of 1000 columns: each shard's stats,
+// then each shard's finish (in place) from the CPU's all_stats, so each is compared on its own;
+// a bad target is reported at synchronize naming the op.
+TEST_P(CudaOpsTest, VocabParallelCrossEntropyMatchesCpu) {
+  STRATA_SKIP_WITHOUT_CUDA();
+  Gpu gpu;
+  const int64_t rows = 13, full_vocab = 1000, pad = 3;
+  const int parts = 3;
+  const int64_t starts[parts] = {0, 400, 750}, widths[parts] = {400, 350, 250};
+  std::vector<int32_t> targets(rows);
+  for (int64_t r = 0; r < rows; ++r) targets[r] = r % 4 == 1 ? -1 : static_cast<int32_t>((r * 7919) % full_vocab);
+  targets[0] = 999, targets[2] = 400, targets[3] = 749;
+  DeviceBuffer dtg = gpu.up_bytes(targets.data(), targets.size() * 4);
+  HostBuf all_stats(DType::f32, parts * rows * 3);  // (parts, rows, 3), from the CPU
+  std::vector<HostBuf> logits;
+  for (int p = 0; p < parts; ++p) {
+    const int64_t ld = widths[p] + pad;
+    logits.push_back(HostBuf::random(dtype(), rows * ld, 10 + p, -8, 8));
+    HostBuf st(DType::f32, rows * 3);
+    DeviceBuffer dl = gpu.up(logits[p]), dst = gpu.up(st);
+    CrossEntropyStatsArgs c{.dtype = dtype(), .rows = rows, .vocab = widths[p], .ld = ld, .vocab_start = starts[p],
+                            .full_vocab = full_vocab, .logits = logits[p].data(), .targets = targets.data(),
+                            .stats = st.as<float>()};
+    CrossEntropyStatsArgs g = c;
+    g.logits = dl.data(), g.targets = dtg.as<int32_t>(), g.stats = dst.as<float>();
+    gpu.ops().cross_entropy_stats(gpu.stream(), g);
+    cpu::cross_entropy_stats(c);
+    EXPECT_NMSE(gpu.down(dst, st), st, 1e-10, "cross_entropy_stats shard " + std::to_string(p));
+    std::memcpy(all_stats.as<float>() + p * rows * 3, st.data(), st.size_bytes());
+  }
+  DeviceBuffer dall = gpu.up(all_stats);
+  for (int p = 0; p < parts; ++p) {
+    const int64_t ld = widths[p] + pad;
+    HostBuf losses(DType::f32, rows);
+    DeviceBuffer dl = gpu.up(logits[p]), dls = gpu.up(losses);
+    CrossEntropyFinishArgs c{.dtype = dtype(), .rows = rows, .vocab = widths[p], .ld = ld, .vocab_start = starts[p],
+                             .full_vocab = full_vocab, .parts = parts, .logits = logits[p].data(),
+                             .targets = targets.data(), .all_stats = all_stats.as<float>(),
+                             .losses = losses.as<float>(), .dlogits = logits[p].data(), .grad_scale = 1.f / 9.f};
+    CrossEntropyFinishArgs g = c;
+    g.logits = dl.data(), g.targets = dtg.as<int32_t>(), g.all_stats = dall.as<float>(), g.losses = dls.as<float>(),
+    g.dlogits = dl.data();
+    gpu.ops().cross_entropy_finish(gpu.stream(), g);
+    cpu::cross_entropy_finish(c);
+    const std::string what = "cross_entropy_finish shard " + std::to_string(p);
+    EXPECT_NMSE(gpu.down(dls, losses), losses, 1e-10, what + " losses");
+    EXPECT_NMSE(gpu.down(dl, logits[p]), logits[p], 4 * rounding_bound(dtype()) + 1e-10, what + " dlogits");
+  }
+  std::vector<int32_t> bad = targets;
+  bad[5] = static_cast<int32_t>(full_vocab);
+  DeviceBuffer dbad = gpu.up_bytes(bad.data(), bad.size() * 4), dls = gpu.up(HostBuf(DType::f32, rows));
+  gpu.ops().cross_entropy_finish(gpu.stream(), {.dtype = dtype(), .rows = rows, .vocab = widths[0],
+                                                .vocab_start = 0, .full_vocab = full_vocab, .parts = parts,
+                                                .targets = dbad.as<int32_t>(), .all_stats = dall.as<float>(),
+                                                .losses = dls.as<float>()});
+  try {
+    gpu.stream().synchronize();
+    ADD_FAILURE() << "a target of 1000 with full_vocab 1000 was not reported";
+  } catch (const std::out_of_range& e) {
+    EXPECT_NE(std::string(e.what()).find("cross_entropy_finish"), std::string::npos) << e.what();
+  }
+  gpu.stream().synchronize();  // reported once, then cleared
 }
 
 // ---- optimizer -------------------------------------------------------------------------------

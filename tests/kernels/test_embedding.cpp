@@ -1,6 +1,7 @@
 // Embedding lookup (plain and accumulating) and its scatter-add backward on the CPU backend:
 // forward against a float64 gather, backward against float64 finite differences with repeated
-// ids, determinism of the parallel scatter, and out-of-range ids as errors.
+// ids, determinism of the parallel scatter, and out-of-range ids as errors. A table split into
+// two vocabulary shards gives the unsharded lookup and gradient bit for bit.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -128,6 +129,126 @@ TEST(EmbeddingOps, OutOfRangeIdIsAnErrorNamingTokenAndId) {
   EXPECT_THROW(rt->ops().embedding(*stream, {.n_tokens = 2, .dim = dim, .vocab = vocab, .ids = nullptr,
                                              .table = table.data(), .out = out.data()}),
                std::invalid_argument);
+}
+
+// ---- vocabulary-sharded table -------------------------------------------------------------------
+
+// Rows [row0, row0 + n) of a (vocab, dim) table.
+TypedBuf rows_of(const std::vector<double>& table, int64_t dim, int64_t row0, int64_t n, DType t) {
+  return TypedBuf(t, std::vector<double>(table.begin() + row0 * dim, table.begin() + (row0 + n) * dim));
+}
+
+TEST_P(EmbeddingTest, TwoShardsSumToTheWholeLookup) {
+  const DType t = dtype();
+  const int64_t full_vocab = 50, split = 20, dim = 17, n_tokens = 37;
+  const auto ids = random_ids(n_tokens, full_vocab, 40);
+  const TypedBuf table(t, random_vec(full_vocab * dim, 41));
+  const auto tv = table.values();
+  const int64_t row0s[2] = {0, split}, vocabs[2] = {split, full_vocab - split};
+  const TypedBuf shards[2] = {rows_of(tv, dim, 0, split, t), rows_of(tv, dim, split, full_vocab - split, t)};
+
+  TypedBuf whole(t, n_tokens * dim);
+  cpu::embedding({.dtype = t, .n_tokens = n_tokens, .dim = dim, .vocab = full_vocab, .ids = ids.data(),
+                  .table = table.data(), .out = whole.data()});
+  std::vector<double> sum(n_tokens * dim, 0.0);
+  for (int s = 0; s < 2; ++s) {
+    TypedBuf out(t, random_vec(n_tokens * dim, 42 + s));  // every row overwritten: its own, or zeros
+    cpu::embedding({.dtype = t, .n_tokens = n_tokens, .dim = dim, .vocab = vocabs[s], .ids = ids.data(),
+                    .table = shards[s].data(), .out = out.data(), .row0 = row0s[s], .full_vocab = full_vocab});
+    const auto ov = out.values();
+    for (int64_t i = 0; i < n_tokens; ++i) {
+      const bool here = ids[i] >= row0s[s] && ids[i] < row0s[s] + vocabs[s];
+      for (int64_t c = 0; c < dim; ++c) {
+        if (!here) {
+          ASSERT_EQ(ov[i * dim + c], 0.0) << "shard " << s << " token " << i;
+        }
+        sum[i * dim + c] += ov[i * dim + c];
+      }
+    }
+  }
+  expect_close(sum, whole.values(), 0, 0, "sum of the shards' lookups");
+
+  // Accumulating: each shard adds its tokens' rows and leaves the others as they were, so the
+  // two in turn are the unsharded accumulate.
+  const auto base = random_vec(n_tokens * dim, 44);
+  TypedBuf whole_acc(t, base), sharded_acc(t, base);
+  cpu::embedding({.dtype = t, .n_tokens = n_tokens, .dim = dim, .vocab = full_vocab, .ids = ids.data(),
+                  .table = table.data(), .out = whole_acc.data(), .accumulate = true});
+  for (int s = 0; s < 2; ++s) {
+    cpu::embedding({.dtype = t, .n_tokens = n_tokens, .dim = dim, .vocab = vocabs[s], .ids = ids.data(),
+                    .table = shards[s].data(), .out = sharded_acc.data(), .accumulate = true, .row0 = row0s[s],
+                    .full_vocab = full_vocab});
+  }
+  expect_close(sharded_acc.values(), whole_acc.values(), 0, 0, "shards accumulating in turn");
+}
+
+TEST_P(EmbeddingTest, ShardBackwardIsItsRowsOfTheWholeBackward) {
+  const DType t = dtype();
+  const int64_t full_vocab = 11, split = 4, dim = 129, n_tokens = 40;  // many repeats per id
+  const auto ids = random_ids(n_tokens, full_vocab, 50);
+  const TypedBuf dout(t, random_vec(n_tokens * dim, 51));
+  const auto init = random_vec(full_vocab * dim, 52);
+  std::vector<float> whole(init.begin(), init.end());
+  cpu::embedding_backward({.dtype = t, .n_tokens = n_tokens, .dim = dim, .vocab = full_vocab, .ids = ids.data(),
+                           .dout = dout.data(), .dtable = whole.data()});
+  const int64_t row0s[2] = {0, split}, vocabs[2] = {split, full_vocab - split};
+  for (int s = 0; s < 2; ++s) {
+    std::vector<float> dtable(init.begin() + row0s[s] * dim, init.begin() + (row0s[s] + vocabs[s]) * dim);
+    cpu::embedding_backward({.dtype = t, .n_tokens = n_tokens, .dim = dim, .vocab = vocabs[s], .ids = ids.data(),
+                             .dout = dout.data(), .dtable = dtable.data(), .row0 = row0s[s],
+                             .full_vocab = full_vocab});
+    const std::vector<float> want(whole.begin() + row0s[s] * dim, whole.begin() + (row0s[s] + vocabs[s]) * dim);
+    EXPECT_EQ(dtable, want) << "shard " << s;
+  }
+}
+
+TEST(EmbeddingOps, ShardedIdsAndRow0AreChecked) {
+  const int64_t full_vocab = 10, row0 = 6, vocab = 4, dim = 4;
+  std::vector<float> table(vocab * dim, 1.f), out(3 * dim, 0.f), dtable(vocab * dim, 0.f);
+  // An id of another shard is fine; one outside [0, full_vocab) is an error naming full_vocab.
+  const std::vector<int32_t> ok = {0, 5, 9};
+  cpu::embedding({.n_tokens = 3, .dim = dim, .vocab = vocab, .ids = ok.data(), .table = table.data(),
+                  .out = out.data(), .row0 = row0, .full_vocab = full_vocab});
+  for (int32_t bad : {10, -1}) {
+    const std::vector<int32_t> ids = {1, 7, bad};
+    try {
+      cpu::embedding({.n_tokens = 3, .dim = dim, .vocab = vocab, .ids = ids.data(), .table = table.data(),
+                      .out = out.data(), .row0 = row0, .full_vocab = full_vocab});
+      ADD_FAILURE() << "id " << bad << " accepted";
+    } catch (const std::out_of_range& e) {
+      EXPECT_NE(std::string(e.what()).find("outside [0, 10)"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(cpu::embedding_backward({.n_tokens = 3, .dim = dim, .vocab = vocab, .ids = ids.data(),
+                                          .dout = out.data(), .dtable = dtable.data(), .row0 = row0,
+                                          .full_vocab = full_vocab}),
+                 std::out_of_range);
+  }
+  for (float v : dtable) EXPECT_EQ(v, 0.f);
+
+  // The shard must lie inside the full table, and row0 means nothing without full_vocab.
+  auto rt = make_runtime(Backend::cpu);
+  auto stream = rt->create_stream();
+  const EmbeddingArgs fwd{.n_tokens = 3, .dim = dim, .vocab = vocab, .ids = ok.data(), .table = table.data(),
+                          .out = out.data(), .row0 = row0, .full_vocab = full_vocab};
+  const EmbeddingBackwardArgs bwd{.n_tokens = 3, .dim = dim, .vocab = vocab, .ids = ok.data(), .dout = out.data(),
+                                  .dtable = dtable.data(), .row0 = row0, .full_vocab = full_vocab};
+  rt->ops().embedding(*stream, fwd);
+  rt->ops().embedding_backward(*stream, bwd);
+  stream->synchronize();
+  for (auto [r0, fv] : {std::pair<int64_t, int64_t>{-1, 10}, {7, 10}, {3, 0}, {0, -5}}) {
+    auto f = fwd;
+    f.row0 = r0, f.full_vocab = fv;
+    auto b = bwd;
+    b.row0 = r0, b.full_vocab = fv;
+    const char* field = fv < 0 ? "full_vocab" : "row0";
+    try {
+      rt->ops().embedding(*stream, f);
+      ADD_FAILURE() << "row0 " << r0 << " full_vocab " << fv << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(rt->ops().embedding_backward(*stream, b), std::invalid_argument);
+  }
 }
 
 }  // namespace
