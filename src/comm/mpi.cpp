@@ -4,6 +4,7 @@
 #define OMPI_SKIP_MPICXX 1  // the C API only: no deprecated C++ bindings, no libmpi_cxx
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,7 +15,9 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <functional>
 #include <mutex>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -287,8 +290,8 @@ struct Partition {
 // One process group: the MPI communicators and what the collectives running on stream workers
 // share. Held by the Communicator and by every enqueued collective, so it outlives both.
 struct Group {
-  Group(std::shared_ptr<MpiEnv> env_, MPI_Comm base, size_t piece_bytes_wanted)
-      : env(std::move(env_)), data(dup_comm(base)), ctrl(dup_comm(base)) {
+  Group(std::shared_ptr<MpiEnv> env_, MPI_Comm base, size_t piece_bytes_wanted, int64_t jitter_us_ = 0)
+      : env(std::move(env_)), data(dup_comm(base)), ctrl(dup_comm(base)), jitter_us(jitter_us_) {
     check(MPI_Comm_rank(data.get(), &rank), "MPI_Comm_rank");
     check(MPI_Comm_size(data.get(), &world), "MPI_Comm_size");
     int* ub = nullptr;
@@ -326,6 +329,7 @@ struct Group {
   OwnedComm ctrl;               // host-thread collectives (host_broadcast, split)
   int rank = 0, world = 1, local_rank = 0, local_world = 1, tag_ub = 32767;
   size_t piece_bytes = 0;
+  int64_t jitter_us = 0;  // CommOptions::jitter_us
   std::unique_ptr<WorkspacePool> pool;
   std::atomic<uint64_t> issued{0};  // collectives enqueued so far (host thread)
   mutable std::mutex broken_mu;
@@ -521,7 +525,8 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Comm_split(group_->ctrl.get(), color, key, &c), "MPI_Comm_split",
           "color " + std::to_string(color) + ", key " + std::to_string(key));
     OwnedComm sub(c);  // the group dups its own comms from it
-    return std::make_unique<MpiCommunicator>(std::make_shared<Group>(group_->env, sub.get(), group_->piece_bytes));
+    return std::make_unique<MpiCommunicator>(
+        std::make_shared<Group>(group_->env, sub.get(), group_->piece_bytes, group_->jitter_us));
   }
 
  private:
@@ -537,6 +542,11 @@ class MpiCommunicator final : public Communicator {
     s.host_fn([ticket, call, issue, bytes, dt, body, sp] {
       Group& g = *ticket->group;
       g.fail_fast();
+      if (g.jitter_us > 0) {  // test hook: arrive at a random moment
+        thread_local std::minstd_rand rng(static_cast<unsigned>(::getpid()) * 7919u +
+                                          static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id())));
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % static_cast<uint64_t>(g.jitter_us + 1)));
+      }
       WorkspacePool::Lease lease(*g.pool, g.pool->acquire());
       const auto t0 = std::chrono::steady_clock::now();
       try {
@@ -565,7 +575,8 @@ bool mpi_built() { return true; }
 
 std::unique_ptr<Communicator> make_mpi(const CommOptions& options) {
   auto env = MpiEnv::acquire();
-  return std::make_unique<MpiCommunicator>(std::make_shared<Group>(std::move(env), MPI_COMM_WORLD, options.piece_bytes));
+  return std::make_unique<MpiCommunicator>(
+      std::make_shared<Group>(std::move(env), MPI_COMM_WORLD, options.piece_bytes, options.jitter_us));
 }
 
 bool mpi_active() { return mpi_is_active(); }

@@ -3,6 +3,7 @@
 // [q (Hq·D) | k (Hkv·D) | v (Hkv·D)]; and the workspace carver. Internal to src/model/ and
 // src/infer/.
 #pragma once
+#include "src/comm/communicator.h"
 #include "src/model/linear.h"
 #include "src/model/transformer.h"
 
@@ -26,6 +27,24 @@ struct Carver {
 // null for an absent tensor (offset -1).
 inline const void* wptr(const BlockCtx& c, int64_t off) { return off >= 0 ? at(c.w, off, c.dtype) : nullptr; }
 inline float* gptr(const BlockCtx& c, int64_t off) { return c.g && off >= 0 ? c.g + off : nullptr; }
+
+// Tensor parallelism (Megatron-LM's f and g): x (rows, cols) summed over the tp group in place
+// (after a row-parallel layer in the forward; after a column-parallel layer's input gradient in
+// the backward). Nothing without tensor parallelism.
+inline void tp_all_reduce(const BlockCtx& c, void* x, int64_t rows, int64_t cols) {
+  if (c.tp_comm) c.tp_comm->all_reduce(x, x, static_cast<size_t>(rows * cols), c.dtype, *c.stream);
+}
+
+// A row-parallel layer: y (rows, out) = x · op(W) summed over the tp group, then + b (the bias
+// is whole on every rank: added once, after the sum). Without tensor parallelism,
+// linear_forward.
+inline void row_parallel_forward(const Linear& l, const BlockCtx& c, const void* x, const void* w, const void* b,
+                                 void* y, int64_t rows, int64_t in, int64_t out) {
+  if (!c.tp_comm) return linear_forward(l, x, w, b, y, rows, in, out);
+  linear_forward(l, x, w, nullptr, y, rows, in, out);
+  tp_all_reduce(c, y, rows, out);
+  if (b) c.ops->bias_add(*c.stream, {.dtype = c.dtype, .rows = rows, .cols = out, .y = y, .bias = b});
+}
 
 // The shape and q/k/v views shared by the attention forward and backward arguments.
 template <class Args>

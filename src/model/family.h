@@ -69,6 +69,12 @@ struct FamilyRecipe {
   void (*final_norm_tensors)(const ModelConfig& cfg, const ModelDims& d, const AddTensor& add, OuterLayout& o);
   BlockFn block_forward;
   BlockFn block_backward;
+  // Tensor parallelism: how a block or final-norm tensor (by HF name) is split over the tp
+  // ranks: Megatron's column-parallel layers by their output features, row-parallel ones by
+  // their input features, the rest whole (the embedding and head are split by vocabulary rows
+  // whatever the family). The blocks sum over the group after each row-parallel layer and each
+  // column-parallel input gradient (block_common.h).
+  TpSplit (*tp_split)(std::string_view name);
 
   // LoRA: a layer's tensors are named layer_prefix + layer + "." + module; its linear modules
   // (the columns of the fused slots they write), and PEFT's default --lora-targets.

@@ -21,6 +21,8 @@ using model_detail::linear_backward;
 using model_detail::linear_forward;
 using model_detail::lora_backward;
 using model_detail::lora_forward;
+using model_detail::row_parallel_forward;
+using model_detail::tp_all_reduce;
 using model_detail::wptr;
 
 namespace {
@@ -45,7 +47,7 @@ void gpt2_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, vo
   // att (N, C) = causal softmax(q·kᵀ/√D)·v, lse (B, H, T)
   fused_qkv_attention(c, a);
   // res_mid (N, C) = x + att · c_proj + b
-  linear_forward(lin, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
+  row_parallel_forward(lin, c, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
   lora_forward(c, LoraSlot::o, a.att, c.scratch->tmp_c, d.C);
   ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = x, .b = c.scratch->tmp_c, .out = a.res_mid});
   // ln2 (N, C) = layernorm(res_mid)
@@ -57,7 +59,7 @@ void gpt2_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, vo
   lora_forward(c, LoraSlot::fc, a.ln2, a.fc, d.I);
   ops.gelu(s, {.dtype = dt, .n = d.N * d.I, .tanh_approx = tanh_gelu(c), .x = a.fc, .y = a.act});
   // out (N, C) = res_mid + act · mlp.c_proj + b
-  linear_forward(lin, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b), c.scratch->tmp_c, d.N, d.I, d.C);
+  row_parallel_forward(lin, c, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b), c.scratch->tmp_c, d.N, d.I, d.C);
   lora_forward(c, LoraSlot::proj, a.act, c.scratch->tmp_c, d.C);
   ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = a.res_mid, .b = c.scratch->tmp_c, .out = out});
 }
@@ -81,6 +83,7 @@ void gpt2_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, v
   // d_c (N, C) = d_fc · c_fcᵀ
   linear_backward(lin, a.ln2, wptr(c, p.fc_w), sc.d_fc, sc.d_c, gptr(c, p.fc_w), gptr(c, p.fc_b), d.N, d.C, d.I);
   lora_backward(c, LoraSlot::fc, a.ln2, sc.d_fc, d.I, sc.d_c);
+  tp_all_reduce(c, sc.d_c, d.N, d.C);  // column-parallel: this rank\'s part of d ln2
   // dres += layernorm_backward(res_mid, d_c) -> d res_mid
   ops.layernorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = a.res_mid, .weight = wptr(c, p.ln2_w),
                              .dy = sc.d_c, .mean = a.mean2, .rstd = a.rstd2, .dx = dres,
@@ -95,6 +98,7 @@ void gpt2_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, v
   linear_backward(lin, a.ln1, wptr(c, p.qkv_w), sc.d_fc, sc.d_c, gptr(c, p.qkv_w), gptr(c, p.qkv_b), d.N, d.C,
                   d.QKV);
   lora_backward(c, LoraSlot::qkv, a.ln1, sc.d_fc, d.QKV, sc.d_c);
+  tp_all_reduce(c, sc.d_c, d.N, d.C);  // column-parallel: this rank\'s part of d ln1
   // dres += layernorm_backward(x, d_c) -> d x
   ops.layernorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = x, .weight = wptr(c, p.ln1_w),
                              .dy = sc.d_c, .mean = a.mean1, .rstd = a.rstd1, .dx = dres,
@@ -170,6 +174,18 @@ std::vector<LinearModule> linear_modules(const ModelDims& d) {
           {"mlp.c_proj", LoraSlot::proj, 0, d.I, d.C}};
 }
 
+// Megatron's split (HF Conv1D's (in, out) weights): c_attn and c_fc column-parallel (their
+// output columns split: c_attn's q, k and v each, as three segments), the projections
+// row-parallel (their input rows split); norms and the projections' biases whole.
+TpSplit tp_split(std::string_view name) {
+  if (name.ends_with("attn.c_attn.weight")) return {1, 3};
+  if (name.ends_with("attn.c_attn.bias")) return {0, 3};
+  if (name.ends_with("mlp.c_fc.weight")) return {1, 1};
+  if (name.ends_with("mlp.c_fc.bias")) return {0, 1};
+  if (name.ends_with("c_proj.weight")) return {0, 1};
+  return {};
+}
+
 }  // namespace
 
 // extern: the registry (family.cpp) names it; a namespace-scope const is file-local otherwise.
@@ -189,6 +205,7 @@ const FamilyRecipe kGpt2Recipe{
     .final_norm_tensors = final_norm_tensors,
     .block_forward = gpt2_block_forward,
     .block_backward = gpt2_block_backward,
+    .tp_split = tp_split,
     .layer_prefix = "transformer.h.",
     .linear_modules = linear_modules,
     .lora_default_targets = "c_attn",

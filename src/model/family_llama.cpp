@@ -22,6 +22,8 @@ using model_detail::linear_backward;
 using model_detail::linear_forward;
 using model_detail::lora_backward;
 using model_detail::lora_forward;
+using model_detail::row_parallel_forward;
+using model_detail::tp_all_reduce;
 using model_detail::wptr;
 
 namespace {
@@ -69,7 +71,7 @@ void llama_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, v
   // att (N, Q) = causal softmax(q·kᵀ/√D)·v, lse (B, Hq, T)
   fused_qkv_attention(c, a);
   // res_mid (N, C) = x + att · Woᵀ (+ bo)
-  linear_forward(lin, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
+  row_parallel_forward(lin, c, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
   lora_forward(c, LoraSlot::o, a.att, c.scratch->tmp_c, d.C);
   ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = x, .b = c.scratch->tmp_c, .out = a.res_mid});
   // ln2 (N, C) = rmsnorm(res_mid)
@@ -81,7 +83,7 @@ void llama_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, v
   ops.swiglu(s, {.dtype = dt, .rows = d.N, .cols = d.I, .ld = d.FC, .gate = a.fc, .up = at(a.fc, d.I, dt),
                  .out = a.act});
   // out (N, C) = res_mid + act · Wdownᵀ
-  linear_forward(lin, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b), c.scratch->tmp_c, d.N, d.I, d.C);
+  row_parallel_forward(lin, c, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b), c.scratch->tmp_c, d.N, d.I, d.C);
   lora_forward(c, LoraSlot::proj, a.act, c.scratch->tmp_c, d.C);
   ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = a.res_mid, .b = c.scratch->tmp_c, .out = out});
 }
@@ -106,6 +108,7 @@ void llama_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, 
   // d_c (N, C) = d_fc · [Wgate; Wup]
   linear_backward(lin, a.ln2, wptr(c, p.fc_w), sc.d_fc, sc.d_c, gptr(c, p.fc_w), gptr(c, p.fc_b), d.N, d.C, d.FC);
   lora_backward(c, LoraSlot::fc, a.ln2, sc.d_fc, d.FC, sc.d_c);
+  tp_all_reduce(c, sc.d_c, d.N, d.C);  // column-parallel: this rank\'s part of d ln2
   // dres += rmsnorm_backward(res_mid, d_c)  -> d res_mid
   ops.rmsnorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = a.res_mid, .weight = wptr(c, p.ln2_w),
                            .dy = sc.d_c, .rstd = a.rstd2, .dx = dres, .dweight = gptr(c, p.ln2_w),
@@ -122,6 +125,7 @@ void llama_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, 
   linear_backward(lin, a.ln1, wptr(c, p.qkv_w), sc.d_fc, sc.d_c, gptr(c, p.qkv_w), gptr(c, p.qkv_b), d.N, d.C,
                   d.QKV);
   lora_backward(c, LoraSlot::qkv, a.ln1, sc.d_fc, d.QKV, sc.d_c);
+  tp_all_reduce(c, sc.d_c, d.N, d.C);  // column-parallel: this rank\'s part of d ln1
   // dres += rmsnorm_backward(x, d_c)  -> d x
   ops.rmsnorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = x, .weight = wptr(c, p.ln1_w),
                            .dy = sc.d_c, .rstd = a.rstd1, .dx = dres, .dweight = gptr(c, p.ln1_w),
@@ -275,6 +279,17 @@ std::vector<LinearModule> linear_modules(const ModelDims& d) {
           {"mlp.down_proj", LoraSlot::proj, 0, d.I, d.C}};
 }
 
+// Megatron's split (HF's (out, in) weights): q, k, v, gate and up column-parallel (their output
+// rows, and biases, split), o and down row-parallel (their input columns split); norms and the
+// o/down biases whole.
+TpSplit tp_split(std::string_view name) {
+  for (std::string_view m : {"q_proj.", "k_proj.", "v_proj.", "gate_proj.", "up_proj."})
+    if (name.find(m) != std::string_view::npos) return {0, 1};
+  for (std::string_view m : {"o_proj.weight", "down_proj.weight"})
+    if (name.ends_with(m)) return {1, 1};
+  return {};
+}
+
 }  // namespace
 
 // extern: the registry (family.cpp) names it; a namespace-scope const is file-local otherwise.
@@ -294,6 +309,7 @@ const FamilyRecipe kLlamaRecipe{
     .final_norm_tensors = final_norm_tensors,
     .block_forward = llama_block_forward,
     .block_backward = llama_block_backward,
+    .tp_split = tp_split,
     .layer_prefix = "model.layers.",
     .linear_modules = linear_modules,
     .lora_default_targets = "q_proj,v_proj",

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "kernels/cpu/parallel.h"
+#include "src/comm/communicator.h"
 #include "src/model/block_common.h"
 #include "src/model/family.h"
 #include "src/model/init_normal.h"
@@ -51,7 +52,7 @@ std::string checkpointing_name(const Checkpointing& c) {
   return "every:" + std::to_string(c.every);
 }
 
-ModelDims model_dims(const ModelConfig& cfg, int64_t batch, int64_t seq) {
+ModelDims model_dims(const ModelConfig& cfg, int64_t batch, int64_t seq, const TensorParallel& tp) {
   ModelDims d;
   d.B = batch;
   d.T = seq;
@@ -59,18 +60,82 @@ ModelDims model_dims(const ModelConfig& cfg, int64_t batch, int64_t seq) {
   d.C = cfg.hidden_size;
   d.L = cfg.n_layers;
   d.V = cfg.vocab_size;
+  d.full_vocab = d.V;
   d.Hq = cfg.n_heads;
   d.D = cfg.effective_head_dim();
   d.Q = d.Hq * d.D;
   d.I = cfg.intermediate_size > 0 ? cfg.intermediate_size : 4 * d.C;
   family_recipe(cfg.family).dims(cfg, d);  // Hkv, FC
   d.QKV = (d.Hq + 2 * d.Hkv) * d.D;
+  if (tp.size == 1) return d;
+  // Megatron-LM: each rank its heads (GQA: its kv heads, so no kv head is repeated across
+  // ranks), its slice of the MLP, its rows of the vocabulary.
+  const int64_t n = tp.size;
+  auto divides = [&](int64_t what, const char* name) {
+    if (what % n != 0)
+      throw std::invalid_argument("--tp " + std::to_string(n) + " does not divide the model's " + name + " (" +
+                                  std::to_string(what) + "): choose a --tp that divides it");
+  };
+  divides(d.Hq, "attention heads");
+  divides(d.Hkv, "key/value heads");
+  divides(d.I, "MLP width (intermediate_size)");
+  const auto [v0, v1] = tp_piece(d.V, static_cast<int>(n) - 1, static_cast<int>(n));
+  if (v1 <= v0)
+    throw std::invalid_argument("--tp " + std::to_string(n) + " leaves the last rank no rows of the " +
+                                std::to_string(d.V) + "-token vocabulary: use a smaller --tp");
+  const auto [mine0, mine1] = tp_piece(d.V, tp.rank, static_cast<int>(n));
+  d.vocab_start = mine0;
+  d.V = mine1 - mine0;
+  d.Hq /= n;
+  d.Hkv /= n;
+  d.Q = d.Hq * d.D;
+  d.QKV = (d.Hq + 2 * d.Hkv) * d.D;
+  d.FC = d.FC / n;  // gate and up (llama) or c_fc (gpt2): each split the same way
+  d.I /= n;
   return d;
 }
 
+std::pair<int64_t, int64_t> tp_piece(int64_t length, int rank, int size) {
+  const int64_t piece = (length + size - 1) / size;
+  return {std::min(length, rank * piece), std::min(length, (rank + 1) * piece)};
+}
+
+std::vector<int64_t> tp_shape(const ParamInfo& p, int rank, int size) {
+  std::vector<int64_t> shape = p.full_shape;
+  if (p.split.dim < 0 || size == 1) return shape;
+  const auto d = static_cast<size_t>(p.split.dim);
+  const int64_t seg = shape[d] / p.split.segments;
+  const auto [a, b] = tp_piece(seg, rank, size);
+  shape[d] = (b - a) * p.split.segments;
+  return shape;
+}
+
+void tp_runs(const ParamInfo& p, int rank, int size, const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  const std::vector<int64_t>& full = p.full_shape;
+  int64_t numel = 1;
+  for (int64_t x : full) numel *= x;
+  if (p.split.dim < 0 || size == 1) {
+    fn(0, 0, numel);
+    return;
+  }
+  const auto d = static_cast<size_t>(p.split.dim);
+  // rows: the product of the dims before `dim`; inner: after it. Each row holds the segments'
+  // pieces, each piece (b - a) · inner contiguous elements of the HF tensor.
+  int64_t rows = 1, inner = 1;
+  for (size_t i = 0; i < d; ++i) rows *= full[i];
+  for (size_t i = d + 1; i < full.size(); ++i) inner *= full[i];
+  const int64_t seg = full[d] / p.split.segments;
+  const auto [a, b] = tp_piece(seg, rank, size);
+  const int64_t local_row = (b - a) * p.split.segments * inner;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int s = 0; s < p.split.segments; ++s)
+      fn(r * local_row + s * (b - a) * inner, (r * full[d] + s * seg + a) * inner, (b - a) * inner);
+}
+
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
-                         Checkpointing ckpt, int64_t logits_chunk_bytes, int shard_world, const LoraSpec& lora)
-    : cfg_(cfg), recipe_(family_recipe(cfg.family)), dtype_(dtype), rt_(rt), ckpt_(ckpt), lora_spec_(lora) {
+                         Checkpointing ckpt, int64_t logits_chunk_bytes, int shard_world, const LoraSpec& lora,
+                         const TensorParallel& tp)
+    : cfg_(cfg), recipe_(family_recipe(cfg.family)), dtype_(dtype), tp_(tp), rt_(rt), ckpt_(ckpt), lora_spec_(lora) {
   if (shard_world < 1) throw std::invalid_argument("shard_world must be >= 1, got " + std::to_string(shard_world));
   cfg_.validate();
   if (batch <= 0) throw std::invalid_argument("batch must be positive, got " + std::to_string(batch));
@@ -79,7 +144,13 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int
     throw std::invalid_argument("--seq " + std::to_string(seq) + " exceeds the model's max_position_embeddings " +
                                 std::to_string(cfg_.max_position_embeddings));
   if (ckpt_.every < 0) throw std::invalid_argument("checkpointing: every must be >= 0");
-  dims_ = model_dims(cfg_, batch, seq);
+  if (tp_.size < 1 || tp_.rank < 0 || tp_.rank >= tp_.size || (tp_.on() && !tp_.comm))
+    throw std::invalid_argument("Transformer: tensor-parallel rank " + std::to_string(tp_.rank) + " of " +
+                                std::to_string(tp_.size) + " without its group");
+  if (tp_.on() && lora.on())
+    throw std::invalid_argument("--tp " + std::to_string(tp_.size) +
+                                " with LoRA adapters is not supported yet: train adapters with --tp 1");
+  dims_ = model_dims(cfg_, batch, seq, tp_);
   ModelDims& d = dims_;
   // LM-head chunks: at most logits_chunk_bytes of logits at once, split evenly so each chunk's
   // matmuls stay large. Each chunk re-reads and re-writes the fp32 head gradient (V, C), so
@@ -108,6 +179,15 @@ void Transformer::build_layout(int shard_world) {
     p.numel = 1;
     for (int64_t sz : shape) p.numel *= sz;
     p.shape = std::move(shape);
+    p.full_shape = p.shape;
+    if (tp_.on()) {  // shape is this rank's part (the dims are): the HF tensor's from the split
+      // The embedding table (the embedding unit's first tensor) and an untied head: vocabulary
+      // rows; the rest as the family says.
+      const bool vocab = (units_.size() == 1 && u.params.empty()) || (!recipe_.head_name.empty() && name == recipe_.head_name);
+      p.split = vocab ? TpSplit{0, 1} : recipe_.tp_split(name);
+      if (vocab) p.full_shape[0] = d.full_vocab;
+      else if (p.split.dim >= 0) p.full_shape[static_cast<size_t>(p.split.dim)] *= tp_.size;
+    }
     p.unit = static_cast<int>(units_.size() - 1);
     p.unit_offset = u.n_real;
     p.offset = u.offset + u.n_real;
@@ -246,6 +326,8 @@ void Transformer::plan_workspace(char* base) {
   logits_ = cv.take_dt(d.chunk_rows * d.V, logits_dtype_);
   dlogits_lp_ = dt == DType::f16 ? cv.take_dt(d.chunk_rows * d.V, dt) : nullptr;
   losses_ = cv.take_f32(d.N);
+  ce_stats_ = tp_.on() ? cv.take_f32(3 * d.chunk_rows) : nullptr;
+  ce_all_ = tp_.on() ? cv.take_f32(3 * d.chunk_rows * tp_.size) : nullptr;
   lora_u_ = lora() ? cv.take_dt(d.N * lora_layout_.max_kr, dt) : nullptr;
   lora_du_ = lora() ? cv.take_dt(d.N * lora_layout_.max_kr, dt) : nullptr;
   const bool drop = lora() && lora_layout_.dropout > 0;
@@ -291,6 +373,16 @@ const ParamInfo* Transformer::find_param(const std::string& name) const {
 int64_t Transformer::n_params() const {
   int64_t n = 0;
   for (const ParamInfo& p : params_) n += p.numel;
+  return n;
+}
+
+int64_t Transformer::n_model_params() const {
+  int64_t n = 0;
+  for (const ParamInfo& p : params_) {
+    int64_t k = 1;
+    for (int64_t x : p.full_shape) k *= x;
+    n += k;
+  }
   return n;
 }
 
@@ -391,7 +483,15 @@ void Transformer::init_range(int u, uint64_t seed, int64_t lo, int64_t hi, float
       fill_uniform(key, a, b - a, p.uniform, dst);
       continue;
     }
-    kernels::cpu::parallel_for(a, b, 1 << 16, [&](int64_t x, int64_t y) { fill_normal(key, x, y - x, 0.02f, dst + (x - a)); });
+    // The HF tensor's values (tensor parallel: this rank's part of them, each element the one
+    // of the whole tensor's stream it stands for, so every grid starts from the same model).
+    tp_runs(p, tp_.rank, tp_.size, [&](int64_t local, int64_t full, int64_t n) {
+      const int64_t x0 = std::max(a, local), x1 = std::min(b, local + n);
+      if (x1 <= x0) return;
+      kernels::cpu::parallel_for(x0, x1, 1 << 16, [&](int64_t x, int64_t y) {
+        fill_normal(key, full + (x - local), y - x, 0.02f, dst + (x - a));
+      });
+    });
   }
   if (hi > unit.n_real) std::fill(out + (std::max(lo, unit.n_real) - lo), out + (hi - lo), 0.f);
 }
@@ -404,9 +504,24 @@ void Transformer::load_unit(int u, const HfCheckpoint& ckpt, float* master, cons
     const std::string_view prefix = recipe_.optional_prefix;
     if (!prefix.empty() && !ckpt.find(name) && name.rfind(prefix, 0) == 0 && ckpt.find(name.substr(prefix.size())))
       name = name.substr(prefix.size());
-    ckpt.read_into(name, p.shape, master + p.unit_offset, DType::f32);
+    read_param(ckpt, name, p, master + p.unit_offset);
   }
   std::fill(master + unit.n_real, master + unit.numel, 0.f);
+}
+
+void Transformer::read_param(const HfCheckpoint& ckpt, const std::string& name, const ParamInfo& p, float* dst) const {
+  if (p.split.dim < 0 || !tp_.on()) {
+    ckpt.read_into(name, p.shape, dst, DType::f32);
+    return;
+  }
+  // Tensor parallel: the whole HF tensor, then this rank's part of it.
+  int64_t numel = 1;
+  for (int64_t x : p.full_shape) numel *= x;
+  std::vector<float> whole(static_cast<size_t>(numel));
+  ckpt.read_into(name, p.full_shape, whole.data(), DType::f32);
+  tp_runs(p, tp_.rank, tp_.size, [&](int64_t local, int64_t full, int64_t n) {
+    std::memcpy(dst + local, whole.data() + full, static_cast<size_t>(n) * sizeof(float));
+  });
 }
 
 const BlockActs& Transformer::acts_for(int64_t layer) const {
@@ -443,6 +558,7 @@ BlockCtx Transformer::block_ctx(kernels::Stream& s, int64_t layer, const void* w
   c.scratch = &scratch_;
   c.pos = doc_pos_;
   c.seg_start = doc_seg_;
+  c.tp_comm = tp_.on() ? tp_.comm : nullptr;
   return c;
 }
 
@@ -455,8 +571,11 @@ void Transformer::embed_forward(kernels::Stream& s, const int32_t* ids, const vo
   const ModelDims& d = dims_;
   const DType dt = dtype_;
   kernels::Ops& ops = rt_.ops();
+  // Tensor parallel: each token's row from the rank holding it, zero elsewhere, summed over the
+  // group (exact: one non-zero term), before the positions are added as without.
   ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = d.V, .ids = ids, .table = at(w, outer_.wte, dt),
-                    .out = x0});
+                    .out = x0, .accumulate = false, .row0 = d.vocab_start, .full_vocab = tp_.on() ? d.full_vocab : 0});
+  if (tp_.on()) tp_.comm->all_reduce(x0, x0, static_cast<size_t>(d.N * d.C), dt, s);
   if (outer_.wpe >= 0)
     ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = cfg_.max_position_embeddings,
                       .ids = doc_pos_ ? doc_pos_ : pos_ids_, .table = at(w, outer_.wpe, dt), .out = x0,
@@ -504,9 +623,24 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
     mm.k = d.C;
     mm.trans_b = true;
     ops.matmul(s, mm);
-    ops.cross_entropy(s, {.dtype = logits_dtype_, .rows = R, .vocab = d.V, .logits = logits_, .targets = targets + r0,
-                          .losses = losses_ + r0, .dlogits = backward ? logits_ : nullptr,
-                          .grad_scale = grad_scale});
+    if (!tp_.on()) {
+      ops.cross_entropy(s, {.dtype = logits_dtype_, .rows = R, .vocab = d.V, .logits = logits_,
+                            .targets = targets + r0, .losses = losses_ + r0, .dlogits = backward ? logits_ : nullptr,
+                            .grad_scale = grad_scale});
+    } else {
+      // Vocabulary-parallel cross-entropy (Megatron-LM): each rank's (max, Σ exp, target logit)
+      // per row over its columns, gathered over the group (3 floats a row, never the logits),
+      // then every rank the same loss and its columns' dlogits.
+      ops.cross_entropy_stats(s, {.dtype = logits_dtype_, .rows = R, .vocab = d.V, .ld = 0,
+                                  .vocab_start = d.vocab_start, .full_vocab = d.full_vocab, .logits = logits_,
+                                  .targets = targets + r0, .stats = ce_stats_});
+      tp_.comm->all_gather(ce_stats_, ce_all_, static_cast<size_t>(3 * R), DType::f32, s);
+      ops.cross_entropy_finish(s, {.dtype = logits_dtype_, .rows = R, .vocab = d.V, .ld = 0,
+                                   .vocab_start = d.vocab_start, .full_vocab = d.full_vocab, .parts = tp_.size,
+                                   .logits = logits_, .targets = targets + r0, .all_stats = ce_all_,
+                                   .losses = losses_ + r0, .dlogits = backward ? logits_ : nullptr,
+                                   .grad_scale = grad_scale});
+    }
     if (!backward) continue;
     const void* dl = logits_;
     if (logits_dtype_ != dt) {  // fp16 runs: fp32 logits, dlogits cast for the fp16 matmuls
@@ -541,6 +675,8 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
     ops.matmul(s, dw);
   }
   if (!backward) return;
+  // Tensor parallel: dlnf is this rank's columns' part of the sum over the vocabulary.
+  if (tp_.on()) tp_.comm->all_reduce(dlnf_, dlnf_, static_cast<size_t>(d.N * d.C), dt, s);
 
   // dres (N, C) = final norm backward (overwrites)
   kernels::NormBackwardArgs nb{.dtype = dt, .rows = d.N, .cols = d.C, .x = final_res_,
@@ -568,14 +704,43 @@ void Transformer::embed_backward(kernels::Stream& s, const int32_t* ids, float* 
   kernels::Ops& ops = rt_.ops();
   if (first && !tied_head()) zero_ranges(s, units_[0].accum_only, g);
   ops.embedding_backward(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = d.V, .ids = ids, .dout = dres_,
-                             .dtable = g + outer_.wte});
+                             .dtable = g + outer_.wte, .row0 = d.vocab_start,
+                             .full_vocab = tp_.on() ? d.full_vocab : 0});
   if (outer_.wpe >= 0)
     ops.embedding_backward(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = cfg_.max_position_embeddings,
                                .ids = doc_pos_ ? doc_pos_ : pos_ids_, .dout = dres_, .dtable = g + outer_.wpe});
 }
 
 void Transformer::grad_sum_squares(kernels::Stream& s, int u, const float* g, double* out) const {
-  rt_.ops().sum_squares(s, {.dtype = DType::f32, .n = units_.at(static_cast<size_t>(u)).n_real, .x = g, .out = out});
+  grad_sum_squares(rt_.ops(), s, u, g, 0, units_.at(static_cast<size_t>(u)).n_real, out);
+}
+
+void Transformer::grad_sum_squares(kernels::Ops& ops, kernels::Stream& s, int u, const float* g, int64_t lo,
+                                   int64_t hi, double* out) const {
+  const Unit& unit = units_.at(static_cast<size_t>(u));
+  hi = std::min(hi, unit.n_real);
+  if (hi <= lo) return;
+  if (!tp_.on() || tp_.rank == 0) {
+    ops.sum_squares(s, {.dtype = DType::f32, .n = hi - lo, .x = g, .out = out});
+    return;
+  }
+  // The split tensors only, in runs of adjacent ones (the unsplit ones are tp rank 0's).
+  int64_t run0 = 0, run1 = 0;
+  auto flush = [&] {
+    const int64_t a = std::max(run0, lo), b = std::min(run1, hi);
+    if (b > a) ops.sum_squares(s, {.dtype = DType::f32, .n = b - a, .x = g + (a - lo), .out = out});
+    run0 = run1 = 0;
+  };
+  for (int pi : unit.params) {
+    const ParamInfo& p = params_[static_cast<size_t>(pi)];
+    if (p.split.dim < 0) {
+      flush();
+      continue;
+    }
+    if (run1 == run0) run0 = p.unit_offset;
+    run1 = p.unit_offset + p.numel;
+  }
+  flush();
 }
 
 }  // namespace strata

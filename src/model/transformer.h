@@ -5,6 +5,7 @@
 // needs, from wherever they live.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -19,6 +20,8 @@
 
 namespace strata {
 
+class Communicator;
+
 // Units are padded to this many elements so every unit starts 4 KiB aligned in fp32 and bf16.
 constexpr int64_t kUnitAlignElems = 2048;
 // Default bound on the LM-head logits that exist at once (one chunk of rows): 64 MiB. At
@@ -26,10 +29,30 @@ constexpr int64_t kUnitAlignElems = 2048;
 // head gradient is read and written once per micro-batch, not once per chunk.
 constexpr int64_t kLogitsChunkBytes = int64_t{64} << 20;
 
+// How tensor parallelism splits an HF tensor over the tp ranks (Megatron-LM): along dimension
+// `dim` of its HF shape, each of `segments` equal parts (gpt2's c_attn: q, k and v side by side)
+// cut into tp pieces of ceil(part / tp), the last ones shorter where it does not divide (the
+// vocabulary); dim -1: not split, the whole tensor on every rank (norms, row-parallel biases).
+struct TpSplit {
+  int dim = -1;
+  int segments = 1;
+};
+
+// Tensor parallelism: this rank's place in its tp group, and the group (null when size is 1).
+struct TensorParallel {
+  int size = 1, rank = 0;
+  Communicator* comm = nullptr;
+  bool on() const { return size > 1; }
+};
+
 // One named parameter tensor (HF name and HF shape; gpt2's Conv1D weights stay [in, out]).
+// Under tensor parallelism `shape` is this rank's part of the HF tensor: `full_shape` and
+// `split` say which (tp_runs).
 struct ParamInfo {
   std::string name;
   std::vector<int64_t> shape;
+  std::vector<int64_t> full_shape;  // the HF tensor's shape (= shape without tensor parallelism)
+  TpSplit split;
   int unit = 0;
   int64_t offset = 0;       // elements from the start of the whole flat numbering (all units)
   int64_t unit_offset = 0;  // elements from the start of its unit
@@ -39,6 +62,15 @@ struct ParamInfo {
   bool zeros = false;
   float uniform = 0;   // > 0: random init ~ U(-uniform, uniform) (LoRA's A: Kaiming-uniform, a = √5)
 };
+
+// The [start, end) of piece `rank` of `size` of one segment of `length` elements (TpSplit).
+std::pair<int64_t, int64_t> tp_piece(int64_t length, int rank, int size);
+// Rank `rank`'s part of p's HF tensor as runs of contiguous elements: fn(local, full, n) for
+// local elements [local, local + n) of the part, which are the HF tensor's [full, full + n).
+// Runs come in local order and cover the part once; an unsplit tensor is one run.
+void tp_runs(const ParamInfo& p, int rank, int size, const std::function<void(int64_t, int64_t, int64_t)>& fn);
+// The shape of rank `rank`'s part of p's HF tensor.
+std::vector<int64_t> tp_shape(const ParamInfo& p, int rank, int size);
 
 // A contiguous range of one unit's flat buffers, in elements from the unit's start.
 struct UnitRange {
@@ -97,10 +129,16 @@ struct ModelDims {
   int64_t I = 0;                 // MLP width
   int64_t FC = 0;                // fc output width: llama 2·I (gate|up), gpt2 I
   int64_t chunk_rows = 0;        // LM-head + cross-entropy rows per chunk
+  // Tensor parallelism: Hq, Hkv, Q, QKV, I, FC and V are this rank's (its heads, its slice of
+  // the MLP, its vocabulary rows [vocab_start, vocab_start + V) of full_vocab).
+  int64_t vocab_start = 0, full_vocab = 0;
 };
 // The dims of a valid cfg at micro-batches of (batch, seq), as a Transformer sizes them,
-// without building one; chunk_rows is left 0 (it depends on the logits' chunk budget).
-ModelDims model_dims(const ModelConfig& cfg, int64_t batch, int64_t seq);
+// without building one; chunk_rows is left 0 (it depends on the logits' chunk budget). With
+// tensor parallelism, rank tp.rank's; throws std::invalid_argument naming the numbers when
+// tp.size does not divide the heads, the kv heads or the MLP width, or leaves a rank without
+// vocabulary rows.
+ModelDims model_dims(const ModelConfig& cfg, int64_t batch, int64_t seq, const TensorParallel& tp = {});
 
 // Saved activations of one block (pointers into the activation arena). Stats are fp32.
 struct BlockActs {
@@ -160,6 +198,9 @@ struct BlockCtx {
   // zeroed the block's other grads (norms, biases), which always accumulate.
   bool accumulate_grads = true;
   const KvStep* kv = nullptr;  // forward only: decode with a KV cache instead of plain causal attention
+  // Tensor parallelism: the tp group (null: none), over which row-parallel outputs (forward) and
+  // column-parallel input gradients (backward) are summed.
+  Communicator* tp_comm = nullptr;
   // LoRA (src/model/lora.h): the layer's adapter unit (working weights, fp32 grads or null) and
   // two (N, max_kr) scratch buffers; lora null: no adapters.
   const LoraLayout* lora = nullptr;
@@ -199,9 +240,13 @@ class Transformer {
   // shard_world: units are padded to a multiple of shard_world × kUnitAlignElems elements, so
   // each splits into that many equal, aligned ZeRO shards (src/train/run_memory.h Sharding).
   // lora.on(): every base unit is frozen and each layer gets an adapter unit (lora_unit).
+  // tp.on(): this rank's part of the model (Megatron-LM's tensor parallelism): its heads of
+  // each attention, its slice of each MLP, its vocabulary rows of the embedding and head; the
+  // phases sum partial results over tp.comm on their stream, so every rank of the group enqueues
+  // the same phases in the same order. Not with LoRA.
   Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
               Checkpointing ckpt = {}, int64_t logits_chunk_bytes = kLogitsChunkBytes, int shard_world = 1,
-              const LoraSpec& lora = {});
+              const LoraSpec& lora = {}, const TensorParallel& tp = {});
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -210,12 +255,14 @@ class Transformer {
   // What differs per family (src/model/family.h): tensors, block, norm, positions, description.
   const FamilyRecipe& recipe() const { return recipe_; }
   const ModelDims& dims() const { return dims_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
   DType dtype() const { return dtype_; }
   const Checkpointing& checkpointing() const { return ckpt_; }
   const std::vector<ParamInfo>& params() const { return params_; }
   const std::vector<Unit>& units() const { return units_; }
   const ParamInfo* find_param(const std::string& name) const;
-  int64_t n_params() const;                   // real parameters (no padding)
+  int64_t n_params() const;                   // real parameters (no padding); tensor parallel: this rank's
+  int64_t n_model_params() const;             // the whole model's (every tensor-parallel rank's together)
   int64_t n_flat() const { return n_flat_; }  // all units' padded lengths together
 
   // The units by role. The head lives in head_unit() (the embedding unit when tied).
@@ -264,6 +311,9 @@ class Transformer {
   // missing tensor or a shape mismatch throws naming it.
   // name_prefix: the file's names are the model's behind it (a PEFT adapter's "base_model.model.").
   void load_unit(int u, const HfCheckpoint& ckpt, float* master, const std::string& name_prefix = "") const;
+  // Tensor `name` of ckpt, in p's HF shape, into dst (fp32): this rank's part of it under tensor
+  // parallelism (p.shape), the whole tensor otherwise.
+  void read_param(const HfCheckpoint& ckpt, const std::string& name, const ParamInfo& p, float* dst) const;
 
   // Phases of one micro-batch (ids, targets: (N) int32 in runtime memory). Unit pointers are
   // the unit's start (working weights `w`, dtype; fp32 grads `g`). `first`: the step's first
@@ -299,8 +349,13 @@ class Transformer {
   // Embedding backward: dwte (and dwpe) += the residual gradient. With a tied head the head
   // phase has already written this unit's grads this step; otherwise `first` zeroes them.
   void embed_backward(kernels::Stream& s, const int32_t* ids, float* g_embed, bool first);
-  // *out += Σ g² over unit u's parameters (padding excluded), fp64.
+  // *out += Σ g² over unit u's parameters (padding excluded), fp64. Tensor parallel: tp rank 0
+  // counts the unsplit tensors (the same on every rank), the others only their parts of split
+  // ones, so the sum over the group is the whole model's.
   void grad_sum_squares(kernels::Stream& s, int u, const float* g, double* out) const;
+  // The same over elements [lo, hi) of the unit (a ZeRO shard; g points at element lo), on ops.
+  void grad_sum_squares(kernels::Ops& ops, kernels::Stream& s, int u, const float* g, int64_t lo, int64_t hi,
+                        double* out) const;
   float* loss_rows() const { return losses_; }  // (N) per-row losses of the last head()
 
  private:
@@ -314,6 +369,7 @@ class Transformer {
   ModelConfig cfg_;
   const FamilyRecipe& recipe_;
   DType dtype_;
+  TensorParallel tp_;
   ModelDims dims_;
   kernels::Runtime& rt_;
   Checkpointing ckpt_;
@@ -348,6 +404,8 @@ class Transformer {
   void* logits_ = nullptr;       // (chunk_rows, V) logits / dlogits in logits_dtype_
   void* dlogits_lp_ = nullptr;   // (chunk_rows, V) fp16 dlogits (fp16 runs only)
   float* losses_ = nullptr;      // (N)
+  float* ce_stats_ = nullptr;    // tensor parallel: (chunk_rows, 3) this rank's cross-entropy statistics
+  float* ce_all_ = nullptr;      //   and (tp, chunk_rows, 3) the group's
   float* rope_ = nullptr;        // (2, T, D/2) cos then sin (PositionKind::rope)
   int32_t* pos_ids_ = nullptr;   // (N) position of each row (PositionKind::learned)
   const int32_t* doc_pos_ = nullptr;  // set_documents

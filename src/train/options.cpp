@@ -118,6 +118,11 @@ const std::vector<OptionSpec>& option_table() {
        "AdamW state sharded across ranks, 2 = grads reduce-scattered and sharded too, 3 = working weights sharded too "
        "(each unit all-gathered before forward and before backward)",
        &O::zero_stage, all},
+      {"--tp",
+       "tensor parallelism (Megatron-LM) across the ranks of an mpirun job: each layer's attention heads and MLP, "
+       "and the vocabulary of the embedding and head, split over groups of this many consecutive ranks; the job's "
+       "ranks are --tp × data-parallel replicas (ZeRO over the replicas)",
+       &O::tp, all},
       {"--lora-rank", "LoRA: train rank-R adapters on a frozen base (0 = full fine-tuning)", &O::lora_rank, all},
       {"--lora-alpha", "LoRA: the adapters' scale is alpha / rank", &O::lora_alpha, all},
       {"--lora-rslora", "LoRA: scale alpha / sqrt(rank) (rsLoRA)", &O::lora_rslora, all},
@@ -236,6 +241,11 @@ void validate_options(const TrainOptions& o) {
     throw std::invalid_argument(fmt::format("--zero-stage {}: must be 0 (data parallel), 1 (optimizer state sharded), "
                                             "2 (gradients sharded too) or 3 (working weights sharded too)",
                                             o.zero_stage));
+  if (o.tp < 1 || o.tp > 4096)
+    throw std::invalid_argument(fmt::format("--tp {}: must be 1 (no tensor parallelism) to 4096", o.tp));
+  if (o.tp > 1 && o.lora_rank > 0)
+    throw std::invalid_argument(fmt::format("--tp {} with --lora-rank: LoRA under tensor parallelism is not "
+                                            "supported yet; train adapters with --tp 1 (ZeRO stages work)", o.tp));
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   if (o.threads < 0 || static_cast<unsigned>(o.threads) > 4 * hw)
     throw std::invalid_argument(fmt::format("--threads {}: must be between 0 (all cores) and {} (4 x the {} hardware "

@@ -87,6 +87,9 @@ struct TrainOptions {
   // parallel (grads all-reduced), 1 = optimizer state sharded, 2 = grads sharded too, 3 = working
   // weights sharded too (gathered per unit when used).
   int zero_stage = 0;
+  // Tensor parallelism (src/comm/grid.h): groups of tp consecutive ranks each hold one part of
+  // every layer; the job's world is tp × the data-parallel replicas ZeRO shards over.
+  int tp = 1;
   // LoRA (src/model/lora.h): rank 0 = full fine-tuning; otherwise the base is frozen and each
   // layer's adapters train (PEFT's defaults: alpha 8, targets q_proj,v_proj / c_attn).
   int64_t lora_rank = 0;

@@ -254,11 +254,11 @@ void Trainer::print_header(std::FILE* out) const {
   fmt::print(out, "strata train\n");
   fmt::print(out, "  model      {}\n", m.model_source);
   fmt::print(out, "             {} ({}): {} layers, hidden {}, {} heads ({} kv) x {}, mlp {}, vocab {}, max pos {}{}\n",
-             c.model_type, m.model->recipe().description, d.L, d.C, d.Hq,
-             d.Hkv, d.D, d.I, d.V, c.max_position_embeddings,
+             c.model_type, m.model->recipe().description, d.L, d.C, c.n_heads,
+             c.n_kv_heads, d.D, d.I * m.tp().size, d.full_vocab, c.max_position_embeddings,
              m.model->tied_head() ? ", tied head" : ", untied head");
-  fmt::print(out, "  params     {} ({} units)\n", human_count(static_cast<double>(m.model->n_params())),
-             m.model->units().size());
+  fmt::print(out, "  params     {} ({} units{})\n", human_count(static_cast<double>(m.model->n_params())),
+             m.model->units().size(), m.tp().on() ? ", this rank's part under tensor parallelism" : "");
   if (m.model->lora()) {
     const LoraSpec& l = m.model->lora_spec();
     std::string mods;
@@ -277,6 +277,13 @@ void Trainer::print_header(std::FILE* out) const {
                o.checkpoint_every > 0 ? fmt::format("every {} steps and at the end", o.checkpoint_every)
                                       : std::string("at the end and on SIGINT/SIGTERM"),
                o.keep, m.run_id);
+  if (m.tp().on()) {
+    const ModelDims& d = m.model->dims();
+    fmt::print(out, "  grid       {} ranks: {}; tensor parallel: per rank {} of {} heads, {} of {} kv heads, MLP {} of {}, "
+                    "vocabulary rows {}..{} of {}\n",
+               m.comm->world(), grid_name(m.groups->shape()), d.Hq, m.cfg.n_heads, d.Hkv, m.cfg.n_kv_heads, d.I,
+               d.I * m.tp().size, d.vocab_start, d.vocab_start + d.V - 1, d.full_vocab);
+  }
   if (m.sh.world > 1)
     fmt::print(out, "  ranks      {} ({}), ZeRO stage {}: {}\n", m.sh.world, comm_backend_name(m.comm->backend()),
                m.sh.stage,

@@ -30,11 +30,11 @@ int Trainer::run(std::FILE* rank0_out) {
   const TrainOptions& o = m.o;
   // Rank 0 alone prints; the others run the same program (every collective matched).
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> null_out(nullptr, &std::fclose);
-  if (m.sh.rank != 0) {
+  if (!m.rank0()) {
     null_out.reset(std::fopen("/dev/null", "w"));
     if (!null_out) throw std::runtime_error("cannot open /dev/null: " + errno_text());
   }
-  std::FILE* out = m.sh.rank == 0 ? rank0_out : null_out.get();
+  std::FILE* out = m.rank0() ? rank0_out : null_out.get();
   // Output that cannot be written (a closed pipe: `strata train | head`, a full disk) stops the
   // run as SIGTERM would, checkpoint included, instead of killing it or going on blind; what it
   // would have said then goes to stderr.
@@ -50,9 +50,9 @@ int Trainer::run(std::FILE* rank0_out) {
   // Every rank leaves together: mpirun takes the job down when the first rank exits non-zero,
   // which must not happen while rank 0 still writes the checkpoint.
   const auto all_ranks_done = [&] {
-    if (m.sh.world <= 1) return;
+    if (m.comm->world() <= 1) return;
     int mine = 1;
-    std::vector<int> all(static_cast<size_t>(m.sh.world));
+    std::vector<int> all(static_cast<size_t>(m.comm->world()));
     m.comm->host_all_gather(&mine, all.data(), sizeof(int));
   };
   try {
@@ -82,8 +82,8 @@ int Trainer::run(std::FILE* rank0_out) {
     // A stop (SIGINT, SIGTERM, SIGHUP, stdout gone) and a checkpoint request (SIGUSR1), agreed by
     // every rank: a signal may reach one rank first, and each must stop after the same step.
     int req[2] = {stop_requested(), take_checkpoint_request() ? 1 : 0};
-    if (m.sh.world > 1) {
-      std::vector<int> all(2 * static_cast<size_t>(m.sh.world));
+    if (m.comm->world() > 1) {
+      std::vector<int> all(2 * static_cast<size_t>(m.comm->world()));
       m.comm->host_all_gather(req, all.data(), sizeof(req));
       for (size_t r = 0; r < all.size(); r += 2) {
         req[0] = req[0] ? req[0] : all[r];
@@ -92,7 +92,7 @@ int Trainer::run(std::FILE* rank0_out) {
     }
     if (req[1] && !req[0] && m.steps_done > 0) {
       if (o.checkpoint_dir.empty()) {
-        if (m.sh.rank == 0) fmt::print(stderr, "strata: SIGUSR1 asked for a checkpoint, but there is no --checkpoint-dir; going on\n");
+        if (m.rank0()) fmt::print(stderr, "strata: SIGUSR1 asked for a checkpoint, but there is no --checkpoint-dir; going on\n");
       } else if (m.last_checkpoint_step != m.steps_done) {
         const std::string path = save_checkpoint();
         print(fmt::format("checkpoint {} (asked by SIGUSR1)\n", path));
@@ -111,7 +111,7 @@ int Trainer::run(std::FILE* rank0_out) {
       const std::string line =
           fmt::format("stopped by {} after step {} of {}; {}\n", stop_signal_name(sig), m.steps_done, o.steps, saved);
       print(line);
-      if (!out_ok && m.sh.rank == 0) fmt::print(stderr, "strata: {}", line);
+      if (!out_ok && m.rank0()) fmt::print(stderr, "strata: {}", line);
       all_ranks_done();
       return 128 + sig;
     }
@@ -119,7 +119,7 @@ int Trainer::run(std::FILE* rank0_out) {
     const bool evaluate_now = has_validation() && !st.diverged &&
                               ((o.eval_every > 0 && st.step % o.eval_every == 0) || st.step == o.steps);
     if (st.trained_tokens == 0) {
-      if (m.sh.rank == 0)
+      if (m.rank0())
         fmt::print(stderr, "strata: warning: step {}: no trained target in the global batch (every target masked or "
                            "padding): skipped, nothing applied\n", st.step);
     }

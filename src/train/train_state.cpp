@@ -165,8 +165,8 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
       if (sharded) std::fill(full.begin(), full.begin() + unit.numel, 0.f);
       for (int pi : unit.params) {
         const ParamInfo& p = model->params()[static_cast<size_t>(pi)];
-        optim->read_into(half == 0 ? exp_avg_name(p.name) : exp_avg_sq_name(p.name), p.shape, whole + p.unit_offset,
-                         DType::f32);
+        model->read_param(*optim, half == 0 ? exp_avg_name(p.name) : exp_avg_sq_name(p.name), p,
+                          whole + p.unit_offset);
       }
       if (sharded) std::memcpy(dst, full.data() + lo, static_cast<size_t>(n) * 4);
     }
@@ -185,7 +185,7 @@ nlohmann::json Trainer::Impl::state_json() const {
                   {"trained_tokens", trained_done}};
   j["loss_scaler"] = {{"enabled", scaler.enabled()}, {"scale", scaler.scale()}, {"good_steps", scaler.good_steps()}};
   j["data"] = data->position();
-  j["n_params"] = model->n_params();
+  j["n_params"] = model->n_model_params();
   j["flags"] = options_json(o);
   j["run_id"] = run_id;
   // LoRA: the checkpoint holds only the adapters; the base is --model again, checked by value.
@@ -211,7 +211,7 @@ void Trainer::Impl::restore_state(const nlohmann::json& man) {
       throw std::runtime_error(fmt::format("loss_scaler.scale {}: must be a power of 2 in [1, 2^99]", scale));
     if (good < 0 || good > INT32_MAX) throw std::runtime_error(fmt::format("loss_scaler.good_steps {}: out of range", good));
     if (ls.at("enabled").get<bool>() == scaler.enabled()) scaler.restore(static_cast<float>(scale), static_cast<int>(good));
-    if (man.at("n_params").get<int64_t>() != model->n_params()) throw std::runtime_error("parameter count differs");
+    if (man.at("n_params").get<int64_t>() != model->n_model_params()) throw std::runtime_error("parameter count differs");
     data->restore(man, o.data);
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(where + ": malformed trainer state: " + e.what());
@@ -254,11 +254,60 @@ std::vector<float> Trainer::Impl::gather_unit(Role role, int u, int64_t offset) 
   const int64_t n = sh.shard(unit.numel);
   std::vector<float> whole(static_cast<size_t>(unit.numel));
   const float* src = static_cast<const float*>(mem->acquire(role, u, offload::Mode::read, Side::host));
-  comm->all_gather(src + offset, whole.data(), static_cast<size_t>(n), DType::f32, *stream);
+  groups->dp().all_gather(src + offset, whole.data(), static_cast<size_t>(n), DType::f32, *stream);
   stream->synchronize();
   mem->release(role, u);
   if (sh.rank != 0) std::vector<float>().swap(whole);
   return whole;
+}
+
+std::vector<std::vector<float>> Trainer::Impl::gather_tensors(Role role, const std::function<int64_t(int)>& offset) {
+  const TensorParallel& t = tp();
+  std::vector<std::vector<float>> out(model->params().size());
+  mem->begin_step(TieredMemory::Schedule::aside);
+  for (size_t ui = 0; ui < model->units().size(); ++ui) {
+    const Unit& unit = model->units()[ui];
+    if (!unit.trainable) continue;
+    const int u = static_cast<int>(ui);
+    // This rank's part of the unit, whole over the data-parallel ranks (on their rank 0).
+    std::vector<float> part;
+    if (sh.sharded_optimizer()) {
+      part = gather_unit(role, u, offset(u));
+    } else {
+      const float* src = static_cast<const float*>(mem->acquire(role, u, offload::Mode::read, Side::host));
+      part.assign(src + offset(u), src + offset(u) + unit.numel);
+      mem->release(role, u);
+    }
+    if (sh.rank != 0) continue;  // the tp groups of data-parallel rank 0 gather
+    for (int pi : unit.params) {
+      const ParamInfo& p = model->params()[static_cast<size_t>(pi)];
+      // Every rank's part padded to the largest (the vocabulary's last part may be shorter).
+      int64_t most = 0;
+      for (int r = 0; r < t.size; ++r) {
+        int64_t n = 1;
+        for (int64_t x : tp_shape(p, r, t.size)) n *= x;
+        most = std::max(most, n);
+      }
+      std::vector<float> mine(static_cast<size_t>(most)), all(static_cast<size_t>(most * t.size));
+      std::copy(part.begin() + p.unit_offset, part.begin() + p.unit_offset + p.numel, mine.begin());
+      if (t.on())
+        t.comm->host_all_gather(mine.data(), all.data(), static_cast<size_t>(most) * sizeof(float));
+      else
+        all = mine;
+      if (t.rank != 0) continue;
+      int64_t numel = 1;
+      for (int64_t x : p.full_shape) numel *= x;
+      std::vector<float> whole(static_cast<size_t>(numel));
+      for (int r = 0; r < t.size; ++r)
+        tp_runs(p, r, t.size, [&](int64_t local, int64_t full, int64_t n) {
+          std::copy_n(all.begin() + r * most + local, n, whole.begin() + full);
+        });
+      out[static_cast<size_t>(pi)] = std::move(whole);
+    }
+  }
+  mem->end_step();
+  if (!rank0()) out.assign(out.size(), {});
+  return out;
 }
 
 namespace {
@@ -307,15 +356,18 @@ void Trainer::save(const std::string& out_dir) const {
   m.flush();  // a pending update belongs to the weights being saved
   m.stream->synchronize();
   m.opt_stream().synchronize();
+  const bool tp = m.tp().on();
+  std::vector<std::vector<float>> tensors_tp;  // [param] tensor parallel: the whole tensors (rank 0)
+  if (tp) tensors_tp = m.gather_tensors(Role::master, [](int) { return int64_t{0}; });
   std::vector<std::vector<float>> whole;  // [unit] the gathered master (sharded runs, rank 0)
-  if (m.sh.sharded_optimizer()) {
+  if (m.sh.sharded_optimizer() && !tp) {
     m.mem->begin_step(TieredMemory::Schedule::aside);
     for (size_t u = 0; u < m.model->units().size(); ++u)
       whole.push_back(m.model->units()[u].trainable ? m.gather_unit(Role::master, static_cast<int>(u), 0)
                                                     : std::vector<float>());
     m.mem->end_step();
   }
-  if (m.sh.rank != 0) return;
+  if (!m.rank0()) return;
   if (m.o.merge_adapter) return m.save_merged(out_dir, whole);
   std::vector<TensorToSave> tensors;
   TieredMemory* mem = m.mem.get();
@@ -326,6 +378,11 @@ void Trainer::save(const std::string& out_dir) const {
     const size_t bytes = static_cast<size_t>(p.numel) * 4;
     const int unit = p.unit;
     const int64_t off = p.unit_offset;
+    if (tp) {
+      const std::vector<float>& t = tensors_tp[static_cast<size_t>(&p - m.model->params().data())];
+      tensors.push_back({p.name, p.full_shape, DType::f32, fill_from_host(t.data(), t.size() * 4, diverged)});
+      continue;
+    }
     tensors.push_back({lora ? "base_model.model." + p.name : p.name, p.shape, DType::f32,
                        whole.empty() ? fill_from_block(mem, Role::master, unit, off, bytes, diverged)
                                      : fill_from_host(whole[static_cast<size_t>(unit)].data() + off, bytes, diverged)});
@@ -362,8 +419,21 @@ std::string Trainer::save_checkpoint() {
   Impl& m = *impl_;
   if (m.o.checkpoint_dir.empty()) throw std::logic_error("save_checkpoint without --checkpoint-dir");
   m.flush();
+  const bool tp = m.tp().on();
+  std::array<std::vector<std::vector<float>>, 3> tensors_tp;  // tensor parallel: {master, m, v} [param] (rank 0)
+  if (tp) {
+    const auto adam_at = [&](bool v) {
+      return [&m, v](int u) {
+        const AdamLayout al = m.mem->units()[u].adam_layout();
+        return v ? al.v_offset() : al.m_offset();
+      };
+    };
+    tensors_tp[0] = m.gather_tensors(Role::master, [](int) { return int64_t{0}; });
+    tensors_tp[1] = m.gather_tensors(Role::adam, adam_at(false));
+    tensors_tp[2] = m.gather_tensors(Role::adam, adam_at(true));
+  }
   std::vector<std::array<std::vector<float>, 3>> whole;  // [unit] {master, m, v} (sharded, rank 0)
-  if (m.sh.sharded_optimizer()) {
+  if (m.sh.sharded_optimizer() && !tp) {
     m.mem->begin_step(TieredMemory::Schedule::aside);
     for (size_t ui = 0; ui < m.model->units().size(); ++ui) {
       const int u = static_cast<int>(ui);
@@ -380,7 +450,7 @@ std::string Trainer::save_checkpoint() {
     }
     m.mem->end_step();
   }
-  if (m.sh.rank != 0) {
+  if (!m.rank0()) {
     m.last_checkpoint_step = m.steps_done;
     return "";
   }
@@ -399,6 +469,17 @@ std::string Trainer::save_checkpoint() {
     // good ones): the run stops instead, the previous checkpoint kept.
     const std::string diverged =
         "'" + p.name + "' is not finite: the run diverged; no checkpoint written, the previous one is kept";
+    if (tp) {  // the whole tensors, gathered above
+      const auto pi = static_cast<size_t>(&p - m.model->params().data());
+      auto host = [&](int part) {
+        const std::vector<float>& t = tensors_tp[static_cast<size_t>(part)][pi];
+        return fill_from_host(t.data(), t.size() * 4, diverged);
+      };
+      c.model.push_back({p.name, p.full_shape, DType::f32, host(0)});
+      c.optimizer.push_back({exp_avg_name(p.name), p.full_shape, DType::f32, host(1)});
+      c.optimizer.push_back({exp_avg_sq_name(p.name), p.full_shape, DType::f32, host(2)});
+      continue;
+    }
     auto from = [&](Role role, int64_t offset, int part) {
       return whole.empty() ? fill_from_block(mem, role, unit, offset, bytes, diverged)
                            : fill_from_host(whole[static_cast<size_t>(unit)][static_cast<size_t>(part)].data() + off,

@@ -55,14 +55,18 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   validate_options(o);  // before anything is started
   // The job's ranks (mpirun), then (rank 0) the checkpoint directory locked before the checkpoint
   // to resume is looked for in it: another run rotating it meanwhile would remove that one.
-  m.comm = make_communicator(kernels::parse_backend(o.backend));
+  CommOptions comm_options;
+  comm_options.jitter_us = faults().comm_jitter_us;
+  m.comm = make_communicator(kernels::parse_backend(o.backend), comm_options);
   if (m.comm->rank() == 0 && !o.checkpoint_dir.empty()) {
     prepare_checkpoint_dir(o.checkpoint_dir);
     m.checkpoint_lock = PathLock::acquire(dir_lock_file(o.checkpoint_dir), "--checkpoint-dir " + o.checkpoint_dir,
                                           /*remove_on_release=*/true);
     remove_dead_checkpoint_temporaries(o.checkpoint_dir);
   }
-  ResolvedRun r = resolve_run(o, m.comm->world(), m.comm->rank());
+  // Tensor-parallel groups of --tp consecutive ranks; ZeRO shards over the data-parallel group.
+  m.groups = std::make_unique<ProcessGroups>(*m.comm, o.tp, 1);
+  ResolvedRun r = resolve_run(o, m.groups->dp().world(), m.groups->dp().rank());
   m.cfg = r.cfg;
   m.model_source = r.model_source;
   m.dtype = r.dtype;
@@ -72,7 +76,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   // Every rank started with the same flags, model and checkpoint: a difference would hang the
   // job or train something else than asked.
   check_ranks_agree(*m.comm, o, m.cfg, r.resume);
-  const bool rank0 = m.sh.rank == 0;
+  const bool rank0 = m.rank0();
   const Placement& pl = m.placement;
   nlohmann::json manifest;
   if (!r.resume.empty()) {  // verified (sizes, checksums) before anything is allocated
@@ -123,14 +127,15 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     m.cpu_stream = m.cpu_rt->create_stream();
     opt_rt = m.cpu_rt.get();
   }
+  const TensorParallel tp{o.tp, m.groups->coord().tp, &m.groups->tp()};
   m.model = std::make_unique<Transformer>(m.cfg, m.dtype, o.batch, o.seq, *m.rt, r.ckpt, kLogitsChunkBytes, m.sh.world,
-                                          r.lora);
+                                          r.lora, tp);
   const int64_t n = m.N();
   const size_t n_units = m.model->units().size();
   settle_speculation(o, m.placement, *m.model, m.backend, step_buffer_bytes(o, r, n_units));
-  if (m.sh.world > 1) {  // every rank speculates, or none: the step's collectives must line up
+  if (m.comm->world() > 1) {  // every rank speculates, or none: the step's collectives must line up
     const uint8_t mine = m.placement.speculate;
-    std::vector<uint8_t> all(static_cast<size_t>(m.sh.world));
+    std::vector<uint8_t> all(static_cast<size_t>(m.comm->world()));
     m.comm->host_all_gather(&mine, all.data(), 1);
     m.placement.speculate = std::all_of(all.begin(), all.end(), [](uint8_t s) { return s != 0; });
   }
@@ -138,7 +143,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
                                          step_buffer_bytes(o, r, n_units), m.comm_stream.get());
   m.dev_tokens = static_cast<int32_t*>(m.mem->extra_device());
   m.dev_norm2 = reinterpret_cast<double*>(static_cast<char*>(m.mem->extra_device()) + token_buffer_bytes(o, m.arrays));
-  m.driver = std::make_unique<StepDriver>(*m.model, *m.mem, m.sh, m.comm.get());
+  m.driver = std::make_unique<StepDriver>(*m.model, *m.mem, m.sh, &m.groups->dp());
   const auto t_weights = Clock::now();
   m.init_weights(r.load_weights, r.base_weights);
   m.weights_s = ms_since(t_weights) / 1e3;
@@ -167,8 +172,8 @@ Trainer::~Trainer() = default;
 const ModelConfig& Trainer::config() const { return impl_->cfg; }
 int64_t Trainer::n_params() const { return impl_->model->n_params(); }
 int64_t Trainer::tokens_per_step() const { return impl_->N() * impl_->o.grad_accum * impl_->sh.world; }
-int Trainer::rank() const { return impl_->sh.rank; }
-int Trainer::world() const { return impl_->sh.world; }
+int Trainer::rank() const { return impl_->comm->rank(); }
+int Trainer::world() const { return impl_->comm->world(); }
 size_t Trainer::device_bytes() const { return impl_->mem->memory_plan().budget[0]; }
 size_t Trainer::host_bytes() const { return impl_->mem->memory_plan().budget[1]; }
 size_t Trainer::nvme_bytes() const { return impl_->mem->memory_plan().budget[2]; }
@@ -249,21 +254,24 @@ StepStats Trainer::step() {
   };
   run_micro_batches(in_backward, update);
   s.memcpy_async(m.host_norm2.data(), m.dev_norm2, m.host_norm2.size() * sizeof(double));
-  if (m.sh.world > 1) kill_if_asked(m.sh.rank, st.step);
+  const int world = m.comm->world();
+  if (world > 1) kill_if_asked(m.comm->rank(), st.step);
   s.synchronize();
   double sum = 0;
-  for (float l : m.host_losses) sum += l;
-  if (m.sh.world > 1) {
+  // (the ranks of a tensor-parallel group have the same losses: its rank 0 counts them)
+  if (m.tp().rank == 0)
+    for (float l : m.host_losses) sum += l;
+  if (world > 1) {
     // Every rank's loss sum and per-unit shard Σ g², summed in rank order: the same numbers,
     // bit for bit, on every rank (so every rank decides the same clip, skip or stop).
     const size_t k = 1 + m.host_norm2.size();
-    std::vector<double> mine(k), all(k * static_cast<size_t>(m.sh.world));
+    std::vector<double> mine(k), all(k * static_cast<size_t>(world));
     mine[0] = sum;
     std::copy(m.host_norm2.begin(), m.host_norm2.end(), mine.begin() + 1);
     m.comm->host_all_gather(mine.data(), all.data(), k * sizeof(double));
     sum = 0;
     std::fill(m.host_norm2.begin(), m.host_norm2.end(), 0.0);
-    for (int r = 0; r < m.sh.world; ++r) {
+    for (int r = 0; r < world; ++r) {
       const double* row = all.data() + static_cast<size_t>(r) * k;
       sum += row[0];
       for (size_t u = 0; u + 1 < k; ++u) m.host_norm2[u] += row[1 + u];
@@ -377,14 +385,15 @@ Trainer::EvalStats Trainer::evaluate() {
     m.driver->forward(m.dev_tokens, m.dev_tokens + n);
     s.memcpy_async(losses.data(), m.model->loss_rows(), losses.size() * sizeof(float));
     s.synchronize();
-    for (float l : losses) sum += l;
+    if (m.tp().rank == 0)
+      for (float l : losses) sum += l;
     ++ev.batches;
   }
   m.mem->end_step();
   s.synchronize();
   m.model->set_documents(nullptr, nullptr);
-  if (m.sh.world > 1) {  // every rank's sum, added in rank order
-    std::vector<double> all(static_cast<size_t>(m.sh.world));
+  if (m.comm->world() > 1) {  // every rank's sum, added in rank order
+    std::vector<double> all(static_cast<size_t>(m.comm->world()));
     m.comm->host_all_gather(&sum, all.data(), sizeof(double));
     sum = 0;
     for (double v : all) sum += v;

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "kernels/runtime.h"
 #include "src/comm/communicator.h"
+#include "src/comm/grid.h"
 #include "src/model/transformer.h"
 #include "src/optim/adamw.h"
 #include "src/optim/schedule.h"
@@ -37,7 +39,8 @@ struct Trainer::Impl {
   kernels::Backend backend = kernels::Backend::cpu;
   Placement placement;
   std::unique_ptr<Communicator> comm;  // the job's ranks (local: one rank, no MPI)
-  Sharding sh;                         // this rank's part of every unit (ZeRO stage)
+  std::unique_ptr<ProcessGroups> groups;  // the (dp, pp, tp) grid of comm's ranks (--tp)
+  Sharding sh;                         // this rank's part of every unit over the data-parallel group (ZeRO stage)
   std::unique_ptr<kernels::Runtime> rt;
   std::unique_ptr<kernels::Stream> stream;
   std::unique_ptr<kernels::Stream> comm_stream;  // world > 1: the collectives of a step
@@ -82,6 +85,9 @@ struct Trainer::Impl {
   uint32_t base_crc = 0;  // LoRA: crc32c of the frozen base's fp32 values as loaded (trainer.json)
 
   int64_t N() const { return o.batch * o.seq; }
+  // The job's rank 0 (it alone prints and writes); tensor parallelism's group and place.
+  bool rank0() const { return comm->rank() == 0; }
+  const TensorParallel& tp() const { return model->tensor_parallel(); }
   kernels::Stream& opt_stream() { return cpu_stream ? *cpu_stream : *stream; }
   double busy_ms() const { return stream->busy_ms() + (cpu_stream ? cpu_stream->busy_ms() : 0); }
   // Communication: all the comm stream ran (collectives, and the sums and copies that finish a
@@ -102,6 +108,11 @@ struct Trainer::Impl {
   // of each rank's block, S = the shard size), in rank order. Collective: every rank calls it in
   // the same order; rank 0 gets numel elements, the others an empty vector.
   std::vector<float> gather_unit(Role role, int u, int64_t offset);
+  // Tensor parallel: every trainable tensor's whole HF values (by parameter index) of `role`,
+  // from element offset(u) of each unit's block: each tp group's parts gathered on its rank 0
+  // (after ZeRO's gather over the data-parallel ranks), kept on the job's rank 0 (empty
+  // elsewhere). Collective: every rank calls it.
+  std::vector<std::vector<float>> gather_tensors(Role role, const std::function<int64_t(int)>& offset);
   nlohmann::json state_json() const;
   // lora_state.cpp: PEFT's adapter_config.json; --merge-adapter's save (rank 0; `whole`: the
   // gathered masters of a sharded run, else empty).

@@ -435,8 +435,8 @@ void UnitLifecycle::reduce_grads_async(int u, float* g, double* norm2) {
     kernels::Stream& c = mem_.stream(Side::comm);
     const UnitEntry& e = mem_.units()[u];
     comm_->all_reduce(g, g, static_cast<size_t>(e.grads.n), DType::f32, c);
-    const int64_t lo = e.shards.dp.offset, hi = std::min(lo + e.shards.dp.shard, e.n_real);
-    if (hi > lo) mem_.ops(Side::comm).sum_squares(c, {.dtype = DType::f32, .n = hi - lo, .x = g + lo, .out = norm2});
+    const int64_t lo = e.shards.dp.offset;
+    model_.grad_sum_squares(mem_.ops(Side::comm), c, u, g + lo, lo, lo + e.shards.dp.shard, norm2);
   });
 }
 
@@ -465,8 +465,7 @@ void UnitLifecycle::shard_grads(kernels::Stream& s, int u, float* whole, float* 
     s.memcpy_async(shard, mine, static_cast<size_t>(S) * 4);
   else
     ops.add(s, {.dtype = DType::f32, .n = S, .a = shard, .b = mine, .out = shard});
-  const int64_t n = std::min(S, e.n_real - lo);
-  if (pass_.last && n > 0) ops.sum_squares(s, {.dtype = DType::f32, .n = n, .x = shard, .out = norm2});
+  if (pass_.last) model_.grad_sum_squares(ops, s, u, shard, lo, lo + S, norm2);
 }
 
 kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool apply, bool restore) {

@@ -35,6 +35,23 @@ inline void write_tiny_llama(const std::filesystem::path& dir, int hidden, int l
       << "\"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}";
 }
 
+#ifdef STRATA_MPIEXEC
+#define STRATA_TEST_MPIEXEC STRATA_MPIEXEC
+constexpr bool kHaveMpi = true;
+#else
+#define STRATA_TEST_MPIEXEC ""  // built without MPI or mpirun: the multi-rank tests skip
+constexpr bool kHaveMpi = false;
+#endif
+// How `strata` starts as an np-rank mpirun job: "env <root and oversubscribe variables> ENV
+// mpirun -np NP " (oversubscribed: the test machine may have fewer cores than ranks); np 0:
+// plainly ("env ENV " or "").
+inline std::string launch_prefix(int np, const std::string& env) {
+  if (np > 0)
+    return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " + env +
+           " " + STRATA_TEST_MPIEXEC + " -np " + std::to_string(np) + " ";
+  return env.empty() ? "" : "env " + env + " ";
+}
+
 inline std::string slurp(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
   std::stringstream s;

@@ -27,16 +27,10 @@
 
 namespace fs = std::filesystem;
 using strata::test::CliResult;
+using strata::test::kHaveMpi;
 using strata::test::slurp;
 
 namespace {
-
-#ifdef STRATA_MPIEXEC
-constexpr bool kHaveMpi = true;
-#else
-constexpr bool kHaveMpi = false;
-#define STRATA_MPIEXEC ""
-#endif
 
 class ZeroCli : public ::testing::Test {
  protected:
@@ -58,13 +52,7 @@ class ZeroCli : public ::testing::Test {
   // machine may have fewer cores than ranks.
   CliResult run(int np, const std::string& args, const std::string& env = "", const std::string& tag = "run") {
     const fs::path o = dir_ / (tag + ".stdout"), e = dir_ / (tag + ".stderr");
-    std::string launch;
-    if (np > 0)
-      launch = "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " +
-               env + " " + STRATA_MPIEXEC + " -np " + std::to_string(np) + " ";
-    else if (!env.empty())
-      launch = "env " + env + " ";
-    const std::string cmd = "timeout 120 " + launch + std::string(STRATA_BIN) + " " + args + " >" + o.string() +
+    const std::string cmd = "timeout 120 " + strata::test::launch_prefix(np, env) + std::string(STRATA_BIN) + " " + args + " >" + o.string() +
                             " 2>" + e.string();
     const int rc = std::system(cmd.c_str());
     return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
@@ -523,7 +511,7 @@ TEST_F(ZeroCli, CtrlCOnTheLauncherKeepsACheckpointThatResumesBitExact) {
     ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-    ::setenv("MPIRUN", STRATA_MPIEXEC, 1);
+    ::setenv("MPIRUN", STRATA_TEST_MPIEXEC, 1);
     const std::string cmd = "exec bash " + launcher + " -np 2 " + STRATA_BIN + " " + args + " >" + out.string() +
                             " 2>" + err.string();
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));

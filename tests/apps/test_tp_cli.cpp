@@ -1,0 +1,206 @@
+// `mpirun strata train --tp N` end to end (Megatron-LM's tensor parallelism over the CPU backend
+// and OpenMPI): a tensor-parallel group trains the 1-rank model to fp32 reduction-order
+// tolerance (losses, norms, saved weights), for gpt2 (fused c_attn, tied head, biases) and a
+// llama with grouped-query attention and a vocabulary the group does not divide; a grid's run
+// is reproducible bit for bit and independent of the placement; dp × tp with ZeRO matches too;
+// its checkpoint is the HF layout, resumable on another grid; and a split that does not fit the
+// model is refused naming the numbers.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+#include "src/checkpoint/hf.h"
+
+namespace fs = std::filesystem;
+using strata::test::CliResult;
+using strata::test::kHaveMpi;
+using strata::test::slurp;
+
+namespace {
+
+double rel(double a, double b) { return std::abs(a - b) / std::max({std::abs(a), std::abs(b), 1e-30}); }
+
+class TpCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kHaveMpi) GTEST_SKIP() << "strata was built without MPI or mpirun: the multi-rank CLI tests did not run";
+    dir_ = strata::test::make_scratch_dir("strata_tp");
+    ASSERT_FALSE(dir_.empty());
+    // gpt2: c_attn's q, k and v split as three segments, biases on both kinds of layer, a tied
+    // head whose vocabulary rows are the embedding's.
+    fs::create_directories(dir_ / "gpt2");
+    std::ofstream(dir_ / "gpt2" / "config.json") << R"({
+      "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 256,
+      "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "layer_norm_epsilon": 1e-5})";
+    // llama: GQA (4 q heads, 2 kv heads: one kv head per rank at tp 2), q/k/v biases (qwen2
+    // style, on the column-parallel layers), an untied head, and 259 tokens: 130 + 129 rows.
+    fs::create_directories(dir_ / "llama");
+    std::ofstream(dir_ / "llama" / "config.json") << R"({
+      "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 259,
+      "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "intermediate_size": 96, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+      "attention_bias": true, "rope_theta": 10000.0, "tie_word_embeddings": false, "hidden_act": "silu"})";
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  // `strata ARGS` as an np-rank mpirun job (np 0: plainly). Oversubscribed: 4 ranks on 2 cores.
+  CliResult run(int np, const std::string& args, const std::string& tag, const std::string& env = "") {
+    const fs::path o = dir_ / (tag + ".stdout"), e = dir_ / (tag + ".stderr");
+    const std::string cmd = "timeout 180 " + strata::test::launch_prefix(np, env) + std::string(STRATA_BIN) + " " + args + " >" + o.string() +
+                            " 2>" + e.string();
+    const int rc = std::system(cmd.c_str());
+    return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
+  }
+  // A run of `model` writing tag.jsonl and tag/. AdamW's update is about lr · g / (|g| + eps):
+  // for the few elements whose gradient cancels to ~eps, a reduction-order difference of the
+  // gradient moves the update by a visible part of lr (gpt2 here: 1 element of 12,288 off by
+  // 1.3e-5 after one step at eps 1e-8, the rest within 1e-6). eps 1e-6 keeps that response
+  // smooth, so the weights compare what tensor parallelism computes (within 8e-7), not Adam's
+  // magnification of rounding.
+  std::string train(const std::string& model, int64_t batch, const std::string& tag, int64_t steps = 4) const {
+    return "train --model " + (dir_ / model).string() + " --threads 1 --seq 32 --warmup 1 --lr 1e-3 --eps 1e-6 --steps " +
+           std::to_string(steps) + " --batch " + std::to_string(batch) + " --metrics " +
+           (dir_ / (tag + ".jsonl")).string() + " --out " + (dir_ / tag).string() + " ";
+  }
+  std::vector<nlohmann::json> metrics(const std::string& tag) const {
+    std::vector<nlohmann::json> v;
+    std::ifstream f(dir_ / (tag + ".jsonl"));
+    for (std::string line; std::getline(f, line);) v.push_back(nlohmann::json::parse(line));
+    return v;
+  }
+  std::string losses(const std::string& tag) const {
+    std::string s;
+    for (const auto& j : metrics(tag)) s += j["loss"].dump() + " " + j["grad_norm"].dump() + "\n";
+    return s;
+  }
+  std::map<std::string, std::vector<float>> weights(const std::string& tag) const {
+    return strata::test::tensors_of(*strata::HfCheckpoint::open(dir_ / tag));
+  }
+  // Run b's steps (from its first) against run a's last ones, and their saved weights.
+  void expect_close(const std::string& a, const std::string& b) const {
+    const auto ma = metrics(a), mb = metrics(b);
+    ASSERT_FALSE(mb.empty()) << b;
+    ASSERT_GE(ma.size(), mb.size()) << a << " / " << b;
+    const size_t skip = ma.size() - mb.size();
+    for (size_t i = 0; i < mb.size(); ++i) {
+      EXPECT_EQ(ma[skip + i]["step"], mb[i]["step"]);
+      EXPECT_LT(rel(ma[skip + i]["loss"].get<double>(), mb[i]["loss"].get<double>()), 1e-5) << b << " step " << i + 1;
+      EXPECT_LT(rel(ma[skip + i]["grad_norm"].get<double>(), mb[i]["grad_norm"].get<double>()), 1e-5)
+          << b << " step " << i + 1;
+    }
+    const auto wa = weights(a), wb = weights(b);
+    ASSERT_EQ(wa.size(), wb.size()) << b;
+    for (const auto& [name, va] : wa) {
+      ASSERT_TRUE(wb.count(name)) << b << " lacks " << name;
+      const auto& vb = wb.at(name);
+      ASSERT_EQ(va.size(), vb.size()) << b << ": " << name;
+      double worst = 0;
+      for (size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::abs(double(va[i]) - vb[i]));
+      EXPECT_LT(worst, 1e-5) << b << ": " << name;
+    }
+  }
+  fs::path dir_;
+};
+
+// Megatron-LM's tensor parallelism is the same model: tp 2 within fp32 tolerance of 1 rank
+// (the same global batch), in both families, with a header that names the grid.
+TEST_F(TpCli, TwoRanksMatchOneRank) {
+  for (const std::string model : {"gpt2", "llama"}) {
+    CliResult one = run(0, train(model, 2, model + "1"), model + "1");
+    ASSERT_EQ(one.status, 0) << one.err;
+    CliResult two = run(2, train(model, 2, model + "tp2") + "--tp 2", model + "tp2");
+    ASSERT_EQ(two.status, 0) << two.out << two.err;
+    EXPECT_NE(two.out.find("dp 1 × pp 1 × tp 2"), std::string::npos) << two.out;
+    EXPECT_EQ(two.out.find("strata train"), two.out.rfind("strata train")) << "one header: " << two.out;
+    ASSERT_EQ(metrics(model + "1").size(), 4u);
+    expect_close(model + "1", model + "tp2");
+  }
+}
+
+// A grid's run is a fixed function of its inputs: the same bits twice, with every collective
+// started at a random moment (STRATA_FAULT=comm-jitter), and whatever the placement (params,
+// grads and optimizer state in RAM or on NVMe, checkpointed blocks).
+TEST_F(TpCli, RunsAreBitwiseReproducibleAndPlacementFree) {
+  const std::string ref = "ref";
+  CliResult a = run(2, train("llama", 2, ref) + "--tp 2", ref);
+  ASSERT_EQ(a.status, 0) << a.err;
+  fs::create_directories(dir_ / "swap");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"again", ""},
+      {"jitter", "env:comm-jitter:2000"},
+      {"cpu", "--offload-params cpu --offload-grads cpu --offload-optimizer cpu --checkpoint-activations full"},
+      {"nvme", "--offload-params nvme --offload-grads nvme --offload-optimizer nvme --checkpoint-activations "
+               "every:2 --nvme-path " + (dir_ / "swap").string()},
+  };
+  for (const auto& [tag, flags] : cases) {
+    const bool jitter = flags.rfind("env:", 0) == 0;
+    CliResult b = run(2, train("llama", 2, tag) + "--tp 2 " + (jitter ? "" : flags), tag,
+                      jitter ? "STRATA_FAULT=" + flags.substr(4) : "");
+    ASSERT_EQ(b.status, 0) << tag << ": " << b.err;
+    EXPECT_EQ(losses(tag), losses(ref)) << tag;
+    EXPECT_TRUE(slurp(dir_ / tag / "model.safetensors") == slurp(dir_ / ref / "model.safetensors")) << tag;
+  }
+}
+
+// dp 2 × tp 2 on 4 ranks with ZeRO stage 1 over the data-parallel pairs: the 1-rank run with
+// the same global batch.
+TEST_F(TpCli, DataTimesTensorParallelWithZeroMatchesOneRank) {
+  CliResult one = run(0, train("gpt2", 2, "one"), "one");
+  ASSERT_EQ(one.status, 0) << one.err;
+  CliResult four = run(4, train("gpt2", 1, "four") + "--tp 2 --zero-stage 1", "four");
+  ASSERT_EQ(four.status, 0) << four.out << four.err;
+  EXPECT_NE(four.out.find("dp 2 × pp 1 × tp 2"), std::string::npos) << four.out;
+  expect_close("one", "four");
+}
+
+// The checkpoint holds whole HF tensors: a tp 2 run's resumes on 1 rank, and 1 rank's on tp 2,
+// continuing the same run to fp32 tolerance.
+TEST_F(TpCli, CheckpointResumesOnAnotherGrid) {
+  const std::string ck2 = (dir_ / "ck2").string(), ck1 = (dir_ / "ck1").string();
+  CliResult two = run(2, train("llama", 2, "two") + "--tp 2 --checkpoint-every 2 --checkpoint-dir " + ck2, "two");
+  ASSERT_EQ(two.status, 0) << two.err;
+  CliResult one = run(0, train("llama", 2, "one") + "--checkpoint-every 2 --checkpoint-dir " + ck1, "one");
+  ASSERT_EQ(one.status, 0) << one.err;
+  CliResult a = run(0, train("llama", 2, "a") + "--resume " + ck2 + "/step-00000002", "a");
+  ASSERT_EQ(a.status, 0) << a.err;
+  CliResult b = run(2, train("llama", 2, "b") + "--tp 2 --resume " + ck1 + "/step-00000002", "b");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_NE(b.out.find("resumed"), std::string::npos) << b.out;
+  expect_close("two", "a");
+  expect_close("one", "b");
+  // On the same grid a resume is the run itself, bit for bit.
+  CliResult c = run(2, train("llama", 2, "c") + "--tp 2 --resume " + ck2 + "/step-00000002", "c");
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_TRUE(slurp(dir_ / "c" / "model.safetensors") == slurp(dir_ / "two" / "model.safetensors"));
+}
+
+// A split the job or the model cannot take is refused before anything runs, naming the numbers.
+TEST_F(TpCli, SplitsThatDoNotFitAreRefused) {
+  CliResult a = run(2, train("llama", 2, "a") + "--tp 4", "a");
+  EXPECT_NE(a.status, 0);
+  EXPECT_NE(a.err.find("--tp 4"), std::string::npos) << a.err;
+  CliResult b = run(4, train("llama", 1, "b") + "--tp 4", "b");  // 2 kv heads
+  EXPECT_NE(b.status, 0);
+  EXPECT_NE(b.err.find("key/value heads (2)"), std::string::npos) << b.err;
+  CliResult c = run(0, train("llama", 2, "c") + "--tp 2 --lora-rank 4", "c");
+  EXPECT_NE(c.status, 0);
+  EXPECT_NE(c.err.find("--tp 2 with --lora-rank"), std::string::npos) << c.err;
+  CliResult d = run(0, train("llama", 2, "d") + "--tp 0", "d");
+  EXPECT_NE(d.status, 0);
+  EXPECT_NE(d.err.find("--tp 0"), std::string::npos) << d.err;
+}
+
+}  // namespace
