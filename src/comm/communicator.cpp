@@ -86,6 +86,7 @@ void Communicator::all_gather(const void* send, void* recv, size_t send_count, D
   if (!in_place && overlap(send, send_bytes, recv, recv_bytes))
     bad(call, "send " + range(send, send_bytes) + " overlaps recv " + range(recv, recv_bytes) +
                   "; in place means send == recv + rank × send bytes (rank " + std::to_string(rank_) + ")");
+  sent_bytes_ += send_bytes * static_cast<size_t>(world_ - 1);
   if (send_bytes > 0) do_all_gather(send, recv, send_count, dtype, stream);
 }
 
@@ -101,6 +102,7 @@ void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_coun
   if (!in_place && overlap(send, send_bytes, recv, recv_bytes))
     bad(call, "send " + range(send, send_bytes) + " overlaps recv " + range(recv, recv_bytes) +
                   "; in place means recv == send + rank × recv bytes (rank " + std::to_string(rank_) + ")");
+  sent_bytes_ += recv_bytes * static_cast<size_t>(world_ - 1);
   if (recv_bytes > 0) do_reduce_scatter(send, recv, recv_count, dtype, stream);
 }
 
@@ -112,6 +114,7 @@ void Communicator::all_reduce(const void* send, void* recv, size_t count, DType 
   if (send != recv && overlap(send, bytes, recv, bytes))
     bad(call, "send " + range(send, bytes) + " partially overlaps recv " + range(recv, bytes) +
                   "; pass send == recv for in place");
+  sent_bytes_ += 2 * bytes * static_cast<size_t>(world_ - 1) / static_cast<size_t>(world_);
   if (bytes > 0) do_all_reduce(send, recv, count, dtype, stream);
 }
 
@@ -121,6 +124,7 @@ void Communicator::broadcast(void* buf, size_t count, DType dtype, int root, ker
   need_pointer(call, "buf", buf, bytes);
   if (root < 0 || root >= world_)
     bad(call, "root " + std::to_string(root) + " outside [0, " + std::to_string(world_) + ")");
+  if (rank_ == root) sent_bytes_ += bytes * static_cast<size_t>(world_ - 1);
   if (bytes > 0) do_broadcast(buf, count, dtype, root, stream);
 }
 

@@ -104,6 +104,11 @@ class Communicator {
   // other ranks to arrive), since this communicator was made: on `stream` only, or on every
   // stream (null). 0 where the implementation does not keep it (local: nothing to move).
   virtual double busy_ms(const kernels::Stream* /*stream*/ = nullptr) const { return 0; }
+  // Bytes this rank has sent to the others through stream-ordered collectives since this
+  // communicator was made, by the algorithms' count (as many are received): all_reduce of S
+  // bytes 2·(world−1)/world·S (a reduce-scatter, then an all-gather), reduce_scatter and
+  // all_gather (world−1)/world of the whole buffer, broadcast (world−1)·S from the root.
+  uint64_t sent_bytes() const { return sent_bytes_; }
 
  protected:
   Communicator(CommBackend backend, int rank, int world, int local_rank, int local_world);
@@ -121,6 +126,7 @@ class Communicator {
  private:
   CommBackend backend_;
   int rank_, world_, local_rank_, local_world_;
+  uint64_t sent_bytes_ = 0;  // host thread only (collectives are issued from one)
 };
 
 // The completion of collectives enqueued on a communication stream, as one handle (Megatron's

@@ -155,6 +155,10 @@ nlohmann::json step_metrics(const StepStats& st, const offload::OffloadStats& os
   j["comm_bytes_received"] = st.comm_bytes;
   j["comm_ms"] = st.comm_ms;
   j["comm_exposed_ms"] = st.comm_exposed_ms;
+  if (st.tp_comm_bytes > 0) {  // tensor parallelism
+    j["tp_comm_bytes_sent"] = st.tp_comm_bytes;
+    j["tp_comm_ms"] = st.tp_comm_ms;
+  }
   j["device_peak_bytes"] = os.tiers[0].bytes_peak;
   j["host_peak_bytes"] = os.tiers[1].bytes_peak;
   j["nvme_peak_bytes"] = os.tiers[2].bytes_peak;

@@ -185,6 +185,8 @@ StepStats Trainer::step() {
   const auto t0 = Clock::now();
   const double busy0 = m.busy_ms();
   const double comm0 = m.comm_ms(), exposed0 = m.exposed_ms(), waited0 = m.driver->exposed_ms();
+  const double tp_ms0 = m.groups->tp().busy_ms();
+  const uint64_t tp_bytes0 = m.groups->tp().sent_bytes();
   const int64_t n = m.N();
   StepStats st;
   st.step = m.steps_done + 1;
@@ -345,7 +347,9 @@ StepStats Trainer::step() {
   st.nvme_busy_ms = now.nvme_busy_ms - m.last_stats.nvme_busy_ms;
   st.stall_ms = m.mem->stall_ms() - m.last_stall;
   // (the compute stream's timed waits for collectives are not compute)
-  st.compute_ms = m.busy_ms() - busy0 - (m.driver->exposed_ms() - waited0);
+  st.tp_comm_ms = m.groups->tp().busy_ms() - tp_ms0;
+  st.tp_comm_bytes = m.groups->tp().sent_bytes() - tp_bytes0;
+  st.compute_ms = m.busy_ms() - busy0 - (m.driver->exposed_ms() - waited0) - st.tp_comm_ms;
   st.comm_bytes = comm_bytes_per_step(*m.model, m.sh, o.grad_accum);
   st.comm_ms = m.comm_ms() - comm0;  // every stream is synchronised above
   st.comm_exposed_ms = m.exposed_ms() - exposed0;

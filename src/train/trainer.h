@@ -48,6 +48,12 @@ struct StepStats {
   // last collectives). CPU backend; a CUDA run does not time its waits yet (0).
   double comm_ms = 0;
   double comm_exposed_ms = 0;
+  // Tensor parallelism (--tp): sent by this rank over its tp group this step (the sub-layers'
+  // all-reduces, the embedding's and the head's, the cross-entropy's statistics), measured;
+  // and the time those collectives ran, on the compute stream (all of it exposed; not in
+  // compute_ms).
+  uint64_t tp_comm_bytes = 0;
+  double tp_comm_ms = 0;
   uint64_t bytes_moved() const { return link_bytes[0] + link_bytes[1] + link_bytes[2] + link_bytes[3]; }
 };
 

@@ -32,6 +32,17 @@ namespace {
 
 double rel(double a, double b) { return std::abs(a - b) / std::max({std::abs(a), std::abs(b), 1e-30}); }
 
+// Bytes a tp rank sends per micro-batch (fp32, an all-reduce of S bytes sends 2·(t−1)/t·S):
+// Megatron-LM's 4 all-reduces of the (B·T, h) activations per layer (2 forward, 2 backward),
+// 2 more per recomputed layer, one for the embedding's rows and one for the head's input
+// gradient; and the cross-entropy's 3 floats per row to each other rank.
+uint64_t tp_bytes(int64_t rows, int64_t hidden, int64_t layers, int64_t recomputed, int64_t tp) {
+  const uint64_t act = static_cast<uint64_t>(rows * hidden * 4);
+  const uint64_t per_all_reduce = 2 * act * static_cast<uint64_t>(tp - 1) / static_cast<uint64_t>(tp);
+  return static_cast<uint64_t>(4 * layers + 2 * recomputed + 2) * per_all_reduce +
+         static_cast<uint64_t>(3 * rows * 4 * (tp - 1));
+}
+
 class TpCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -127,6 +138,9 @@ TEST_F(TpCli, TwoRanksMatchOneRank) {
     EXPECT_EQ(two.out.find("strata train"), two.out.rfind("strata train")) << "one header: " << two.out;
     ASSERT_EQ(metrics(model + "1").size(), 4u);
     expect_close(model + "1", model + "tp2");
+    // What it sent over the group, measured, is Megatron's count (2 × 32 rows, hidden 64, 2 layers).
+    for (const auto& j : metrics(model + "tp2")) EXPECT_EQ(j["tp_comm_bytes_sent"].get<uint64_t>(), tp_bytes(64, 64, 2, 0, 2));
+    EXPECT_FALSE(metrics(model + "1")[0].contains("tp_comm_bytes_sent"));
   }
 }
 
@@ -151,19 +165,31 @@ TEST_F(TpCli, RunsAreBitwiseReproducibleAndPlacementFree) {
                       jitter ? "STRATA_FAULT=" + flags.substr(4) : "");
     ASSERT_EQ(b.status, 0) << tag << ": " << b.err;
     EXPECT_EQ(losses(tag), losses(ref)) << tag;
+    const int64_t recomputed = tag == "cpu" ? 2 : tag == "nvme" ? 1 : 0;  // full; every:2 of 2 layers
+    EXPECT_EQ(metrics(tag)[0]["tp_comm_bytes_sent"].get<uint64_t>(), tp_bytes(64, 64, 2, recomputed, 2)) << tag;
     EXPECT_TRUE(slurp(dir_ / tag / "model.safetensors") == slurp(dir_ / ref / "model.safetensors")) << tag;
   }
 }
 
-// dp 2 × tp 2 on 4 ranks with ZeRO stage 1 over the data-parallel pairs: the 1-rank run with
-// the same global batch.
+// dp 2 × tp 2 on 4 ranks with ZeRO over the data-parallel pairs: the 1-rank run with the same
+// global batch.
 TEST_F(TpCli, DataTimesTensorParallelWithZeroMatchesOneRank) {
   CliResult one = run(0, train("gpt2", 2, "one"), "one");
   ASSERT_EQ(one.status, 0) << one.err;
-  CliResult four = run(4, train("gpt2", 1, "four") + "--tp 2 --zero-stage 1", "four");
-  ASSERT_EQ(four.status, 0) << four.out << four.err;
-  EXPECT_NE(four.out.find("dp 2 × pp 1 × tp 2"), std::string::npos) << four.out;
-  expect_close("one", "four");
+  // Every ZeRO stage composes with tp (each shards the rank's own part over its replicas), and,
+  // as without tp, all four give the same bits.
+  for (const std::string stage : {"1", "0", "2", "3"}) {
+    CliResult four = run(4, train("gpt2", 1, "four" + stage) + "--tp 2 --zero-stage " + stage, "four" + stage);
+    ASSERT_EQ(four.status, 0) << four.out << four.err;
+    EXPECT_NE(four.out.find("dp 2 × pp 1 × tp 2"), std::string::npos) << four.out;
+    if (stage == "1") {
+      expect_close("one", "four1");
+      continue;
+    }
+    EXPECT_EQ(losses("four" + stage), losses("four1")) << "stage " << stage;
+    EXPECT_TRUE(slurp(dir_ / ("four" + stage) / "model.safetensors") == slurp(dir_ / "four1" / "model.safetensors"))
+        << "stage " << stage;
+  }
 }
 
 // The checkpoint holds whole HF tensors: a tp 2 run's resumes on 1 rank, and 1 rank's on tp 2,

@@ -389,12 +389,19 @@ void test_grid(Env& e) {
         a.comm->host_all_gather(&mine, got.data(), sizeof mine);
         CHECK(got == members, "group members");
         const size_t n = 777;
-        kernels::DeviceBuffer x(e.rt, n * 4);
+        kernels::DeviceBuffer x(e.rt, n * 4), g(e.rt, n * 4 * static_cast<size_t>(a.size));
         fill(x.data(), DType::f32, n, c.rank(), 0);
+        const uint64_t sent0 = a.comm->sent_bytes();
         a.comm->all_reduce(x.data(), x.data(), n, DType::f32, e.stream);
         e.stream.synchronize();
         const auto want = expected_sums(DType::f32, 0, n, members);
         expect_bytes(x.data(), want.data(), n * 4, "group all_reduce");
+        const auto w = static_cast<uint64_t>(a.size);
+        CHECK(a.comm->sent_bytes() - sent0 == 2 * n * 4 * (w - 1) / w, "an all_reduce counts 2·(w−1)/w of its bytes sent");
+        a.comm->all_gather(x.data(), g.data(), n, DType::f32, e.stream);
+        e.stream.synchronize();
+        CHECK(a.comm->sent_bytes() - sent0 == 2 * n * 4 * (w - 1) / w + n * 4 * (w - 1),
+              "an all_gather counts its part sent to every other rank");
       }
     }
   bool threw = false;
