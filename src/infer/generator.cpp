@@ -93,6 +93,7 @@ Generator::Generator(const ModelConfig& cfg, DType dtype, kernels::Runtime& rt, 
   d.B = shape.batch;
   d.T = shape.max_prompt;
   d.N = d.B * d.T;
+  d.res_rows = d.N;  // (no tensor parallelism here: every row)
   const size_t ws = carve(*buf_, nullptr, model_.recipe(), dtype, shape);
 
   // Budgets: all weights where they live, plus room on the compute tier for the unit in use
@@ -294,6 +295,7 @@ const std::vector<float>& Generator::forward(const std::vector<int32_t>& ids, in
   d.B = B;
   d.T = T;
   d.N = B * T;
+  d.res_rows = d.N;
   // Positions count from each item's first real token; pad slots sit at 0 and see only pads.
   host_ids_ = ids;
   host_pos_.resize(static_cast<size_t>(d.N));

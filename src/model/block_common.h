@@ -28,22 +28,91 @@ struct Carver {
 inline const void* wptr(const BlockCtx& c, int64_t off) { return off >= 0 ? at(c.w, off, c.dtype) : nullptr; }
 inline float* gptr(const BlockCtx& c, int64_t off) { return c.g && off >= 0 ? c.g + off : nullptr; }
 
-// Tensor parallelism (Megatron-LM's f and g): x (rows, cols) summed over the tp group in place
-// (after a row-parallel layer in the forward; after a column-parallel layer's input gradient in
-// the backward). Nothing without tensor parallelism.
-inline void tp_all_reduce(const BlockCtx& c, void* x, int64_t rows, int64_t cols) {
-  if (c.tp_comm) c.tp_comm->all_reduce(x, x, static_cast<size_t>(rows * cols), c.dtype, *c.stream);
+// Tensor parallelism (Megatron-LM). Without it every helper here is the plain op (rows = N).
+// With sequence parallelism the residual stream, the norms and the row-parallel outputs hold
+// this rank's rows only (dims res_rows from res_row0: B·T / tp of them), and the column-parallel
+// layers read the norms' outputs gathered whole: the all-reduces become a reduce-scatter (row-
+// parallel outputs, column-parallel input gradients) and an all-gather (norm outputs; the
+// residual gradient before the row-parallel layers' backward).
+
+// This rank's rows of a whole (N, cols) buffer (the buffer itself without sequence parallelism).
+inline void* own_rows(const BlockCtx& c, void* full, int64_t cols) {
+  return at(full, c.dims->res_row0 * cols, c.dtype);
 }
 
-// A row-parallel layer: y (rows, out) = x · op(W) summed over the tp group, then + b (the bias
-// is whole on every rank: added once, after the sum). Without tensor parallelism,
-// linear_forward.
-inline void row_parallel_forward(const Linear& l, const BlockCtx& c, const void* x, const void* w, const void* b,
-                                 void* y, int64_t rows, int64_t in, int64_t out) {
-  if (!c.tp_comm) return linear_forward(l, x, w, b, y, rows, in, out);
+// After a norm wrote this rank's rows of full (N, cols): every rank's (all-gather in place).
+inline void sp_gather(const BlockCtx& c, void* full, int64_t cols) {
+  if (c.sequence_parallel)
+    c.tp_comm->all_gather(own_rows(c, full, cols), full, static_cast<size_t>(c.dims->res_rows * cols), c.dtype,
+                          *c.stream);
+}
+
+// The residual gradient as the row-parallel layers' backward reads it: whole, gathered from
+// every rank's rows into `full` under sequence parallelism, else `local` itself.
+inline const void* sp_whole(const BlockCtx& c, const void* local, void* full, int64_t cols) {
+  if (!c.sequence_parallel) return local;
+  c.tp_comm->all_gather(local, full, static_cast<size_t>(c.dims->res_rows * cols), c.dtype, *c.stream);
+  return full;
+}
+
+// A column-parallel layer's input gradient d (N, cols), this rank's part, summed over the group
+// (Megatron's f in the backward): whole (all-reduce), or this rank's rows (reduce-scatter under
+// sequence parallelism). Returns the rows the norm backward reads.
+inline void* tp_input_grad(const BlockCtx& c, void* d, int64_t cols) {
+  if (!c.tp_comm) return d;
+  if (!c.sequence_parallel) {
+    c.tp_comm->all_reduce(d, d, static_cast<size_t>(c.dims->N * cols), c.dtype, *c.stream);
+    return d;
+  }
+  void* mine = own_rows(c, d, cols);
+  c.tp_comm->reduce_scatter(d, mine, static_cast<size_t>(c.dims->res_rows * cols), c.dtype, *c.stream);
+  return mine;
+}
+
+// A row-parallel layer: y (N, out) = x · op(W) summed over the tp group, then + b (the bias is
+// whole on every rank: added once, after the sum; Megatron's g). Returns the rows of y that hold
+// the result: all of them, or this rank's under sequence parallelism. Without tensor
+// parallelism, linear_forward.
+inline void* row_parallel_forward(const Linear& l, const BlockCtx& c, const void* x, const void* w, const void* b,
+                                  void* y, int64_t rows, int64_t in, int64_t out) {
+  if (!c.tp_comm) {
+    linear_forward(l, x, w, b, y, rows, in, out);
+    return y;
+  }
   linear_forward(l, x, w, nullptr, y, rows, in, out);
-  tp_all_reduce(c, y, rows, out);
-  if (b) c.ops->bias_add(*c.stream, {.dtype = c.dtype, .rows = rows, .cols = out, .y = y, .bias = b});
+  void* mine = y;
+  if (c.sequence_parallel) {
+    mine = own_rows(c, y, out);
+    rows = c.dims->res_rows;
+    c.tp_comm->reduce_scatter(y, mine, static_cast<size_t>(rows * out), c.dtype, *c.stream);
+  } else {
+    c.tp_comm->all_reduce(y, y, static_cast<size_t>(rows * out), c.dtype, *c.stream);
+  }
+  if (b) c.ops->bias_add(*c.stream, {.dtype = c.dtype, .rows = rows, .cols = out, .y = mine, .bias = b});
+  return mine;
+}
+
+// A norm's weight (and bias) grads under sequence parallelism come from this rank's rows only:
+// they go to a zeroed scratch (norm_grads), which norm_grads_done sums over the group and adds
+// to the grads, so every rank holds the whole model's (the norms are whole on every rank).
+// Otherwise straight into the grads. The norm's cols = C.
+struct NormGrads {
+  float* w;
+  float* b;
+};
+inline NormGrads norm_grads(const BlockCtx& c, float* gw, float* gb) {
+  if (!c.sequence_parallel || !gw) return {gw, gb};
+  const int64_t C = c.dims->C;
+  c.stream->memset_async(c.sp_norm_grads, 0, static_cast<size_t>(2 * C) * sizeof(float));
+  return {c.sp_norm_grads, gb ? c.sp_norm_grads + C : nullptr};
+}
+inline void norm_grads_done(const BlockCtx& c, float* gw, float* gb) {
+  if (!c.sequence_parallel || !gw) return;
+  const int64_t C = c.dims->C;
+  float* scratch = c.sp_norm_grads;
+  c.tp_comm->all_reduce(scratch, scratch, static_cast<size_t>((gb ? 2 : 1) * C), DType::f32, *c.stream);
+  c.ops->add(*c.stream, {.dtype = DType::f32, .n = C, .a = gw, .b = scratch, .out = gw});
+  if (gb) c.ops->add(*c.stream, {.dtype = DType::f32, .n = C, .a = gb, .b = scratch + C, .out = gb});
 }
 
 // The shape and q/k/v views shared by the attention forward and backward arguments.

@@ -21,8 +21,14 @@ using model_detail::linear_backward;
 using model_detail::linear_forward;
 using model_detail::lora_backward;
 using model_detail::lora_forward;
+using model_detail::norm_grads;
+using model_detail::norm_grads_done;
+using model_detail::NormGrads;
+using model_detail::own_rows;
 using model_detail::row_parallel_forward;
-using model_detail::tp_all_reduce;
+using model_detail::sp_gather;
+using model_detail::sp_whole;
+using model_detail::tp_input_grad;
 using model_detail::wptr;
 
 namespace {
@@ -37,31 +43,34 @@ void gpt2_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, vo
   const DType dt = c.dtype;
   const Linear lin{c.ops, c.stream, dt, true, c.accumulate_grads};
   const float eps = static_cast<float>(c.cfg->norm_eps);
+  const int64_t R = d.res_rows;  // the residual stream's rows here (N; sequence parallel: this rank's)
 
-  // ln1 (N, C) = layernorm(x)
-  ops.layernorm(s, {.dtype = dt, .rows = d.N, .cols = d.C, .eps = eps, .x = x, .weight = wptr(c, p.ln1_w),
-                    .bias = wptr(c, p.ln1_b), .y = a.ln1, .mean = a.mean1, .rstd = a.rstd1});
+  // ln1 (N, C) = layernorm(x) (sequence parallel: this rank's rows, then gathered)
+  ops.layernorm(s, {.dtype = dt, .rows = R, .cols = d.C, .eps = eps, .x = x, .weight = wptr(c, p.ln1_w),
+                    .bias = wptr(c, p.ln1_b), .y = own_rows(c, a.ln1, d.C), .mean = a.mean1, .rstd = a.rstd1});
+  sp_gather(c, a.ln1, d.C);
   // qkv (N, 3C) = ln1 · c_attn + b
   linear_forward(lin, a.ln1, wptr(c, p.qkv_w), wptr(c, p.qkv_b), a.qkv, d.N, d.C, d.QKV);
   lora_forward(c, LoraSlot::qkv, a.ln1, a.qkv, d.QKV);
   // att (N, C) = causal softmax(q·kᵀ/√D)·v, lse (B, H, T)
   fused_qkv_attention(c, a);
-  // res_mid (N, C) = x + att · c_proj + b
-  row_parallel_forward(lin, c, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
+  // res_mid (R, C) = x + att · c_proj + b
+  void* o = row_parallel_forward(lin, c, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
   lora_forward(c, LoraSlot::o, a.att, c.scratch->tmp_c, d.C);
-  ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = x, .b = c.scratch->tmp_c, .out = a.res_mid});
+  ops.add(s, {.dtype = dt, .n = R * d.C, .a = x, .b = o, .out = a.res_mid});
   // ln2 (N, C) = layernorm(res_mid)
-  ops.layernorm(s, {.dtype = dt, .rows = d.N, .cols = d.C, .eps = eps, .x = a.res_mid,
-                    .weight = wptr(c, p.ln2_w), .bias = wptr(c, p.ln2_b), .y = a.ln2, .mean = a.mean2,
-                    .rstd = a.rstd2});
+  ops.layernorm(s, {.dtype = dt, .rows = R, .cols = d.C, .eps = eps, .x = a.res_mid, .weight = wptr(c, p.ln2_w),
+                    .bias = wptr(c, p.ln2_b), .y = own_rows(c, a.ln2, d.C), .mean = a.mean2, .rstd = a.rstd2});
+  sp_gather(c, a.ln2, d.C);
   // fc (N, I) = ln2 · c_fc + b; act (N, I) = gelu(fc)
   linear_forward(lin, a.ln2, wptr(c, p.fc_w), wptr(c, p.fc_b), a.fc, d.N, d.C, d.I);
   lora_forward(c, LoraSlot::fc, a.ln2, a.fc, d.I);
   ops.gelu(s, {.dtype = dt, .n = d.N * d.I, .tanh_approx = tanh_gelu(c), .x = a.fc, .y = a.act});
-  // out (N, C) = res_mid + act · mlp.c_proj + b
-  row_parallel_forward(lin, c, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b), c.scratch->tmp_c, d.N, d.I, d.C);
+  // out (R, C) = res_mid + act · mlp.c_proj + b
+  void* proj = row_parallel_forward(lin, c, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b), c.scratch->tmp_c, d.N, d.I,
+                                    d.C);
   lora_forward(c, LoraSlot::proj, a.act, c.scratch->tmp_c, d.C);
-  ops.add(s, {.dtype = dt, .n = d.N * d.C, .a = a.res_mid, .b = c.scratch->tmp_c, .out = out});
+  ops.add(s, {.dtype = dt, .n = R * d.C, .a = a.res_mid, .b = proj, .out = out});
 }
 
 void gpt2_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, void* dres) {
@@ -72,37 +81,43 @@ void gpt2_block_backward(const BlockCtx& c, const void* x, const BlockActs& a, v
   const DType dt = c.dtype;
   const Linear lin{c.ops, c.stream, dt, true, c.accumulate_grads};
   const BlockScratch& sc = *c.scratch;
+  const int64_t R = d.res_rows;
 
   // MLP. d_act (N, I) = dres · mlp.c_projᵀ
-  linear_backward(lin, a.act, wptr(c, p.proj_w), dres, sc.d_act, gptr(c, p.proj_w), gptr(c, p.proj_b), d.N, d.I,
-                  d.C);
-  lora_backward(c, LoraSlot::proj, a.act, dres, d.C, sc.d_act);
+  const void* dy = sp_whole(c, dres, sc.tmp_c, d.C);
+  linear_backward(lin, a.act, wptr(c, p.proj_w), dy, sc.d_act, gptr(c, p.proj_w), gptr(c, p.proj_b), d.N, d.I, d.C);
+  lora_backward(c, LoraSlot::proj, a.act, dy, d.C, sc.d_act);
   // d_fc (N, I) = gelu'(fc) · d_act
   ops.gelu_backward(s, {.dtype = dt, .n = d.N * d.I, .tanh_approx = tanh_gelu(c), .x = a.fc, .dy = sc.d_act,
                         .dx = sc.d_fc});
   // d_c (N, C) = d_fc · c_fcᵀ
   linear_backward(lin, a.ln2, wptr(c, p.fc_w), sc.d_fc, sc.d_c, gptr(c, p.fc_w), gptr(c, p.fc_b), d.N, d.C, d.I);
   lora_backward(c, LoraSlot::fc, a.ln2, sc.d_fc, d.I, sc.d_c);
-  tp_all_reduce(c, sc.d_c, d.N, d.C);  // column-parallel: this rank\'s part of d ln2
+  const void* d_ln2 = tp_input_grad(c, sc.d_c, d.C);  // column-parallel: each rank had its part of it
   // dres += layernorm_backward(res_mid, d_c) -> d res_mid
-  ops.layernorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = a.res_mid, .weight = wptr(c, p.ln2_w),
-                             .dy = sc.d_c, .mean = a.mean2, .rstd = a.rstd2, .dx = dres,
-                             .dweight = gptr(c, p.ln2_w), .dbias = gptr(c, p.ln2_b), .accumulate = true});
+  const NormGrads g2 = norm_grads(c, gptr(c, p.ln2_w), gptr(c, p.ln2_b));
+  ops.layernorm_backward(s, {.dtype = dt, .rows = R, .cols = d.C, .x = a.res_mid, .weight = wptr(c, p.ln2_w),
+                             .dy = d_ln2, .mean = a.mean2, .rstd = a.rstd2, .dx = dres, .dweight = g2.w,
+                             .dbias = g2.b, .accumulate = true});
+  norm_grads_done(c, gptr(c, p.ln2_w), gptr(c, p.ln2_b));
 
   // Attention. d_q (N, C) = dres · c_projᵀ
-  linear_backward(lin, a.att, wptr(c, p.o_w), dres, sc.d_q, gptr(c, p.o_w), gptr(c, p.o_b), d.N, d.Q, d.C);
-  lora_backward(c, LoraSlot::o, a.att, dres, d.C, sc.d_q);
+  dy = sp_whole(c, dres, sc.tmp_c, d.C);
+  linear_backward(lin, a.att, wptr(c, p.o_w), dy, sc.d_q, gptr(c, p.o_w), gptr(c, p.o_b), d.N, d.Q, d.C);
+  lora_backward(c, LoraSlot::o, a.att, dy, d.C, sc.d_q);
   // d_fc (N, 3C) = [dq | dk | dv]
   fused_qkv_attention_backward(c, a, sc.d_q, sc.d_fc);
   // d_c (N, C) = d_qkv · c_attnᵀ
   linear_backward(lin, a.ln1, wptr(c, p.qkv_w), sc.d_fc, sc.d_c, gptr(c, p.qkv_w), gptr(c, p.qkv_b), d.N, d.C,
                   d.QKV);
   lora_backward(c, LoraSlot::qkv, a.ln1, sc.d_fc, d.QKV, sc.d_c);
-  tp_all_reduce(c, sc.d_c, d.N, d.C);  // column-parallel: this rank\'s part of d ln1
+  const void* d_ln1 = tp_input_grad(c, sc.d_c, d.C);
   // dres += layernorm_backward(x, d_c) -> d x
-  ops.layernorm_backward(s, {.dtype = dt, .rows = d.N, .cols = d.C, .x = x, .weight = wptr(c, p.ln1_w),
-                             .dy = sc.d_c, .mean = a.mean1, .rstd = a.rstd1, .dx = dres,
-                             .dweight = gptr(c, p.ln1_w), .dbias = gptr(c, p.ln1_b), .accumulate = true});
+  const NormGrads g1 = norm_grads(c, gptr(c, p.ln1_w), gptr(c, p.ln1_b));
+  ops.layernorm_backward(s, {.dtype = dt, .rows = R, .cols = d.C, .x = x, .weight = wptr(c, p.ln1_w), .dy = d_ln1,
+                             .mean = a.mean1, .rstd = a.rstd1, .dx = dres, .dweight = g1.w, .dbias = g1.b,
+                             .accumulate = true});
+  norm_grads_done(c, gptr(c, p.ln1_w), gptr(c, p.ln1_b));
 }
 
 void validate(const ModelConfig& c) {

@@ -67,6 +67,7 @@ ModelDims model_dims(const ModelConfig& cfg, int64_t batch, int64_t seq, const T
   d.I = cfg.intermediate_size > 0 ? cfg.intermediate_size : 4 * d.C;
   family_recipe(cfg.family).dims(cfg, d);  // Hkv, FC
   d.QKV = (d.Hq + 2 * d.Hkv) * d.D;
+  d.res_rows = d.N;
   if (tp.size == 1) return d;
   // Megatron-LM: each rank its heads (GQA: its kv heads, so no kv head is repeated across
   // ranks), its slice of the MLP, its rows of the vocabulary.
@@ -92,6 +93,13 @@ ModelDims model_dims(const ModelConfig& cfg, int64_t batch, int64_t seq, const T
   d.QKV = (d.Hq + 2 * d.Hkv) * d.D;
   d.FC = d.FC / n;  // gate and up (llama) or c_fc (gpt2): each split the same way
   d.I /= n;
+  if (tp.sequence) {
+    if (d.N % n != 0)
+      throw std::invalid_argument("--sequence-parallel splits the " + std::to_string(d.N) + " rows of a micro-batch (--batch × --seq) over --tp " +
+                                  std::to_string(n) + ", which does not divide them: choose a --batch or --seq that it divides");
+    d.res_rows = d.N / n;
+    d.res_row0 = tp.rank * d.res_rows;
+  }
   return d;
 }
 
@@ -147,6 +155,8 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int
   if (tp_.size < 1 || tp_.rank < 0 || tp_.rank >= tp_.size || (tp_.on() && !tp_.comm))
     throw std::invalid_argument("Transformer: tensor-parallel rank " + std::to_string(tp_.rank) + " of " +
                                 std::to_string(tp_.size) + " without its group");
+  if (tp_.sequence && !tp_.on())
+    throw std::invalid_argument("--sequence-parallel splits rows over the tensor-parallel group: it needs --tp 2 or more");
   if (tp_.on() && lora.on())
     throw std::invalid_argument("--tp " + std::to_string(tp_.size) +
                                 " with LoRA adapters is not supported yet: train adapters with --tp 1");
@@ -328,6 +338,7 @@ void Transformer::plan_workspace(char* base) {
   losses_ = cv.take_f32(d.N);
   ce_stats_ = tp_.on() ? cv.take_f32(3 * d.chunk_rows) : nullptr;
   ce_all_ = tp_.on() ? cv.take_f32(3 * d.chunk_rows * tp_.size) : nullptr;
+  sp_norm_grads_ = tp_.sequence ? cv.take_f32(2 * d.C) : nullptr;
   lora_u_ = lora() ? cv.take_dt(d.N * lora_layout_.max_kr, dt) : nullptr;
   lora_du_ = lora() ? cv.take_dt(d.N * lora_layout_.max_kr, dt) : nullptr;
   const bool drop = lora() && lora_layout_.dropout > 0;
@@ -361,7 +372,7 @@ void Transformer::bind_workspace(kernels::Stream& s, void* base) {
 }
 
 size_t Transformer::input_bytes() const {
-  return static_cast<size_t>(dims_.N * dims_.C) * kernels::dtype_size(dtype_);
+  return static_cast<size_t>(dims_.res_rows * dims_.C) * kernels::dtype_size(dtype_);
 }
 
 const ParamInfo* Transformer::find_param(const std::string& name) const {
@@ -559,6 +570,8 @@ BlockCtx Transformer::block_ctx(kernels::Stream& s, int64_t layer, const void* w
   c.pos = doc_pos_;
   c.seg_start = doc_seg_;
   c.tp_comm = tp_.on() ? tp_.comm : nullptr;
+  c.sequence_parallel = tp_.on() && tp_.sequence;
+  c.sp_norm_grads = sp_norm_grads_;
   return c;
 }
 
@@ -572,13 +585,24 @@ void Transformer::embed_forward(kernels::Stream& s, const int32_t* ids, const vo
   const DType dt = dtype_;
   kernels::Ops& ops = rt_.ops();
   // Tensor parallel: each token's row from the rank holding it, zero elsewhere, summed over the
-  // group (exact: one non-zero term), before the positions are added as without.
+  // group (exact: one non-zero term), before the positions are added as without. Sequence
+  // parallel: every row looked up into a scratch (dlnf, unused until the head's backward), and
+  // this rank's rows of the sum kept.
+  const bool sp = tp_.on() && tp_.sequence;
+  void* whole = sp ? dlnf_ : x0;
   ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = d.V, .ids = ids, .table = at(w, outer_.wte, dt),
-                    .out = x0, .accumulate = false, .row0 = d.vocab_start, .full_vocab = tp_.on() ? d.full_vocab : 0});
-  if (tp_.on()) tp_.comm->all_reduce(x0, x0, static_cast<size_t>(d.N * d.C), dt, s);
+                    .out = whole, .accumulate = false, .row0 = d.vocab_start,
+                    .full_vocab = tp_.on() ? d.full_vocab : 0});
+  if (sp) {
+    void* mine = at(whole, d.res_row0 * d.C, dt);
+    tp_.comm->reduce_scatter(whole, mine, static_cast<size_t>(d.res_rows * d.C), dt, s);
+    s.memcpy_async(x0, mine, input_bytes());
+  } else if (tp_.on()) {
+    tp_.comm->all_reduce(x0, x0, static_cast<size_t>(d.N * d.C), dt, s);
+  }
   if (outer_.wpe >= 0)
-    ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = cfg_.max_position_embeddings,
-                      .ids = doc_pos_ ? doc_pos_ : pos_ids_, .table = at(w, outer_.wpe, dt), .out = x0,
+    ops.embedding(s, {.dtype = dt, .n_tokens = d.res_rows, .dim = d.C, .vocab = cfg_.max_position_embeddings,
+                      .ids = (doc_pos_ ? doc_pos_ : pos_ids_) + d.res_row0, .table = at(w, outer_.wpe, dt), .out = x0,
                       .accumulate = true});
 }
 
@@ -602,12 +626,15 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
     zero_ranges(s, units_[static_cast<size_t>(head_unit_)].accum_only, g_head_unit);
   }
 
-  // lnf (N, C) = final norm of the last residual
-  kernels::NormArgs nf{.dtype = dt, .rows = d.N, .cols = d.C, .eps = eps, .x = final_res_,
+  // lnf (N, C) = final norm of the last residual (sequence parallel: this rank's rows, gathered)
+  const bool sp = tp_.on() && tp_.sequence;
+  void* lnf_mine = at(lnf_, d.res_row0 * d.C, dt);
+  kernels::NormArgs nf{.dtype = dt, .rows = d.res_rows, .cols = d.C, .eps = eps, .x = final_res_,
                        .weight = at(w_fn, outer_.lnf_w, dt),
-                       .bias = outer_.lnf_b >= 0 ? at(w_fn, outer_.lnf_b, dt) : nullptr, .y = lnf_, .mean = lnf_mean_,
-                       .rstd = lnf_rstd_};
+                       .bias = outer_.lnf_b >= 0 ? at(w_fn, outer_.lnf_b, dt) : nullptr, .y = lnf_mine,
+                       .mean = lnf_mean_, .rstd = lnf_rstd_};
   recipe_.norm_forward(ops, s, nf);
+  if (sp) tp_.comm->all_gather(lnf_mine, lnf_, static_cast<size_t>(d.res_rows * d.C), dt, s);
 
   // LM head + cross-entropy, chunk_rows rows at a time: logits (R, V) = lnf[r] · Wheadᵀ.
   for (int64_t r0 = 0; r0 < d.N; r0 += d.chunk_rows) {
@@ -675,15 +702,29 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
     ops.matmul(s, dw);
   }
   if (!backward) return;
-  // Tensor parallel: dlnf is this rank's columns' part of the sum over the vocabulary.
-  if (tp_.on()) tp_.comm->all_reduce(dlnf_, dlnf_, static_cast<size_t>(d.N * d.C), dt, s);
+  // Tensor parallel: dlnf is this rank's columns' part of the sum over the vocabulary (sequence
+  // parallel: summed into this rank's rows).
+  void* dlnf_mine = at(dlnf_, d.res_row0 * d.C, dt);
+  if (sp)
+    tp_.comm->reduce_scatter(dlnf_, dlnf_mine, static_cast<size_t>(d.res_rows * d.C), dt, s);
+  else if (tp_.on())
+    tp_.comm->all_reduce(dlnf_, dlnf_, static_cast<size_t>(d.N * d.C), dt, s);
 
-  // dres (N, C) = final norm backward (overwrites)
-  kernels::NormBackwardArgs nb{.dtype = dt, .rows = d.N, .cols = d.C, .x = final_res_,
-                               .weight = at(w_fn, outer_.lnf_w, dt), .dy = dlnf_, .mean = lnf_mean_,
-                               .rstd = lnf_rstd_, .dx = dres_, .dweight = g_fn ? g_fn + outer_.lnf_w : nullptr,
-                               .dbias = g_fn && outer_.lnf_b >= 0 ? g_fn + outer_.lnf_b : nullptr};
+  // dres (N, C) = final norm backward (overwrites). Sequence parallel: this rank's rows, its norm
+  // grads summed over the group.
+  float* gw = g_fn ? g_fn + outer_.lnf_w : nullptr;
+  float* gb = g_fn && outer_.lnf_b >= 0 ? g_fn + outer_.lnf_b : nullptr;
+  model_detail::NormGrads ng{gw, gb};
+  BlockCtx c;
+  if (sp) {
+    c = block_ctx(s, 0, nullptr, nullptr);
+    ng = model_detail::norm_grads(c, gw, gb);
+  }
+  kernels::NormBackwardArgs nb{.dtype = dt, .rows = d.res_rows, .cols = d.C, .x = final_res_,
+                               .weight = at(w_fn, outer_.lnf_w, dt), .dy = dlnf_mine, .mean = lnf_mean_,
+                               .rstd = lnf_rstd_, .dx = dres_, .dweight = ng.w, .dbias = ng.b};
   recipe_.norm_backward(ops, s, nb);
+  if (sp) model_detail::norm_grads_done(c, gw, gb);
 }
 
 void Transformer::block_backward(kernels::Stream& s, int64_t layer, const void* w, const void* x, float* g,
@@ -703,12 +744,18 @@ void Transformer::embed_backward(kernels::Stream& s, const int32_t* ids, float* 
   const DType dt = dtype_;
   kernels::Ops& ops = rt_.ops();
   if (first && !tied_head()) zero_ranges(s, units_[0].accum_only, g);
-  ops.embedding_backward(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = d.V, .ids = ids, .dout = dres_,
+  // Sequence parallel: every rank's rows of the residual gradient, gathered into dlnf (spent).
+  const void* dout = dres_;
+  if (tp_.on() && tp_.sequence) {
+    tp_.comm->all_gather(dres_, dlnf_, static_cast<size_t>(d.res_rows * d.C), dt, s);
+    dout = dlnf_;
+  }
+  ops.embedding_backward(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = d.V, .ids = ids, .dout = dout,
                              .dtable = g + outer_.wte, .row0 = d.vocab_start,
                              .full_vocab = tp_.on() ? d.full_vocab : 0});
   if (outer_.wpe >= 0)
     ops.embedding_backward(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = cfg_.max_position_embeddings,
-                               .ids = doc_pos_ ? doc_pos_ : pos_ids_, .dout = dres_, .dtable = g + outer_.wpe});
+                               .ids = doc_pos_ ? doc_pos_ : pos_ids_, .dout = dout, .dtable = g + outer_.wpe});
 }
 
 void Transformer::grad_sum_squares(kernels::Stream& s, int u, const float* g, double* out) const {

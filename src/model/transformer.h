@@ -39,9 +39,11 @@ struct TpSplit {
 };
 
 // Tensor parallelism: this rank's place in its tp group, and the group (null when size is 1).
+// sequence: Megatron's sequence parallelism on top (the residual stream split by rows).
 struct TensorParallel {
   int size = 1, rank = 0;
   Communicator* comm = nullptr;
+  bool sequence = false;
   bool on() const { return size > 1; }
 };
 
@@ -132,6 +134,9 @@ struct ModelDims {
   // Tensor parallelism: Hq, Hkv, Q, QKV, I, FC and V are this rank's (its heads, its slice of
   // the MLP, its vocabulary rows [vocab_start, vocab_start + V) of full_vocab).
   int64_t vocab_start = 0, full_vocab = 0;
+  // The residual stream's rows on this rank (the block inputs and outputs, the norms' inputs):
+  // all N from 0, or under sequence parallelism N / tp of them from res_row0.
+  int64_t res_rows = 0, res_row0 = 0;
 };
 // The dims of a valid cfg at micro-batches of (batch, seq), as a Transformer sizes them,
 // without building one; chunk_rows is left 0 (it depends on the logits' chunk budget). With
@@ -201,6 +206,8 @@ struct BlockCtx {
   // Tensor parallelism: the tp group (null: none), over which row-parallel outputs (forward) and
   // column-parallel input gradients (backward) are summed.
   Communicator* tp_comm = nullptr;
+  bool sequence_parallel = false;   // (with tp_comm) ModelDims::res_rows
+  float* sp_norm_grads = nullptr;   // sequence parallel: (2, C) fp32 scratch of a norm's grads
   // LoRA (src/model/lora.h): the layer's adapter unit (working weights, fp32 grads or null) and
   // two (N, max_kr) scratch buffers; lora null: no adapters.
   const LoraLayout* lora = nullptr;
@@ -406,6 +413,7 @@ class Transformer {
   float* losses_ = nullptr;      // (N)
   float* ce_stats_ = nullptr;    // tensor parallel: (chunk_rows, 3) this rank's cross-entropy statistics
   float* ce_all_ = nullptr;      //   and (tp, chunk_rows, 3) the group's
+  float* sp_norm_grads_ = nullptr;  // sequence parallel: (2, C) a norm's grads from this rank's rows
   float* rope_ = nullptr;        // (2, T, D/2) cos then sin (PositionKind::rope)
   int32_t* pos_ids_ = nullptr;   // (N) position of each row (PositionKind::learned)
   const int32_t* doc_pos_ = nullptr;  // set_documents

@@ -123,6 +123,11 @@ const std::vector<OptionSpec>& option_table() {
        "and the vocabulary of the embedding and head, split over groups of this many consecutive ranks; the job's "
        "ranks are --tp × data-parallel replicas (ZeRO over the replicas)",
        &O::tp, all},
+      {"--sequence-parallel",
+       "with --tp: Megatron-LM's sequence parallelism: the residual stream, norms and row-parallel outputs hold "
+       "each rank's 1/tp of a micro-batch's rows (reduce-scatter and all-gather instead of all-reduce), so the "
+       "activations a checkpointed block keeps shrink by --tp",
+       &O::sequence_parallel, all},
       {"--lora-rank", "LoRA: train rank-R adapters on a frozen base (0 = full fine-tuning)", &O::lora_rank, all},
       {"--lora-alpha", "LoRA: the adapters' scale is alpha / rank", &O::lora_alpha, all},
       {"--lora-rslora", "LoRA: scale alpha / sqrt(rank) (rsLoRA)", &O::lora_rslora, all},
@@ -243,6 +248,9 @@ void validate_options(const TrainOptions& o) {
                                             o.zero_stage));
   if (o.tp < 1 || o.tp > 4096)
     throw std::invalid_argument(fmt::format("--tp {}: must be 1 (no tensor parallelism) to 4096", o.tp));
+  if (o.sequence_parallel && o.tp < 2)
+    throw std::invalid_argument("--sequence-parallel splits rows over the tensor-parallel group: it needs --tp 2 or "
+                                "more");
   if (o.tp > 1 && o.lora_rank > 0)
     throw std::invalid_argument(fmt::format("--tp {} with --lora-rank: LoRA under tensor parallelism is not "
                                             "supported yet; train adapters with --tp 1 (ZeRO stages work)", o.tp));

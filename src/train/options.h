@@ -90,6 +90,7 @@ struct TrainOptions {
   // Tensor parallelism (src/comm/grid.h): groups of tp consecutive ranks each hold one part of
   // every layer; the job's world is tp × the data-parallel replicas ZeRO shards over.
   int tp = 1;
+  bool sequence_parallel = false;  // with tp: the residual stream split by rows too (Megatron-LM)
   // LoRA (src/model/lora.h): rank 0 = full fine-tuning; otherwise the base is frozen and each
   // layer's adapters train (PEFT's defaults: alpha 8, targets q_proj,v_proj / c_attn).
   int64_t lora_rank = 0;

@@ -127,7 +127,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     m.cpu_stream = m.cpu_rt->create_stream();
     opt_rt = m.cpu_rt.get();
   }
-  const TensorParallel tp{o.tp, m.groups->coord().tp, &m.groups->tp()};
+  const TensorParallel tp{o.tp, m.groups->coord().tp, &m.groups->tp(), o.sequence_parallel};
   m.model = std::make_unique<Transformer>(m.cfg, m.dtype, o.batch, o.seq, *m.rt, r.ckpt, kLogitsChunkBytes, m.sh.world,
                                           r.lora, tp);
   const int64_t n = m.N();

@@ -123,6 +123,16 @@ class TpCli : public ::testing::Test {
       EXPECT_LT(worst, 1e-5) << b << ": " << name;
     }
   }
+  // Runs `model` on 1 rank (tag model + "1") and on 2 ranks with `flags` (tag model + tag), and
+  // compares them; returns the 2-rank run's output.
+  CliResult against_one_rank(const std::string& model, const std::string& tag, const std::string& flags) {
+    CliResult one = run(0, train(model, 2, model + "1"), model + "1");
+    EXPECT_EQ(one.status, 0) << one.err;
+    CliResult two = run(2, train(model, 2, model + tag) + flags, model + tag);
+    EXPECT_EQ(two.status, 0) << two.out << two.err;
+    if (one.status == 0 && two.status == 0) expect_close(model + "1", model + tag);
+    return two;
+  }
   fs::path dir_;
 };
 
@@ -130,18 +140,44 @@ class TpCli : public ::testing::Test {
 // (the same global batch), in both families, with a header that names the grid.
 TEST_F(TpCli, TwoRanksMatchOneRank) {
   for (const std::string model : {"gpt2", "llama"}) {
-    CliResult one = run(0, train(model, 2, model + "1"), model + "1");
-    ASSERT_EQ(one.status, 0) << one.err;
-    CliResult two = run(2, train(model, 2, model + "tp2") + "--tp 2", model + "tp2");
-    ASSERT_EQ(two.status, 0) << two.out << two.err;
+    CliResult two = against_one_rank(model, "tp2", "--tp 2");
     EXPECT_NE(two.out.find("dp 1 × pp 1 × tp 2"), std::string::npos) << two.out;
     EXPECT_EQ(two.out.find("strata train"), two.out.rfind("strata train")) << "one header: " << two.out;
     ASSERT_EQ(metrics(model + "1").size(), 4u);
-    expect_close(model + "1", model + "tp2");
     // What it sent over the group, measured, is Megatron's count (2 × 32 rows, hidden 64, 2 layers).
     for (const auto& j : metrics(model + "tp2")) EXPECT_EQ(j["tp_comm_bytes_sent"].get<uint64_t>(), tp_bytes(64, 64, 2, 0, 2));
     EXPECT_FALSE(metrics(model + "1")[0].contains("tp_comm_bytes_sent"));
   }
+}
+
+// Sequence parallelism (--sequence-parallel): the residual stream split by rows, the same model
+// to fp32 tolerance; the same bytes as tp alone (all-gathers and reduce-scatters of half the
+// rows instead of all-reduces: 2·(t−1)/t·S each way) plus the norms' grads summed over the
+// group (gpt2: weight and bias, 2 × 64 floats, per norm; 5 norms); and bitwise the same run
+// whatever the placement, checkpointed blocks keeping only their rows of the input.
+TEST_F(TpCli, SequenceParallelMatchesOneRank) {
+  for (const std::string model : {"gpt2", "llama"}) {
+    ASSERT_EQ(against_one_rank(model, "sp", "--tp 2 --sequence-parallel").status, 0);
+    const uint64_t norms = model == "gpt2" ? 5 * 2 * 64 * 4 : 5 * 64 * 4;  // all-reduced at t = 2: sent once
+    for (const auto& j : metrics(model + "sp"))
+      EXPECT_EQ(j["tp_comm_bytes_sent"].get<uint64_t>(), tp_bytes(64, 64, 2, 0, 2) + norms) << model;
+  }
+  fs::create_directories(dir_ / "swap");
+  CliResult off = run(2, train("gpt2", 2, "spoff") + "--tp 2 --sequence-parallel --offload-params nvme "
+                                                    "--offload-grads cpu --offload-optimizer nvme "
+                                                    "--checkpoint-activations full --nvme-path " + (dir_ / "swap").string(),
+                      "spoff");
+  ASSERT_EQ(off.status, 0) << off.err;
+  EXPECT_EQ(losses("spoff"), losses("gpt2sp"));
+  EXPECT_TRUE(slurp(dir_ / "spoff" / "model.safetensors") == slurp(dir_ / "gpt2sp" / "model.safetensors"));
+  // Refused: without --tp, and rows (batch × seq) that the group does not divide.
+  CliResult a = run(0, train("gpt2", 2, "a") + "--sequence-parallel", "a");
+  EXPECT_NE(a.status, 0);
+  EXPECT_NE(a.err.find("needs --tp 2 or more"), std::string::npos) << a.err;
+  CliResult b = run(2, "train --model " + (dir_ / "gpt2").string() + " --threads 1 --seq 33 --batch 1 --steps 1 --tp 2 "
+                       "--sequence-parallel", "b");
+  EXPECT_NE(b.status, 0);
+  EXPECT_NE(b.err.find("33 rows"), std::string::npos) << b.err;
 }
 
 // A grid's run is a fixed function of its inputs: the same bits twice, with every collective
