@@ -10,12 +10,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -247,6 +249,21 @@ TEST_F(TpCli, CheckpointResumesOnAnotherGrid) {
   CliResult c = run(2, train("llama", 2, "c") + "--tp 2 --resume " + ck2 + "/step-00000002", "c");
   ASSERT_EQ(c.status, 0) << c.err;
   EXPECT_TRUE(slurp(dir_ / "c" / "model.safetensors") == slurp(dir_ / "two" / "model.safetensors"));
+}
+
+// A rank killed mid-step (its tp collectives enqueued on the compute stream, its partner
+// waiting in one) takes the job down within 30 s, naming it, as with ZeRO; likewise in a
+// dp × tp grid.
+TEST_F(TpCli, AKilledRankStopsTheJob) {
+  for (const auto& [np, flags] : {std::pair{2, "--tp 2"}, std::pair{4, "--tp 2 --zero-stage 1"}}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CliResult r = run(np, train("llama", np == 2 ? 2 : 1, "kill", 50) + flags, "kill", "STRATA_FAULT=kill:1:3");
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(r.status, 0) << r.out << r.err;
+    EXPECT_LT(secs, 30) << "the job took " << secs << " s to stop";
+    EXPECT_EQ(r.out.find("done:"), std::string::npos) << r.out;
+    EXPECT_NE((r.out + r.err).find("rank 1"), std::string::npos) << r.out << r.err;
+  }
 }
 
 // A split the job or the model cannot take is refused before anything runs, naming the numbers.
