@@ -81,6 +81,14 @@ void check_plan_flags(const PlanOptions& po) {
   if (po.world < 1 || po.world > kMaxWorld)
     throw std::invalid_argument(
         fmt::format("plan --world {}: give the number of ranks, between 1 and {}", po.world, kMaxWorld));
+  // (a plan of a tp rank needs its phases probed at its part's shapes and the group's link
+  // rate; until then it says so instead of planning the whole model per rank)
+  if (po.train.tp > 1)
+    throw std::invalid_argument(fmt::format(
+        "plan --tp {}: strata plan does not model tensor parallelism yet; plan with --tp 1 (each rank holds about "
+        "1/{} of the layers' weights and state), or measure a few steps of `strata train --tp {} --metrics FILE` "
+        "(tp_comm_bytes_sent, tp_comm_ms)",
+        po.train.tp, po.train.tp, po.train.tp));
   if (po.probe_gflop_given &&
       (!std::isfinite(po.probe_gflop) || po.probe_gflop < kMinProbeGflop || po.probe_gflop > kMaxProbeGflop))
     throw std::invalid_argument(fmt::format("plan --probe-gflop {}: give the largest micro-batch of the one-block "

@@ -284,6 +284,10 @@ TEST_F(TpCli, SplitsThatDoNotFitAreRefused) {
   CliResult d = run(0, train("llama", 2, "d") + "--tp 0", "d");
   EXPECT_NE(d.status, 0);
   EXPECT_NE(d.err.find("--tp 0"), std::string::npos) << d.err;
+  // strata plan does not model a tp rank yet: it says so rather than plan the whole model.
+  CliResult e = run(0, "plan --model " + (dir_ / "llama").string() + " --seq 32 --tp 2", "e");
+  EXPECT_NE(e.status, 0);
+  EXPECT_NE(e.err.find("does not model tensor parallelism yet"), std::string::npos) << e.err;
 }
 
 }  // namespace
