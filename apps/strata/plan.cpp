@@ -27,6 +27,7 @@
 #include "io/swap_space.h"
 #include "kernels/cpu/parallel.h"
 #include "offload/size.h"
+#include "src/comm/grid.h"
 #include "src/train/auto_placement.h"
 #include "src/train/gpu_specs.h"
 #include "src/train/perf_model.h"
@@ -81,14 +82,6 @@ void check_plan_flags(const PlanOptions& po) {
   if (po.world < 1 || po.world > kMaxWorld)
     throw std::invalid_argument(
         fmt::format("plan --world {}: give the number of ranks, between 1 and {}", po.world, kMaxWorld));
-  // (a plan of a tp rank needs its phases probed at its part's shapes and the group's link
-  // rate; until then it says so instead of planning the whole model per rank)
-  if (po.train.tp > 1)
-    throw std::invalid_argument(fmt::format(
-        "plan --tp {}: strata plan does not model tensor parallelism yet; plan with --tp 1 (each rank holds about "
-        "1/{} of the layers' weights and state), or measure a few steps of `strata train --tp {} --metrics FILE` "
-        "(tp_comm_bytes_sent, tp_comm_ms)",
-        po.train.tp, po.train.tp, po.train.tp));
   if (po.probe_gflop_given &&
       (!std::isfinite(po.probe_gflop) || po.probe_gflop < kMinProbeGflop || po.probe_gflop > kMaxProbeGflop))
     throw std::invalid_argument(fmt::format("plan --probe-gflop {}: give the largest micro-batch of the one-block "
@@ -243,22 +236,25 @@ class Predictor {
     probe_gflop_ = po.probe_gflop_given                ? po.probe_gflop
                    : backend_ == kernels::Backend::cuda ? kDefaultProbeGflopCuda
                                                         : kDefaultProbeGflop;
-    shape_ = choose_probe_shape(cfg_, o.batch, o.seq, probe_gflop_);
+    shape_ = choose_probe_shape(cfg_, o.batch, o.seq, probe_gflop_, o.tp);
     peak_flops_ = !gpu_ ? 0 : (dt_ == DType::f32 ? gpu_->fp32_tflops : gpu_->bf16_tflops) * 1e12;
     hbm_bytes_per_s_ = gpu_ ? gpu_->hbm_gbs * 1e9 * kModeledHbmEfficiency : 0;
     if (gpu_) {
-      const Transformer model(cfg_, dt_, o.batch, o.seq, *cpu_, Checkpointing{0}, kLogitsChunkBytes, 1, lora_);
+      const Transformer model(cfg_, dt_, o.batch, o.seq, *cpu_, Checkpointing{0}, kLogitsChunkBytes, 1, lora_,
+                              tp_part(o));
       phases_ = model_phases(model, peak_flops_ * kModeledMfu, hbm_bytes_per_s_);
     } else {
-      phases_ = probe_phases(cfg_, dt_, o.batch, o.seq, *rt_, po.probe_s, lora_, &shape_);
+      phases_ = probe_phases(cfg_, dt_, o.batch, o.seq, *rt_, po.probe_s, lora_, &shape_, o.tp, o.sequence_parallel);
     }
   }
 
   // The run's model (no weights) with o's checkpointing: its FLOPs and the compute of its phases.
+  // (tensor parallel: tp rank 0's part, sized only)
   Transformer model_of(const TrainOptions& o) const {
     return Transformer(cfg_, dt_, o.batch, o.seq, *cpu_, parse_checkpointing(o.checkpoint_activations),
-                       kLogitsChunkBytes, 1, lora_);
+                       kLogitsChunkBytes, 1, lora_, tp_part(o));
   }
+  static TensorParallel tp_part(const TrainOptions& o) { return {o.tp, 0, nullptr, o.sequence_parallel}; }
 
   Prediction predict(const TrainOptions& o, const RunPlan& p, const Transformer& model) {
     const MemoryPlan& mp = p.memory;
@@ -573,6 +569,9 @@ int run_plan(const PlanOptions& po) {
     }
     j["comm_bytes_sent_per_rank"] = p.comm_bytes;
     j["comm_bytes_received_per_rank"] = p.comm_bytes;
+    j["tp"] = p.tp;
+    j["sequence_parallel"] = o.sequence_parallel;
+    j["tp_comm_bytes_sent_per_rank"] = p.tp_comm_bytes;
     if (pick) j["auto"] = auto_json(*pick);
     fmt::print("{}\n", j.dump());
     return 0;
@@ -585,9 +584,16 @@ int run_plan(const PlanOptions& po) {
              p.speculate            ? "in the backward, speculative (--speculate: redone once the norm clips)"
              : p.update_in_backward ? "in the backward (no clipping)"
                                     : "in the next step's forward");
-  if (p.world > 1)
+  if (p.world > 1 && p.tp == 1)
     fmt::print("ranks: {}, ZeRO stage {}: the tiers below are per rank; each rank sends {} and receives {} per step\n",
                p.world, o.zero_stage, gib(p.comm_bytes), gib(p.comm_bytes));
+  if (p.tp > 1)
+    fmt::print("ranks: {} ({}{}), ZeRO stage {} over the data-parallel replicas: the tiers below are tp rank 0's "
+               "part; per step each rank sends {} over its tp group (Megatron's count; its time is the group's "
+               "link's and not in the prediction below: --metrics tp_comm_ms measures it) and {} over its "
+               "data-parallel group\n",
+               p.world, grid_name(grid_shape(p.world, p.tp, 1)), o.sequence_parallel ? ", sequence parallel" : "",
+               o.zero_stage, gib(p.tp_comm_bytes), gib(p.comm_bytes));
   if (gpu)
     fmt::print("device: modeled, not measured: {} ({}): {} peak {:.4g} TFLOP/s dense x {:.1f}% (the MFU measured on "
                "an H200, llama-1b, bench/RESULTS.md) = {:.4g} TFLOP/s over the step's FLOPs; {:.4g} GiB; PCIe {:.3g} "
@@ -605,8 +611,8 @@ int run_plan(const PlanOptions& po) {
                shape.batch, shape.seq, shape.width_div, shape.vocab, p.cfg.vocab_size, shape.gflop,
                shape.model_gflop, probe_gflop);
   else
-    fmt::print("compute: the phases timed on a one-block copy at the model's shape ({:.4g} GFLOP a micro-batch)\n",
-               shape.model_gflop);
+    fmt::print("compute: the phases timed on a one-block copy at the model's shape{} ({:.4g} GFLOP a micro-batch)\n",
+               p.tp > 1 ? " (one tp rank's part, its collectives not run)" : "", shape.model_gflop);
   fmt::print("\n");
   fmt::print("{:<8}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}\n", "tier", "budget", "minimum", "params",
              "master", "adam", "grads", "activations", "buffers", "no-evict");

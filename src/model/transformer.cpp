@@ -152,9 +152,9 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int
     throw std::invalid_argument("--seq " + std::to_string(seq) + " exceeds the model's max_position_embeddings " +
                                 std::to_string(cfg_.max_position_embeddings));
   if (ckpt_.every < 0) throw std::invalid_argument("checkpointing: every must be >= 0");
-  if (tp_.size < 1 || tp_.rank < 0 || tp_.rank >= tp_.size || (tp_.on() && !tp_.comm))
+  if (tp_.size < 1 || tp_.rank < 0 || tp_.rank >= tp_.size)
     throw std::invalid_argument("Transformer: tensor-parallel rank " + std::to_string(tp_.rank) + " of " +
-                                std::to_string(tp_.size) + " without its group");
+                                std::to_string(tp_.size));
   if (tp_.sequence && !tp_.on())
     throw std::invalid_argument("--sequence-parallel splits rows over the tensor-parallel group: it needs --tp 2 or more");
   if (tp_.on() && lora.on())
@@ -539,8 +539,14 @@ const BlockActs& Transformer::acts_for(int64_t layer) const {
   return ckpt_.at(layer) ? shared_acts_ : acts_[static_cast<size_t>(layer)];
 }
 
+void Transformer::need_group() const {
+  if (tp_.on() && !tp_.comm)
+    throw std::logic_error("Transformer: a tensor-parallel rank's part sized without its group (a plan) cannot run");
+}
+
 BlockCtx Transformer::block_ctx(kernels::Stream& s, int64_t layer, const void* w, float* g, const void* w_lora,
                                 float* g_lora) const {
+  need_group();
   BlockCtx c;
   if (lora()) {
     if (!w_lora) throw std::logic_error("Transformer: layer " + std::to_string(layer) + " without its LoRA adapters");
@@ -581,6 +587,7 @@ void Transformer::zero_ranges(kernels::Stream& s, const std::vector<UnitRange>& 
 
 void Transformer::embed_forward(kernels::Stream& s, const int32_t* ids, const void* w, void* x0) {
   assert(bound_);
+  need_group();
   const ModelDims& d = dims_;
   const DType dt = dtype_;
   kernels::Ops& ops = rt_.ops();
@@ -618,6 +625,7 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
   const ModelDims& d = dims_;
   const DType dt = dtype_;
   const bool backward = g_fn != nullptr || frozen_backward;
+  need_group();
   kernels::Ops& ops = rt_.ops();
   const float eps = static_cast<float>(cfg_.norm_eps);
   const void* w_head = at(w_head_unit, outer_.head, dt);
@@ -740,6 +748,7 @@ void Transformer::block_backward(kernels::Stream& s, int64_t layer, const void* 
 
 void Transformer::embed_backward(kernels::Stream& s, const int32_t* ids, float* g, bool first) {
   assert(bound_);
+  need_group();
   const ModelDims& d = dims_;
   const DType dt = dtype_;
   kernels::Ops& ops = rt_.ops();

@@ -38,7 +38,8 @@ struct TpSplit {
   int segments = 1;
 };
 
-// Tensor parallelism: this rank's place in its tp group, and the group (null when size is 1).
+// Tensor parallelism: this rank's place in its tp group, and the group (null when size is 1,
+// or for a part that is only sized).
 // sequence: Megatron's sequence parallelism on top (the residual stream split by rows).
 struct TensorParallel {
   int size = 1, rank = 0;
@@ -250,7 +251,8 @@ class Transformer {
   // tp.on(): this rank's part of the model (Megatron-LM's tensor parallelism): its heads of
   // each attention, its slice of each MLP, its vocabulary rows of the embedding and head; the
   // phases sum partial results over tp.comm on their stream, so every rank of the group enqueues
-  // the same phases in the same order. Not with LoRA.
+  // the same phases in the same order. Not with LoRA. A part made without tp.comm is sized only
+  // (a plan's): its phases throw.
   Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
               Checkpointing ckpt = {}, int64_t logits_chunk_bytes = kLogitsChunkBytes, int shard_world = 1,
               const LoraSpec& lora = {}, const TensorParallel& tp = {});
@@ -372,6 +374,7 @@ class Transformer {
                      float* g_lora = nullptr) const;
   const BlockActs& acts_for(int64_t layer) const;
   void zero_ranges(kernels::Stream& s, const std::vector<UnitRange>& r, float* g) const;
+  void need_group() const;  // throws where a tensor-parallel part has no group (sized for a plan)
 
   ModelConfig cfg_;
   const FamilyRecipe& recipe_;

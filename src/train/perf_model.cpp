@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/comm/communicator.h"
 #include "src/optim/adamw.h"
 
 namespace strata {
@@ -56,13 +57,14 @@ ModelConfig probe_config(const ModelConfig& cfg, const ProbeShape& s) {
 }
 
 // Whether the block of `s` can be made twice narrower still (every width even, at least 256
-// wide after, a valid config).
-bool can_halve_width(const ModelConfig& cfg, const ProbeShape& s) {
+// wide after, a valid config, each split over tp ranks still whole).
+bool can_halve_width(const ModelConfig& cfg, const ProbeShape& s, int tp) {
   ProbeShape t = s;
   t.width_div *= 2;
   const int64_t k = t.width_div;
-  if (cfg.hidden_size % k || cfg.n_heads % k || cfg.n_kv_heads % k || cfg.intermediate_size % k ||
-      cfg.hidden_size / k < 256)
+  // (tensor parallel: the narrower block must still split over the tp ranks)
+  if (cfg.hidden_size % k || cfg.n_heads % (k * tp) || cfg.n_kv_heads % (k * tp) ||
+      cfg.intermediate_size % (k * tp) || cfg.hidden_size / k < 256)
     return false;
   try {
     probe_config(cfg, t).validate();
@@ -116,11 +118,12 @@ double step_flops(const ModelConfig& c, int64_t n_params, int64_t batch, int64_t
          3.0 * static_cast<double>(c.n_layers) * attention_forward_flops(batch, seq, q);
 }
 
-ProbeShape choose_probe_shape(const ModelConfig& cfg, int64_t batch, int64_t seq, double max_gflop) {
+ProbeShape choose_probe_shape(const ModelConfig& cfg, int64_t batch, int64_t seq, double max_gflop, int tp) {
   ProbeShape s{.batch = batch, .seq = seq, .width_div = 1, .vocab = cfg.vocab_size, .gflop = 0, .model_gflop = 0};
-  // One micro-batch of the probe's block and of its head, forward and backward (3× forward).
+  // One micro-batch of the probe's block and of its head, forward and backward (3× forward);
+  // tensor parallel: one rank's part of them.
   const auto gflop = [&](const ProbeShape& p) {
-    const ModelDims d = model_dims(probe_config(cfg, p), p.batch, p.seq);
+    const ModelDims d = model_dims(probe_config(cfg, p), p.batch, p.seq, TensorParallel{tp, 0, nullptr});
     return std::pair{3 * block_forward_flops(d) / 1e9, 3 * head_flops(d) / 1e9};
   };
   const auto [model_block, model_head] = gflop(s);
@@ -136,7 +139,7 @@ ProbeShape choose_probe_shape(const ModelConfig& cfg, int64_t batch, int64_t seq
     if (head > 0.25 * max_gflop && s.vocab > min_vocab) s.vocab = std::max(min_vocab, (s.vocab + 1) / 2);
     else if (big_block && s.batch > 1) s.batch = (s.batch + 1) / 2;
     else if (big_block && s.seq > min_seq) s.seq = std::max(min_seq, (s.seq + 1) / 2);
-    else if (big_block && can_halve_width(cfg, s)) s.width_div *= 2;
+    else if (big_block && can_halve_width(cfg, s, tp)) s.width_div *= 2;
     else if (s.vocab > min_vocab) s.vocab = std::max(min_vocab, (s.vocab + 1) / 2);
     else break;
   }
@@ -145,8 +148,9 @@ ProbeShape choose_probe_shape(const ModelConfig& cfg, int64_t batch, int64_t seq
 
 double step_flops(const Transformer& model) {
   const ModelDims& d = model.dims();
-  const ModelConfig& c = model.config();
-  double flops = step_flops(c, model.n_params(), d.B, d.T);
+  // (d.Q: a tensor-parallel part's own heads)
+  double flops = 6.0 * static_cast<double>(model.n_params()) * static_cast<double>(d.N) +
+                 3.0 * static_cast<double>(d.L) * attention_forward_flops(d.B, d.T, d.Q);
   // A frozen parameter's weight gradient is never computed: 4 FLOPs per token, not 6.
   flops -= 2.0 * static_cast<double>(model.n_params() - model.n_trainable_params()) * static_cast<double>(d.N);
   for (int64_t l = 0; l < d.L; ++l)
@@ -169,8 +173,30 @@ double probe_adamw_params_per_s(kernels::Runtime& rt, DType dt, int64_t n, doubl
   return static_cast<double>(n) / sec;
 }
 
+namespace {
+// A tensor-parallel probe's group: tp ranks of which this process is rank 0, whose collectives
+// do nothing. The probe times one rank's part of the phases; the group's traffic is counted
+// apart (tp_comm_bytes_per_step), its time is the link's.
+class ProbeGroup final : public Communicator {
+ public:
+  explicit ProbeGroup(int world) : Communicator(CommBackend::local, 0, world, 0, world) {}
+
+ protected:
+  void do_all_gather(const void*, void*, size_t, DType, kernels::Stream&) override {}
+  void do_reduce_scatter(const void*, void*, size_t, DType, kernels::Stream&) override {}
+  void do_all_reduce(const void*, void*, size_t, DType, kernels::Stream&) override {}
+  void do_broadcast(void*, size_t, DType, int, kernels::Stream&) override {}
+  void do_barrier(kernels::Stream&) override {}
+  void do_host_broadcast(void*, size_t, int) override {}
+  void do_host_all_gather(const void*, void*, size_t) override {}
+  std::unique_ptr<Communicator> do_split(int, int) override { return std::make_unique<ProbeGroup>(1); }
+};
+}  // namespace
+
 PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t seq, kernels::Runtime& rt,
-                        double seconds, const LoraSpec& lora, const ProbeShape* shape) {
+                        double seconds, const LoraSpec& lora, const ProbeShape* shape, int tp, bool sequence) {
+  ProbeGroup group(tp);
+  const TensorParallel part{tp, 0, tp > 1 ? &group : nullptr, sequence && tp > 1};
   const ProbeShape exact{.batch = batch, .seq = seq, .width_div = 1, .vocab = cfg.vocab_size, .gflop = 0,
                          .model_gflop = 0};
   const ProbeShape& ps = shape ? *shape : exact;
@@ -179,13 +205,13 @@ PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t
   // The model's one-block copy (sizes only, nothing allocated) and the probe. A narrower vocab
   // keeps the model's number of LM-head chunks: each re-reads the head's gradient, so the
   // head's cost stays in proportion to its rows.
-  const Transformer full(c1, dt, batch, seq, rt, {}, kLogitsChunkBytes, 1, lora);
+  const Transformer full(c1, dt, batch, seq, rt, {}, kLogitsChunkBytes, 1, lora, part);
   const int64_t n_chunks = (full.dims().N + full.dims().chunk_rows - 1) / full.dims().chunk_rows;
   const int64_t probe_rows = ps.batch * ps.seq;
   const int64_t chunk_bytes = (probe_rows + n_chunks - 1) / n_chunks * ps.vocab *
                               static_cast<int64_t>(kernels::dtype_size(dt == DType::bf16 ? DType::bf16 : DType::f32));
   Transformer m(probe_config(cfg, ps), dt, ps.batch, ps.seq, rt, {}, ps.scaled() ? chunk_bytes : kLogitsChunkBytes,
-                1, lora);
+                1, lora, part);
   const ModelDims& d = m.dims();
   auto s = rt.create_stream();
   kernels::DeviceBuffer ws(rt, m.workspace_bytes());

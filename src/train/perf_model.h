@@ -50,11 +50,15 @@ struct ProbeShape {
 };
 // The probe for cfg at (batch, seq): the model's shape when its micro-batch is at most
 // max_gflop, else scaled until it is (or nothing more can shrink).
-ProbeShape choose_probe_shape(const ModelConfig& cfg, int64_t batch, int64_t seq, double max_gflop);
+// tp: shapes of one tensor-parallel rank's part (its heads, MLP slice and vocabulary rows).
+ProbeShape choose_probe_shape(const ModelConfig& cfg, int64_t batch, int64_t seq, double max_gflop, int tp = 1);
 // lora: the run's adapters (a frozen base computes no weight gradients). shape: from
 // choose_probe_shape for the same cfg, batch and seq (default: the model's own shape).
+// tp > 1: one tensor-parallel rank's part (sequence: with sequence parallelism), its group's
+// collectives not run (their bytes: tp_comm_bytes_per_step; their time is the group's link's).
 PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t seq, kernels::Runtime& rt,
-                        double seconds, const LoraSpec& lora = {}, const ProbeShape* shape = nullptr);
+                        double seconds, const LoraSpec& lora = {}, const ProbeShape* shape = nullptr, int tp = 1,
+                        bool sequence = false);
 // The phases on a GPU that is not here (`strata plan --gpu`): each phase's FLOPs (those the
 // scaled probe extrapolates by) at flops_per_s, the Σg² passes reading fp32 grads at
 // mem_bytes_per_s (0: not counted).

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "offload/size.h"
+#include "src/comm/grid.h"
 #include "src/checkpoint/hf.h"
 #include "src/checkpoint/safetensors.h"
 #include "src/checkpoint/train_checkpoint.h"
@@ -256,6 +257,27 @@ uint64_t comm_bytes_per_step(const Transformer& model, const Sharding& sh, int64
   return static_cast<uint64_t>(b);
 }
 
+uint64_t tp_comm_bytes_per_step(const Transformer& model, int64_t grad_accum) {
+  const TensorParallel& tp = model.tensor_parallel();
+  if (!tp.on()) return 0;
+  const ModelDims& d = model.dims();
+  const auto t = static_cast<uint64_t>(tp.size);
+  const auto act = static_cast<uint64_t>(d.N * d.C) * kernels::dtype_size(model.dtype());
+  const uint64_t per_all_reduce = 2 * act * (t - 1) / t;  // = an all-gather and a reduce-scatter of it (sequence parallel)
+  uint64_t recomputed = 0;
+  for (int64_t l = 0; l < d.L; ++l) recomputed += model.checkpointing().at(l) ? 1 : 0;
+  // Per layer 2 in the forward (again when recomputed) and 2 in the backward; the embedding's
+  // rows and the head's input gradient; the cross-entropy's 3 floats a row to every other rank.
+  uint64_t b = (4 * static_cast<uint64_t>(d.L) + 2 * recomputed + 2) * per_all_reduce +
+               static_cast<uint64_t>(3 * d.N * 4) * (t - 1);
+  if (tp.sequence) {  // the norms' grads, from each rank's rows, all-reduced (fp32)
+    // (a LayerNorm has a bias: its final norm's lnf_b)
+    const uint64_t per_norm = (model.outer_layout().lnf_b >= 0 ? 2 : 1) * static_cast<uint64_t>(d.C) * 4;
+    b += (2 * static_cast<uint64_t>(d.L) + 1) * (2 * per_norm * (t - 1) / t);
+  }
+  return b * static_cast<uint64_t>(grad_accum);
+}
+
 void settle_speculation(const TrainOptions& o, Placement& pl, const Transformer& model, kernels::Backend backend,
                         size_t step_buffers) {
   if (!pl.speculate || o.speculate != "auto") return;
@@ -271,10 +293,13 @@ struct SizedRun {
   std::unique_ptr<kernels::Runtime> rt = kernels::make_runtime(kernels::Backend::cpu);
   Transformer model;
   size_t step_buffers;
+  // world: the job's ranks; with --tp, the data-parallel replicas ZeRO shards over are world /
+  // tp, and the model is tp rank 0's part (its vocabulary rows are the largest).
   SizedRun(const TrainOptions& given, int world)
       : o(with_adapter_config(given)),
-        r((validate_options(o), resolve_run(o, world, 0))),
-        model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, world, r.lora),
+        r((validate_options(o), resolve_run(o, grid_shape(world, o.tp, 1).dp, 0))),
+        model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, grid_shape(world, o.tp, 1).dp, r.lora,
+              TensorParallel{o.tp, 0, nullptr, o.sequence_parallel}),
         step_buffers(step_buffer_bytes(o, r, model.units().size())) {
     settle_speculation(o, r.placement, model, r.backend, step_buffers);
   }
@@ -296,9 +321,11 @@ RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
   p.speculate = run.r.placement.speculate;
   p.cfg = run.r.cfg;
   p.lora = run.r.lora;
-  p.n_params = run.model.n_params();
-  p.tokens_per_step = o.batch * o.seq * o.grad_accum * world;
+  p.n_params = run.model.n_model_params();
+  p.tokens_per_step = o.batch * o.seq * o.grad_accum * grid_shape(world, o.tp, 1).dp;
   p.world = world;
+  p.tp = o.tp;
+  p.tp_comm_bytes = tp_comm_bytes_per_step(run.model, o.grad_accum);
   p.update_in_backward = run.r.placement.update_in_backward();
   p.comm_bytes = comm_bytes_per_step(run.model, run.r.placement.sharding, o.grad_accum);
   return p;

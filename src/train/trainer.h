@@ -69,9 +69,12 @@ struct RunPlan {
   bool update_in_backward = false;  // Placement::update_in_backward(): no norm barrier
   bool speculate = false;           // ... because the update is speculative (--speculate)
   MemoryPlan memory;            // per rank
-  uint64_t comm_bytes = 0;      // sent per step by each rank (as many received)
+  uint64_t comm_bytes = 0;      // sent per step by each rank over its data-parallel group (as many received)
+  int tp = 1;                   // --tp: the tiers are tp rank 0's part
+  uint64_t tp_comm_bytes = 0;   // sent per step by each rank over its tp group
 };
-// world: plan one rank of a job of that many ranks (--zero-stage decides what is sharded).
+// world: plan one rank of a job of that many ranks (--zero-stage decides what is sharded over its
+// data-parallel replicas, world / --tp).
 RunPlan plan_run(const TrainOptions& opts, bool minimums = false, int world = 1);
 // One rank's step time: the plan replayed with these costs under plan_run's budgets (`plan`,
 // from plan_run with the same options; TieredMemory::estimate).
@@ -83,6 +86,12 @@ offload::StepTimeline estimate_run(const TrainOptions& opts, const RunPlan& plan
 // every unit's fp32 grads all-reduced once per step; 1/2: its working weights all-gathered
 // after the update; 2: its fp32 grads reduce-scattered once per micro-batch.
 uint64_t comm_bytes_per_step(const Transformer& model, const Sharding& sh, int64_t grad_accum);
+// Bytes a tensor-parallel rank sends over its tp group per step (0 without tensor parallelism),
+// by Communicator::sent_bytes' count: Megatron-LM's 4 all-reduces of the (B·T, hidden)
+// activations per layer, 2 more per recomputed layer, the embedding's and the head's, the
+// cross-entropy's 3 floats a row; with sequence parallelism the same as all-gathers and
+// reduce-scatters, plus the norms' grads.
+uint64_t tp_comm_bytes_per_step(const Transformer& model, int64_t grad_accum);
 
 class Trainer {
  public:

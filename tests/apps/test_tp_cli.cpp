@@ -255,6 +255,35 @@ TEST_F(TpCli, CheckpointResumesOnAnotherGrid) {
   EXPECT_TRUE(slurp(dir_ / "c" / "model.safetensors") == slurp(dir_ / "two" / "model.safetensors"));
 }
 
+// `strata plan --tp N --world W` plans tp rank 0's part: what a run measures it sends over the
+// tp group (with and without sequence parallelism and recomputed blocks), about 1/tp of the
+// layers' bytes per tier, and the whole model's parameter count.
+TEST_F(TpCli, PlanCountsWhatARankHoldsAndSends) {
+  for (const std::string flags : {"", "--sequence-parallel --checkpoint-activations full"}) {
+    const std::string tag = flags.empty() ? "t" : "tsp";
+    CliResult t = run(2, train("gpt2", 2, tag, 2) + "--tp 2 " + flags, tag);
+    ASSERT_EQ(t.status, 0) << t.err;
+    const std::string plan =
+        "plan --model " + (dir_ / "gpt2").string() + " --seq 32 --batch 2 --threads 1 --probe-seconds 0.05 --json ";
+    CliResult p2 = run(0, plan + "--tp 2 --world 2 " + flags, "p2");
+    ASSERT_EQ(p2.status, 0) << p2.err;
+    CliResult p1 = run(0, plan + (flags.empty() ? "" : "--checkpoint-activations full"), "p1");
+    ASSERT_EQ(p1.status, 0) << p1.err;
+    const auto j2 = nlohmann::json::parse(p2.out), j1 = nlohmann::json::parse(p1.out);
+    EXPECT_EQ(j2["tp_comm_bytes_sent_per_rank"].get<uint64_t>(), metrics(tag)[0]["tp_comm_bytes_sent"].get<uint64_t>())
+        << flags;
+    EXPECT_EQ(j1["tp_comm_bytes_sent_per_rank"].get<uint64_t>(), 0u);
+    EXPECT_EQ(j2["params"], j1["params"]);  // the model's, not the part's
+    // gpt2 tiny: the embedding (vocab 256 + 64 positions) is most of it; every tensor but the
+    // norms, the positions and two biases per layer splits.
+    const double part = j2["master_bytes"].get<double>() + j2["params_bytes"].get<double>();
+    const double whole = j1["master_bytes"].get<double>() + j1["params_bytes"].get<double>();
+    EXPECT_LT(part, 0.65 * whole) << flags;
+    EXPECT_GT(part, 0.5 * whole) << flags;
+    EXPECT_GT(j2["predicted_step_ms"].get<double>(), 0.0);
+  }
+}
+
 // A rank killed mid-step (its tp collectives enqueued on the compute stream, its partner
 // waiting in one) takes the job down within 30 s, naming it, as with ZeRO; likewise in a
 // dp × tp grid.
@@ -284,10 +313,9 @@ TEST_F(TpCli, SplitsThatDoNotFitAreRefused) {
   CliResult d = run(0, train("llama", 2, "d") + "--tp 0", "d");
   EXPECT_NE(d.status, 0);
   EXPECT_NE(d.err.find("--tp 0"), std::string::npos) << d.err;
-  // strata plan does not model a tp rank yet: it says so rather than plan the whole model.
-  CliResult e = run(0, "plan --model " + (dir_ / "llama").string() + " --seq 32 --tp 2", "e");
+  CliResult e = run(0, "plan --model " + (dir_ / "llama").string() + " --seq 32 --tp 2 --world 3", "e");
   EXPECT_NE(e.status, 0);
-  EXPECT_NE(e.err.find("does not model tensor parallelism yet"), std::string::npos) << e.err;
+  EXPECT_NE(e.err.find("does not divide the 3 ranks"), std::string::npos) << e.err;
 }
 
 }  // namespace
