@@ -69,17 +69,20 @@ inline void* tp_input_grad(const BlockCtx& c, void* d, int64_t cols) {
   return mine;
 }
 
-// A row-parallel layer: y (N, out) = x · op(W) summed over the tp group, then + b (the bias is
-// whole on every rank: added once, after the sum; Megatron's g). Returns the rows of y that hold
-// the result: all of them, or this rank's under sequence parallelism. Without tensor
-// parallelism, linear_forward.
-inline void* row_parallel_forward(const Linear& l, const BlockCtx& c, const void* x, const void* w, const void* b,
-                                  void* y, int64_t rows, int64_t in, int64_t out) {
+// A row-parallel layer and its LoRA adapters (slot): y (N, out) = x · op(W) + the adapters'
+// output, summed over the tp group, then + b (the bias is whole on every rank: added once, after
+// the sum; Megatron's g). Returns the rows of y that hold the result: all of them, or this
+// rank's under sequence parallelism. Without tensor parallelism, linear_forward then the
+// adapters.
+inline void* row_parallel_forward(const Linear& l, const BlockCtx& c, LoraSlot slot, const void* x, const void* w,
+                                  const void* b, void* y, int64_t rows, int64_t in, int64_t out) {
   if (!c.tp_comm) {
     linear_forward(l, x, w, b, y, rows, in, out);
+    lora_forward(c, slot, x, y, out);
     return y;
   }
   linear_forward(l, x, w, nullptr, y, rows, in, out);
+  lora_forward(c, slot, x, y, out);  // (each rank's input columns' part of it, summed with the layer's)
   void* mine = y;
   if (c.sequence_parallel) {
     mine = own_rows(c, y, out);

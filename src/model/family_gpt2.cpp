@@ -55,8 +55,8 @@ void gpt2_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, vo
   // att (N, C) = causal softmax(q·kᵀ/√D)·v, lse (B, H, T)
   fused_qkv_attention(c, a);
   // res_mid (R, C) = x + att · c_proj + b
-  void* o = row_parallel_forward(lin, c, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
-  lora_forward(c, LoraSlot::o, a.att, c.scratch->tmp_c, d.C);
+  void* o = row_parallel_forward(lin, c, LoraSlot::o, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N,
+                                 d.Q, d.C);
   ops.add(s, {.dtype = dt, .n = R * d.C, .a = x, .b = o, .out = a.res_mid});
   // ln2 (N, C) = layernorm(res_mid)
   ops.layernorm(s, {.dtype = dt, .rows = R, .cols = d.C, .eps = eps, .x = a.res_mid, .weight = wptr(c, p.ln2_w),
@@ -67,9 +67,8 @@ void gpt2_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, vo
   lora_forward(c, LoraSlot::fc, a.ln2, a.fc, d.I);
   ops.gelu(s, {.dtype = dt, .n = d.N * d.I, .tanh_approx = tanh_gelu(c), .x = a.fc, .y = a.act});
   // out (R, C) = res_mid + act · mlp.c_proj + b
-  void* proj = row_parallel_forward(lin, c, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b), c.scratch->tmp_c, d.N, d.I,
-                                    d.C);
-  lora_forward(c, LoraSlot::proj, a.act, c.scratch->tmp_c, d.C);
+  void* proj = row_parallel_forward(lin, c, LoraSlot::proj, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b),
+                                    c.scratch->tmp_c, d.N, d.I, d.C);
   ops.add(s, {.dtype = dt, .n = R * d.C, .a = a.res_mid, .b = proj, .out = out});
 }
 

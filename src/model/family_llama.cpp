@@ -79,8 +79,8 @@ void llama_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, v
   // att (N, Q) = causal softmax(q·kᵀ/√D)·v, lse (B, Hq, T)
   fused_qkv_attention(c, a);
   // res_mid (R, C) = x + att · Woᵀ (+ bo)
-  void* o = row_parallel_forward(lin, c, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N, d.Q, d.C);
-  lora_forward(c, LoraSlot::o, a.att, c.scratch->tmp_c, d.C);
+  void* o = row_parallel_forward(lin, c, LoraSlot::o, a.att, wptr(c, p.o_w), wptr(c, p.o_b), c.scratch->tmp_c, d.N,
+                                 d.Q, d.C);
   ops.add(s, {.dtype = dt, .n = R * d.C, .a = x, .b = o, .out = a.res_mid});
   // ln2 (N, C) = rmsnorm(res_mid)
   ops.rmsnorm(s, {.dtype = dt, .rows = R, .cols = d.C, .eps = eps, .x = a.res_mid, .weight = wptr(c, p.ln2_w),
@@ -92,9 +92,8 @@ void llama_block_forward(const BlockCtx& c, const void* x, const BlockActs& a, v
   ops.swiglu(s, {.dtype = dt, .rows = d.N, .cols = d.I, .ld = d.FC, .gate = a.fc, .up = at(a.fc, d.I, dt),
                  .out = a.act});
   // out (R, C) = res_mid + act · Wdownᵀ
-  void* down = row_parallel_forward(lin, c, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b), c.scratch->tmp_c, d.N, d.I,
-                                    d.C);
-  lora_forward(c, LoraSlot::proj, a.act, c.scratch->tmp_c, d.C);
+  void* down = row_parallel_forward(lin, c, LoraSlot::proj, a.act, wptr(c, p.proj_w), wptr(c, p.proj_b),
+                                    c.scratch->tmp_c, d.N, d.I, d.C);
   ops.add(s, {.dtype = dt, .n = R * d.C, .a = a.res_mid, .b = down, .out = out});
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/counter_rng.h"
+#include "src/comm/communicator.h"
 #include "src/checkpoint/safetensors.h"
 #include "src/model/linear.h"
 #include "src/model/transformer.h"
@@ -133,6 +134,9 @@ void adapters_in(const BlockCtx& c, const LoraSlotLayout& sl, const void* x) {
   c.ops->matmul(*c.stream, m);
 }
 
+// The slots whose layer is row-parallel under tensor parallelism (its input split).
+bool row_parallel(LoraSlot slot) { return slot == LoraSlot::o || slot == LoraSlot::proj; }
+
 // Dropout: target t's mask key in this layer and slot.
 uint64_t target_key(const BlockCtx& c, LoraSlot slot, size_t t) {
   return c.lora_dropout_key * 0xbf58476d1ce4e5b9ull + static_cast<uint64_t>(slot) * 64 + t + 1;
@@ -205,6 +209,11 @@ void lora_backward(const BlockCtx& c, LoraSlot slot, const void* x, const void* 
   const float beta = c.accumulate_grads ? 1.f : 0.f;
   const bool drop = dropping(c);
   if (!drop) adapters_in(c, sl, x);  // u again (recomputed, not kept: N × kr is cheap)
+  // Tensor parallel, a row-parallel layer's adapters: u is this rank's input columns' part of
+  // it; B is whole on every rank, so its gradient takes the whole u (as the forward's output
+  // did, summed with the layer's).
+  if (!drop && c.tp_comm && row_parallel(slot))
+    c.tp_comm->all_reduce(c.lora_u, c.lora_u, static_cast<size_t>(N * sl.kr), c.dtype, *c.stream);
   for (size_t t = 0; t < sl.targets.size(); ++t) {
     const LoraTargetLayout& tl = sl.targets[t];
     const void* dy_t = at(dy, tl.col, c.dtype);
@@ -268,6 +277,22 @@ void lora_backward(const BlockCtx& c, LoraSlot slot, const void* x, const void* 
     }
   }
   if (drop) return;
+  if (dx) {  // dx (N, in) += du_all · A_all
+    kernels::MatmulArgs m = gemm(c.dtype, c.dtype);
+    m.a = c.lora_du;
+    m.b = at(c.lora_w, sl.a, c.dtype);  // (kr, in) = (k, n)
+    m.c = dx;
+    m.m = N;
+    m.n = sl.in;
+    m.k = sl.kr;
+    m.beta = 1.f;
+    c.ops->matmul(*c.stream, m);
+  }
+  // Tensor parallel, a column-parallel layer's adapters: each rank's du is its output columns'
+  // part. dx took its part (the layer's input gradient is summed over the group after); A is
+  // whole on every rank, so its gradient takes the whole du.
+  if (c.tp_comm && !row_parallel(slot))
+    c.tp_comm->all_reduce(c.lora_du, c.lora_du, static_cast<size_t>(N * sl.kr), c.dtype, *c.stream);
   if (c.lora_g) {  // dA_all (kr, in) (+)= du_allᵀ · x
     kernels::MatmulArgs g = gemm(c.dtype, DType::f32);
     g.a = c.lora_du;
@@ -279,17 +304,6 @@ void lora_backward(const BlockCtx& c, LoraSlot slot, const void* x, const void* 
     g.k = N;
     g.beta = beta;
     c.ops->matmul(*c.stream, g);
-  }
-  if (dx) {  // dx (N, in) += du_all · A_all
-    kernels::MatmulArgs m = gemm(c.dtype, c.dtype);
-    m.a = c.lora_du;
-    m.b = at(c.lora_w, sl.a, c.dtype);  // (kr, in) = (k, n)
-    m.c = dx;
-    m.m = N;
-    m.n = sl.in;
-    m.k = sl.kr;
-    m.beta = 1.f;
-    c.ops->matmul(*c.stream, m);
   }
 }
 

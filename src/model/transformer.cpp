@@ -7,6 +7,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -157,9 +158,10 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int
                                 std::to_string(tp_.size));
   if (tp_.sequence && !tp_.on())
     throw std::invalid_argument("--sequence-parallel splits rows over the tensor-parallel group: it needs --tp 2 or more");
-  if (tp_.on() && lora.on())
+  if (tp_.on() && lora.on() && lora.dropout > 0)
     throw std::invalid_argument("--tp " + std::to_string(tp_.size) +
-                                " with LoRA adapters is not supported yet: train adapters with --tp 1");
+                                " with --lora-dropout is not supported yet (the row-parallel layers' masks would "
+                                "need the whole layer's columns): use --lora-dropout 0, or --tp 1");
   dims_ = model_dims(cfg_, batch, seq, tp_);
   ModelDims& d = dims_;
   // LM-head chunks: at most logits_chunk_bytes of logits at once, split evenly so each chunk's
@@ -181,6 +183,8 @@ void Transformer::build_layout(int shard_world) {
   const ModelDims& d = dims_;
   int64_t flat = 0;
   auto begin_unit = [&](std::string name) { units_.push_back(Unit{std::move(name), flat, 0, 0, {}, {}, {}}); };
+  // Tensor parallel: the LoRA tensors' splits, by name (the adapters build them below).
+  std::map<std::string, TpSplit> lora_splits;
   // Adds a tensor to the current unit; returns its offset relative to the unit's start.
   const AddTensor add = [&](const std::string& name, std::vector<int64_t> shape, InitKind init) -> int64_t {
     Unit& u = units_.back();
@@ -194,7 +198,8 @@ void Transformer::build_layout(int shard_world) {
       // The embedding table (the embedding unit's first tensor) and an untied head: vocabulary
       // rows; the rest as the family says.
       const bool vocab = (units_.size() == 1 && u.params.empty()) || (!recipe_.head_name.empty() && name == recipe_.head_name);
-      p.split = vocab ? TpSplit{0, 1} : recipe_.tp_split(name);
+      const auto adapter = lora_splits.find(name);
+      p.split = vocab ? TpSplit{0, 1} : adapter != lora_splits.end() ? adapter->second : recipe_.tp_split(name);
       if (vocab) p.full_shape[0] = d.full_vocab;
       else if (p.split.dim >= 0) p.full_shape[static_cast<size_t>(p.split.dim)] *= tp_.size;
     }
@@ -262,9 +267,19 @@ void Transformer::build_layout(int shard_world) {
         std::vector<const LinearModule*> in_slot;
         for (const LinearModule& m : mods)
           if (static_cast<int>(m.slot) == s) in_slot.push_back(&m);
+        // Tensor parallel: a column-parallel layer's adapter (q, k, v, gate, up, c_attn, c_fc)
+        // has A whole and B split as the layer's output; a row-parallel one's (o, down, c_proj)
+        // A split as its input and B whole.
+        const bool row = s == static_cast<int>(LoraSlot::o) || s == static_cast<int>(LoraSlot::proj);
+        for (const LinearModule* m : in_slot) {
+          const std::string name = h + m->name;
+          lora_splits[name + ".lora_A.weight"] = row ? TpSplit{1, 1} : TpSplit{};
+          lora_splits[name + ".lora_B.weight"] = row ? TpSplit{} : TpSplit{0, recipe_.tp_split(name + ".weight").segments};
+        }
         for (const LinearModule* m : in_slot) {
           const int64_t a = add(h + m->name + ".lora_A.weight", {r, m->in}, InitKind::normal);
-          params_.back().uniform = 1.0f / std::sqrt(static_cast<float>(m->in));  // Kaiming-uniform, a = √5
+          const int64_t in = row ? m->in * tp_.size : m->in;  // the layer's whole input
+          params_.back().uniform = 1.0f / std::sqrt(static_cast<float>(in));  // Kaiming-uniform, a = √5
           if (sl.a < 0) sl.a = a;
           sl.in = m->in;
           sl.kr += r;
@@ -490,15 +505,15 @@ void Transformer::init_range(int u, uint64_t seed, int64_t lo, int64_t hi, float
       continue;
     }
     const uint64_t key = init_stream_key(seed, static_cast<uint64_t>(pi));
-    if (p.uniform > 0) {
-      fill_uniform(key, a, b - a, p.uniform, dst);
-      continue;
-    }
     // The HF tensor's values (tensor parallel: this rank's part of them, each element the one
     // of the whole tensor's stream it stands for, so every grid starts from the same model).
     tp_runs(p, tp_.rank, tp_.size, [&](int64_t local, int64_t full, int64_t n) {
       const int64_t x0 = std::max(a, local), x1 = std::min(b, local + n);
       if (x1 <= x0) return;
+      if (p.uniform > 0) {
+        fill_uniform(key, full + (x0 - local), x1 - x0, p.uniform, dst + (x0 - a));
+        return;
+      }
       kernels::cpu::parallel_for(x0, x1, 1 << 16, [&](int64_t x, int64_t y) {
         fill_normal(key, full + (x - local), y - x, 0.02f, dst + (x - a));
       });
@@ -724,8 +739,14 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
   float* gb = g_fn && outer_.lnf_b >= 0 ? g_fn + outer_.lnf_b : nullptr;
   model_detail::NormGrads ng{gw, gb};
   BlockCtx c;
-  if (sp) {
-    c = block_ctx(s, 0, nullptr, nullptr);
+  if (sp) {  // (what the norm-grads helpers read)
+    c.ops = &ops;
+    c.stream = &s;
+    c.dims = &dims_;
+    c.dtype = dt;
+    c.tp_comm = tp_.comm;
+    c.sequence_parallel = true;
+    c.sp_norm_grads = sp_norm_grads_;
     ng = model_detail::norm_grads(c, gw, gb);
   }
   kernels::NormBackwardArgs nb{.dtype = dt, .rows = d.res_rows, .cols = d.C, .x = final_res_,

@@ -85,7 +85,7 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
   // elements (the 8B model's embedding would stage 2 GiB whole).
   constexpr int64_t kPiece = int64_t{1} << 24;
   const auto in_pieces = [&](const Unit& unit, int u) {
-    return !unit.trainable && !base && !model->stored_unit(u) && !sh.sharded_weights();
+    return !unit.trainable && !base && !model->stored_unit(u) && !sh.sharded_weights() && !tp().on();
   };
   std::vector<float> full;
   if (sharded || model->lora()) {
@@ -123,7 +123,13 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
         model->load_unit(u, *base, full.data());
       else
         model->init_unit(u, o.seed, full.data());
-      base_crc = io::crc32c(full.data(), static_cast<size_t>(unit.n_real) * 4, base_crc);
+      if (tp().on())  // the whole tensors' values, in order: the crc of the same base on any grid
+        for (int pi : unit.params) {
+          const std::vector<float> whole = whole_tensor(model->params()[static_cast<size_t>(pi)], full.data());
+          base_crc = io::crc32c(whole.data(), whole.size() * 4, base_crc);
+        }
+      else
+        base_crc = io::crc32c(full.data(), static_cast<size_t>(unit.n_real) * 4, base_crc);
       void* w = mem->acquire(Role::params, u, offload::Mode::write, Side::host);
       if (model->stored_unit(u))  // --base-dtype: quantized (or cast) as stored
         model->store_unit(u, full.data(), w);
@@ -280,34 +286,38 @@ std::vector<std::vector<float>> Trainer::Impl::gather_tensors(Role role, const s
     }
     if (sh.rank != 0) continue;  // the tp groups of data-parallel rank 0 gather
     for (int pi : unit.params) {
-      const ParamInfo& p = model->params()[static_cast<size_t>(pi)];
-      // Every rank's part padded to the largest (the vocabulary's last part may be shorter).
-      int64_t most = 0;
-      for (int r = 0; r < t.size; ++r) {
-        int64_t n = 1;
-        for (int64_t x : tp_shape(p, r, t.size)) n *= x;
-        most = std::max(most, n);
-      }
-      std::vector<float> mine(static_cast<size_t>(most)), all(static_cast<size_t>(most * t.size));
-      std::copy(part.begin() + p.unit_offset, part.begin() + p.unit_offset + p.numel, mine.begin());
-      if (t.on())
-        t.comm->host_all_gather(mine.data(), all.data(), static_cast<size_t>(most) * sizeof(float));
-      else
-        all = mine;
-      if (t.rank != 0) continue;
-      int64_t numel = 1;
-      for (int64_t x : p.full_shape) numel *= x;
-      std::vector<float> whole(static_cast<size_t>(numel));
-      for (int r = 0; r < t.size; ++r)
-        tp_runs(p, r, t.size, [&](int64_t local, int64_t full, int64_t n) {
-          std::copy_n(all.begin() + r * most + local, n, whole.begin() + full);
-        });
-      out[static_cast<size_t>(pi)] = std::move(whole);
+      std::vector<float> whole = whole_tensor(model->params()[static_cast<size_t>(pi)], part.data());
+      if (t.rank == 0) out[static_cast<size_t>(pi)] = std::move(whole);
     }
   }
   mem->end_step();
   if (!rank0()) out.assign(out.size(), {});
   return out;
+}
+
+std::vector<float> Trainer::Impl::whole_tensor(const ParamInfo& p, const float* unit_part) const {
+  const TensorParallel& t = tp();
+  // Every rank's part padded to the largest (the vocabulary's last part may be shorter).
+  int64_t most = 0;
+  for (int r = 0; r < t.size; ++r) {
+    int64_t n = 1;
+    for (int64_t x : tp_shape(p, r, t.size)) n *= x;
+    most = std::max(most, n);
+  }
+  std::vector<float> mine(static_cast<size_t>(most)), all(static_cast<size_t>(most * t.size));
+  std::copy_n(unit_part + p.unit_offset, p.numel, mine.begin());
+  if (t.on())
+    t.comm->host_all_gather(mine.data(), all.data(), static_cast<size_t>(most) * sizeof(float));
+  else
+    all = mine;
+  int64_t numel = 1;
+  for (int64_t x : p.full_shape) numel *= x;
+  std::vector<float> whole(static_cast<size_t>(numel));
+  for (int r = 0; r < t.size; ++r)
+    tp_runs(p, r, t.size, [&](int64_t local, int64_t full, int64_t n) {
+      std::copy_n(all.begin() + r * most + local, n, whole.begin() + full);
+    });
+  return whole;
 }
 
 namespace {
@@ -380,7 +390,8 @@ void Trainer::save(const std::string& out_dir) const {
     const int64_t off = p.unit_offset;
     if (tp) {
       const std::vector<float>& t = tensors_tp[static_cast<size_t>(&p - m.model->params().data())];
-      tensors.push_back({p.name, p.full_shape, DType::f32, fill_from_host(t.data(), t.size() * 4, diverged)});
+      tensors.push_back({lora ? "base_model.model." + p.name : p.name, p.full_shape, DType::f32,
+                         fill_from_host(t.data(), t.size() * 4, diverged)});
       continue;
     }
     tensors.push_back({lora ? "base_model.model." + p.name : p.name, p.shape, DType::f32,

@@ -113,6 +113,10 @@ struct Trainer::Impl {
   // (after ZeRO's gather over the data-parallel ranks), kept on the job's rank 0 (empty
   // elsewhere). Collective: every rank calls it.
   std::vector<std::vector<float>> gather_tensors(Role role, const std::function<int64_t(int)>& offset);
+  // Parameter p's whole HF tensor from every tp rank's part of it (unit_part: this rank's unit,
+  // as laid out), on every rank of the group (collective over it). Without tensor parallelism,
+  // p's values.
+  std::vector<float> whole_tensor(const ParamInfo& p, const float* unit_part) const;
   nlohmann::json state_json() const;
   // lora_state.cpp: PEFT's adapter_config.json; --merge-adapter's save (rank 0; `whole`: the
   // gathered masters of a sharded run, else empty).

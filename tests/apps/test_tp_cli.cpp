@@ -182,6 +182,51 @@ TEST_F(TpCli, SequenceParallelMatchesOneRank) {
   EXPECT_NE(b.err.find("33 rows"), std::string::npos) << b.err;
 }
 
+// LoRA under tensor parallelism: a column-parallel layer's adapter has A whole and B split as
+// the layer's output, a row-parallel one's A split as its input and B whole. Every linear layer
+// adapted (all-linear), tp 2 with and without sequence parallelism: the 1-rank run's losses,
+// norms and saved adapter (PEFT names, whole shapes); a tp 2 checkpoint resumes on 1 rank (the
+// frozen base's crc is the whole tensors', the same on any grid).
+TEST_F(TpCli, LoraMatchesOneRank) {
+  const std::string lora = " --lora-rank 4 --lora-targets all-linear ";
+  for (const std::string model : {"gpt2", "llama"}) {
+    CliResult one = run(0, train(model, 2, model + "l1") + lora, model + "l1");
+    ASSERT_EQ(one.status, 0) << one.err;
+    for (const std::string flags : {"--tp 2", "--tp 2 --sequence-parallel"}) {
+      const std::string tag = model + (flags.size() > 6 ? "lsp" : "ltp");
+      CliResult two = run(2, train(model, 2, tag) + lora + flags, tag);
+      ASSERT_EQ(two.status, 0) << two.err;
+      const auto a = metrics(model + "l1"), b = metrics(tag);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_LT(rel(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()), 1e-5) << tag << " step " << i + 1;
+        EXPECT_LT(rel(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>()), 1e-5) << tag;
+      }
+      const auto adapter = [&](const std::string& run) {
+        return strata::test::tensors_of(*strata::HfCheckpoint::open_file(dir_ / run / "adapter_model.safetensors"));
+      };
+      const auto wa = adapter(model + "l1"), wb = adapter(tag);
+      ASSERT_EQ(wa.size(), wb.size()) << tag;
+      for (const auto& [name, va] : wa) {
+        ASSERT_TRUE(wb.count(name)) << tag << " lacks " << name;
+        ASSERT_EQ(va.size(), wb.at(name).size()) << tag << ": " << name;
+        double worst = 0;
+        for (size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::abs(double(va[i]) - wb.at(name)[i]));
+        EXPECT_LT(worst, 1e-5) << tag << ": " << name;
+      }
+    }
+  }
+  const std::string ck = (dir_ / "lck").string();
+  CliResult two = run(2, train("llama", 2, "lck2") + lora + "--tp 2 --checkpoint-every 2 --checkpoint-dir " + ck, "lck2");
+  ASSERT_EQ(two.status, 0) << two.err;
+  CliResult one = run(0, train("llama", 2, "lck1") + lora + "--resume " + ck + "/step-00000002", "lck1");
+  ASSERT_EQ(one.status, 0) << one.err;
+  const auto a = metrics("lck2"), b = metrics("lck1");
+  ASSERT_EQ(b.size(), 2u);
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_LT(rel(a[i + 2]["loss"].get<double>(), b[i]["loss"].get<double>()), 1e-5) << "step " << i + 3;
+}
+
 // Packed chat documents (block-diagonal attention, positions per document, a loss mask) and
 // held-out validation under tp 2, with and without sequence parallelism: the 1-rank run's
 // losses, validation losses and trained-token counts.
@@ -342,9 +387,12 @@ TEST_F(TpCli, SplitsThatDoNotFitAreRefused) {
   CliResult b = run(4, train("llama", 1, "b") + "--tp 4", "b");  // 2 kv heads
   EXPECT_NE(b.status, 0);
   EXPECT_NE(b.err.find("key/value heads (2)"), std::string::npos) << b.err;
-  CliResult c = run(0, train("llama", 2, "c") + "--tp 2 --lora-rank 4", "c");
+  CliResult c = run(0, train("llama", 2, "c") + "--tp 2 --lora-rank 4 --lora-dropout 0.1", "c");
   EXPECT_NE(c.status, 0);
-  EXPECT_NE(c.err.find("--tp 2 with --lora-rank"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("--tp 2 with --lora-dropout"), std::string::npos) << c.err;
+  CliResult m = run(0, train("llama", 2, "m") + "--tp 2 --lora-rank 4 --merge-adapter", "m");
+  EXPECT_NE(m.status, 0);
+  EXPECT_NE(m.err.find("--tp 2 with --merge-adapter"), std::string::npos) << m.err;
   CliResult d = run(0, train("llama", 2, "d") + "--tp 0", "d");
   EXPECT_NE(d.status, 0);
   EXPECT_NE(d.err.find("--tp 0"), std::string::npos) << d.err;
