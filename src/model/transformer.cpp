@@ -96,8 +96,9 @@ ModelDims model_dims(const ModelConfig& cfg, int64_t batch, int64_t seq, const T
   d.I /= n;
   if (tp.sequence) {
     if (d.N % n != 0)
-      throw std::invalid_argument("--sequence-parallel splits the " + std::to_string(d.N) + " rows of a micro-batch (--batch × --seq) over --tp " +
-                                  std::to_string(n) + ", which does not divide them: choose a --batch or --seq that it divides");
+      throw std::invalid_argument("--sequence-parallel splits the " + std::to_string(d.N) +
+                                  " rows of a micro-batch (--batch × --seq) over --tp " + std::to_string(n) +
+                                  ", which does not divide them: choose a --batch or --seq that it divides");
     d.res_rows = d.N / n;
     d.res_row0 = tp.rank * d.res_rows;
   }
@@ -197,7 +198,8 @@ void Transformer::build_layout(int shard_world) {
     if (tp_.on()) {  // shape is this rank's part (the dims are): the HF tensor's from the split
       // The embedding table (the embedding unit's first tensor) and an untied head: vocabulary
       // rows; the rest as the family says.
-      const bool vocab = (units_.size() == 1 && u.params.empty()) || (!recipe_.head_name.empty() && name == recipe_.head_name);
+      const bool vocab =
+          (units_.size() == 1 && u.params.empty()) || (!recipe_.head_name.empty() && name == recipe_.head_name);
       const auto adapter = lora_splits.find(name);
       p.split = vocab ? TpSplit{0, 1} : adapter != lora_splits.end() ? adapter->second : recipe_.tp_split(name);
       if (vocab) p.full_shape[0] = d.full_vocab;
@@ -274,7 +276,8 @@ void Transformer::build_layout(int shard_world) {
         for (const LinearModule* m : in_slot) {
           const std::string name = h + m->name;
           lora_splits[name + ".lora_A.weight"] = row ? TpSplit{1, 1} : TpSplit{};
-          lora_splits[name + ".lora_B.weight"] = row ? TpSplit{} : TpSplit{0, recipe_.tp_split(name + ".weight").segments};
+          lora_splits[name + ".lora_B.weight"] =
+              row ? TpSplit{} : TpSplit{0, recipe_.tp_split(name + ".weight").segments};
         }
         for (const LinearModule* m : in_slot) {
           const int64_t a = add(h + m->name + ".lora_A.weight", {r, m->in}, InitKind::normal);
