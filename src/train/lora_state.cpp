@@ -36,7 +36,28 @@ nlohmann::json Trainer::Impl::peft_config() const {
 // Each base tensor as the HF save writes it (fp32); an adapted weight is W + s·B·A, the product
 // and the sum in float64 and rounded once. W is the base as loaded (--model's safetensors, or
 // the random init from --seed), not its working-dtype copy.
-void Trainer::Impl::save_merged(const std::string& out_dir, const std::vector<std::vector<float>>& whole) {
+void Trainer::Impl::gather_base(std::vector<std::vector<float>>& table) {
+  if (sh.rank != 0) return;  // the tp groups of data-parallel rank 0 gather (as gather_tensors)
+  std::unique_ptr<HfCheckpoint> base_file;
+  if (base_weights) base_file = HfCheckpoint::open(o.model);
+  std::vector<float> part;
+  for (size_t ui = 0; ui < model->units().size(); ++ui) {
+    const Unit& unit = model->units()[ui];
+    if (unit.trainable) continue;
+    part.resize(static_cast<size_t>(unit.numel));
+    if (base_file)
+      model->load_unit(static_cast<int>(ui), *base_file, part.data());
+    else
+      model->init_unit(static_cast<int>(ui), o.seed, part.data());
+    for (int pi : unit.params) {
+      std::vector<float> w = whole_tensor(model->params()[static_cast<size_t>(pi)], part.data());
+      if (rank0()) table[static_cast<size_t>(pi)] = std::move(w);
+    }
+  }
+}
+
+void Trainer::Impl::save_merged(const std::string& out_dir, const std::vector<std::vector<float>>& whole,
+                                const std::vector<std::vector<float>>* tensors) {
   ModelConfig c = cfg;
   c.torch_dtype = "float32";
   std::unique_ptr<HfCheckpoint> base_file;
@@ -71,13 +92,29 @@ void Trainer::Impl::save_merged(const std::string& out_dir, const std::vector<st
       if (!std::isfinite(x)) throw std::runtime_error("'" + p.name + "' is not finite: the run diverged; nothing was saved");
     return v;
   };
-  std::vector<TensorToSave> tensors;
+  std::vector<TensorToSave> to_save;
   for (const ParamInfo& p : model->params()) {
     if (model->units()[static_cast<size_t>(p.unit)].trainable) continue;  // the adapters go into W
     const std::string mod = p.name.size() > 7 ? p.name.substr(0, p.name.size() - 7) : "";  // minus ".weight"
     const ParamInfo* a = p.name.ends_with(".weight") ? model->find_param(mod + ".lora_A.weight") : nullptr;
     const ParamInfo* b = a ? model->find_param(mod + ".lora_B.weight") : nullptr;
-    tensors.push_back({p.name, p.shape, DType::f32, [&, pp = &p, a, b](void* dst) {
+    if (tensors) {  // tensor parallel: every tensor whole already (gather_tensors, gather_base)
+      const auto at = [&](const ParamInfo* q) { return &(*tensors)[static_cast<size_t>(q - model->params().data())]; };
+      to_save.push_back({p.name, p.full_shape, DType::f32, [&, w = at(&p), a, b, ta = a ? at(a) : nullptr,
+                                                             tb = b ? at(b) : nullptr](void* dst) {
+                           auto* out = static_cast<float*>(dst);
+                           std::memcpy(out, w->data(), w->size() * 4);
+                           if (!a) return;
+                           for (const std::vector<float>* t : {ta, tb})
+                             for (float x : *t)
+                               if (!std::isfinite(x))
+                                 throw std::runtime_error("the adapters are not finite: the run diverged; nothing was saved");
+                           add_lora_delta(out, ta->data(), tb->data(), a->full_shape[0], a->full_shape[1],
+                                          b->full_shape[0], s, in_out);
+                         }});
+      continue;
+    }
+    to_save.push_back({p.name, p.shape, DType::f32, [&, pp = &p, a, b](void* dst) {
                          const float* w = base_unit(pp->unit) + pp->unit_offset;
                          auto* out = static_cast<float*>(dst);
                          if (!a) {
@@ -95,7 +132,7 @@ void Trainer::Impl::save_merged(const std::string& out_dir, const std::vector<st
       if (fs::is_regular_file(fs::path(o.model) / name)) tokenizer.push_back(fs::path(o.model) / name);
   mem->begin_step(TieredMemory::Schedule::aside);
   try {
-    save_hf_model(out_dir, c, tensors, 5ull << 30, tokenizer);
+    save_hf_model(out_dir, c, to_save, 5ull << 30, tokenizer);
   } catch (...) {
     mem->end_step();
     throw;

@@ -256,12 +256,6 @@ void validate_options(const TrainOptions& o) {
                                             "is not supported yet (a row-parallel layer's masks would need the whole "
                                             "layer's columns); use --lora-dropout 0, or --tp 1",
                                             o.tp));
-  if (o.tp > 1 && o.merge_adapter)
-    throw std::invalid_argument(fmt::format("--tp {} with --merge-adapter is not supported yet (merging needs "
-                                            "every rank's part of the base): save the adapter without "
-                                            "--merge-adapter; a --tp 1 run with --adapter DIR --merge-adapter "
-                                            "merges it",
-                                            o.tp));
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   if (o.threads < 0 || static_cast<unsigned>(o.threads) > 4 * hw)
     throw std::invalid_argument(fmt::format("--threads {}: must be between 0 (all cores) and {} (4 x the {} hardware "

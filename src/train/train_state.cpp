@@ -369,6 +369,7 @@ void Trainer::save(const std::string& out_dir) const {
   const bool tp = m.tp().on();
   std::vector<std::vector<float>> tensors_tp;  // [param] tensor parallel: the whole tensors (rank 0)
   if (tp) tensors_tp = m.gather_tensors(Role::master, [](int) { return int64_t{0}; });
+  if (tp && m.o.merge_adapter) m.gather_base(tensors_tp);
   std::vector<std::vector<float>> whole;  // [unit] the gathered master (sharded runs, rank 0)
   if (m.sh.sharded_optimizer() && !tp) {
     m.mem->begin_step(TieredMemory::Schedule::aside);
@@ -378,7 +379,7 @@ void Trainer::save(const std::string& out_dir) const {
     m.mem->end_step();
   }
   if (!m.rank0()) return;
-  if (m.o.merge_adapter) return m.save_merged(out_dir, whole);
+  if (m.o.merge_adapter) return m.save_merged(out_dir, whole, tp ? &tensors_tp : nullptr);
   std::vector<TensorToSave> tensors;
   TieredMemory* mem = m.mem.get();
   const std::string diverged = "the weights are not finite: the run diverged; nothing was saved";

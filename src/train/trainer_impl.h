@@ -121,7 +121,13 @@ struct Trainer::Impl {
   // lora_state.cpp: PEFT's adapter_config.json; --merge-adapter's save (rank 0; `whole`: the
   // gathered masters of a sharded run, else empty).
   nlohmann::json peft_config() const;
-  void save_merged(const std::string& out_dir, const std::vector<std::vector<float>>& whole);
+  // tensors (tensor parallel): every tensor whole by parameter index (the adapters from
+  // gather_tensors, the base from gather_base), on rank 0.
+  void save_merged(const std::string& out_dir, const std::vector<std::vector<float>>& whole,
+                   const std::vector<std::vector<float>>* tensors = nullptr);
+  // Tensor parallel, --merge-adapter: the frozen base's whole tensors into table (by parameter
+  // index) on rank 0, from each rank's part as loaded or initialised. Collective.
+  void gather_base(std::vector<std::vector<float>>& table);
   bool base_weights = false;  // LoRA: the frozen base is --model's safetensors (else a random init)
   void restore_state(const nlohmann::json& manifest);
 };
