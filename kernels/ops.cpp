@@ -313,6 +313,8 @@ void validate(const DropoutArgs& a) {
   need_ptr(a.x, "dropout", "x");
   need_ptr(a.out, "dropout", "out");
   need(a.p >= 0.f && a.p < 1.f, "dropout", "p outside [0, 1)");
+  need(a.mask_cols == 0 || (a.cols > 0 && a.n % a.cols == 0 && a.mask_col0 >= 0 && a.mask_col0 + a.cols <= a.mask_cols),
+       "dropout", "a mask slice needs cols > 0 dividing n and [mask_col0, mask_col0 + cols) inside mask_cols");
 }
 
 #define STRATA_OP(name, Args, ...)                    \

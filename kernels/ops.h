@@ -360,6 +360,9 @@ struct CastArgs {
 // (kernels/counter_rng.h), so every backend, thread split and recomputation draws the same one:
 //   v = counter_uniform(key, i) >= p ? x[i] * (1 / (1 - p)) : 0    (1 / (1 - p) rounded to fp32)
 //   out[i] = accumulate ? out[i] + v : v                             (fp32, then rounded to dtype)
+// A column slice of a wider mask (mask_cols > 0, tensor parallelism's part of a layer's input):
+// the n elements are rows of `cols`, and element (r, c) draws mask element r·mask_cols +
+// mask_col0 + c of the (rows, mask_cols) mask, so every rank's slice is the whole mask's.
 struct DropoutArgs {
   DType dtype = DType::f32;
   int64_t n = 0;
@@ -368,7 +371,12 @@ struct DropoutArgs {
   uint64_t key = 0;
   float p = 0.f;  // in [0, 1)
   bool accumulate = false;
+  int64_t cols = 0, mask_cols = 0, mask_col0 = 0;  // mask_cols 0: element i draws mask element i
 };
+// The mask element element i of a dropout draws.
+inline int64_t dropout_mask_index(const DropoutArgs& a, int64_t i) {
+  return a.mask_cols > 0 ? (i / a.cols) * a.mask_cols + a.mask_col0 + i % a.cols : i;
+}
 
 // A frozen weight matrix (rows, cols) as LoRA's --base-dtype stores it (src/model/quant.h has
 // the format and the arithmetic), decoded into out (f32, bf16 or f16, rounded to nearest even):

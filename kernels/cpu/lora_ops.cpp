@@ -138,7 +138,7 @@ void dropout_impl(const DropoutArgs& a) {
   const float keep_scale = 1.f / (1.f - a.p);
   parallel_for(0, a.n, kGrainElems, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      const float v = counter_uniform(a.key, i) >= a.p ? E::load(x[i]) * keep_scale : 0.f;
+      const float v = counter_uniform(a.key, dropout_mask_index(a, i)) >= a.p ? E::load(x[i]) * keep_scale : 0.f;
       out[i] = E::store(a.accumulate ? E::load(out[i]) + v : v);
     }
   });

@@ -47,11 +47,13 @@ __global__ void int8_kernel(const int8_t* __restrict__ codes, const float* __res
     out[i - e_lo] = from_f32<T>(__fmul_rn(static_cast<float>(codes[i]), scales[i / cols]));
 }
 
+// (cols, mask_cols, mask_col0: DropoutArgs' mask slice; mask_cols 0: element i draws mask element i)
 template <class T>
 __global__ void dropout_kernel(const T* __restrict__ x, T* out, int64_t n, uint64_t key, float p, float keep_scale,
-                               bool accumulate) {
+                               bool accumulate, int64_t cols, int64_t mask_cols, int64_t mask_col0) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = counter_uniform(key, i) >= p ? __fmul_rn(to_f32(x[i]), keep_scale) : 0.f;
+    const int64_t m = mask_cols > 0 ? (i / cols) * mask_cols + mask_col0 + i % cols : i;
+    const float v = counter_uniform(key, m) >= p ? __fmul_rn(to_f32(x[i]), keep_scale) : 0.f;
     out[i] = from_f32<T>(accumulate ? __fadd_rn(to_f32(out[i]), v) : v);
   }
 }
@@ -64,7 +66,8 @@ void CudaOps::do_dropout(Stream& s, const DropoutArgs& a) {
   dispatch_dtype(a.dtype, [&](auto tag) {
     using T = decltype(tag);
     dropout_kernel<T><<<grid_for(a.n, kThreads * 8), kThreads, 0, ctx.stream()>>>(
-        static_cast<const T*>(a.x), static_cast<T*>(a.out), a.n, a.key, a.p, keep_scale, a.accumulate);
+        static_cast<const T*>(a.x), static_cast<T*>(a.out), a.n, a.key, a.p, keep_scale, a.accumulate, a.cols,
+        a.mask_cols, a.mask_col0);
     STRATA_CUDA_CHECK_LAUNCH();
   });
 }

@@ -143,9 +143,17 @@ uint64_t target_key(const BlockCtx& c, LoraSlot slot, size_t t) {
 }
 
 // out (N, in) = x ⊙ mask / (1 - p), or (accumulate) out += x ⊙ mask / (1 - p) (Ops::dropout).
-void masked(const BlockCtx& c, uint64_t key, const void* x, void* out, int64_t in, bool accumulate) {
-  c.ops->dropout(*c.stream, {.dtype = c.dtype, .n = c.dims->N * in, .x = x, .out = out, .key = key,
-                             .p = c.lora->dropout, .accumulate = accumulate});
+// Tensor parallel, a row-parallel layer: x is this rank's columns of the layer's input, and the
+// mask its columns of the whole input's, so every grid drops the same elements.
+void masked(const BlockCtx& c, LoraSlot slot, uint64_t key, const void* x, void* out, int64_t in, bool accumulate) {
+  kernels::DropoutArgs a{.dtype = c.dtype, .n = c.dims->N * in, .x = x, .out = out, .key = key, .p = c.lora->dropout,
+                         .accumulate = accumulate};
+  if (c.tp_comm && row_parallel(slot)) {
+    a.cols = in;
+    a.mask_cols = in * c.tp_comm->world();
+    a.mask_col0 = in * c.tp_comm->rank();
+  }
+  c.ops->dropout(*c.stream, a);
 }
 
 // u_t (N, r) (columns t·r.. of lora_u) = xd · A_tᵀ.
@@ -174,7 +182,7 @@ void lora_forward(const BlockCtx& c, LoraSlot slot, const void* x, void* y, int6
   if (sl.targets.empty()) return;
   if (dropping(c)) {  // each target its own mask: its own A GEMM
     for (size_t t = 0; t < sl.targets.size(); ++t) {
-      masked(c, target_key(c, slot, t), x, c.lora_x, sl.in, false);
+      masked(c, slot, target_key(c, slot, t), x, c.lora_x, sl.in, false);
       adapter_in(c, sl, t, c.lora_x);
     }
   } else {
@@ -218,9 +226,11 @@ void lora_backward(const BlockCtx& c, LoraSlot slot, const void* x, const void* 
     const LoraTargetLayout& tl = sl.targets[t];
     const void* dy_t = at(dy, tl.col, c.dtype);
     void* du_t = at(c.lora_du, static_cast<int64_t>(t) * r, c.dtype);
-    if (drop) {  // this target's dropped input and u_t again
-      masked(c, target_key(c, slot, t), x, c.lora_x, sl.in, false);
+    if (drop) {  // this target's dropped input and u_t again (tensor parallel, row-parallel: summed, as above)
+      masked(c, slot, target_key(c, slot, t), x, c.lora_x, sl.in, false);
       adapter_in(c, sl, t, c.lora_x);
+      if (c.tp_comm && row_parallel(slot))  // (the whole of u: the other targets' columns are spent or not yet made)
+        c.tp_comm->all_reduce(c.lora_u, c.lora_u, static_cast<size_t>(N * sl.kr), c.dtype, *c.stream);
     }
     if (c.lora_g) {  // dB_t (out, r) (+)= s · dy_tᵀ · u_t
       kernels::MatmulArgs g = gemm(c.dtype, DType::f32);
@@ -250,6 +260,22 @@ void lora_backward(const BlockCtx& c, LoraSlot slot, const void* x, const void* 
     m.alpha = lay.scale;
     c.ops->matmul(*c.stream, m);
     if (!drop) continue;
+    if (dx) {  // dx += (du_t · A_t) ⊙ mask / (1 - p)
+      kernels::MatmulArgs d = gemm(c.dtype, c.dtype);
+      d.a = du_t;
+      d.lda = sl.kr;
+      d.b = at(c.lora_w, sl.a + static_cast<int64_t>(t) * r * sl.in, c.dtype);
+      d.c = c.lora_t;
+      d.m = N;
+      d.n = sl.in;
+      d.k = r;
+      c.ops->matmul(*c.stream, d);
+      masked(c, slot, target_key(c, slot, t), c.lora_t, dx, sl.in, true);
+    }
+    // Tensor parallel, column-parallel: du_t summed for A's gradient after dx took its part (as
+    // below; the whole of du, the other targets' columns spent or not yet made).
+    if (c.tp_comm && !row_parallel(slot))
+      c.tp_comm->all_reduce(c.lora_du, c.lora_du, static_cast<size_t>(N * sl.kr), c.dtype, *c.stream);
     if (c.lora_g) {  // dA_t (r, in) (+)= du_tᵀ · xd
       kernels::MatmulArgs g = gemm(c.dtype, DType::f32);
       g.a = du_t;
@@ -262,18 +288,6 @@ void lora_backward(const BlockCtx& c, LoraSlot slot, const void* x, const void* 
       g.k = N;
       g.beta = beta;
       c.ops->matmul(*c.stream, g);
-    }
-    if (dx) {  // dx += (du_t · A_t) ⊙ mask / (1 - p)
-      kernels::MatmulArgs d = gemm(c.dtype, c.dtype);
-      d.a = du_t;
-      d.lda = sl.kr;
-      d.b = at(c.lora_w, sl.a + static_cast<int64_t>(t) * r * sl.in, c.dtype);
-      d.c = c.lora_t;
-      d.m = N;
-      d.n = sl.in;
-      d.k = r;
-      c.ops->matmul(*c.stream, d);
-      masked(c, target_key(c, slot, t), c.lora_t, dx, sl.in, true);
     }
   }
   if (drop) return;

@@ -159,10 +159,6 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int
                                 std::to_string(tp_.size));
   if (tp_.sequence && !tp_.on())
     throw std::invalid_argument("--sequence-parallel splits rows over the tensor-parallel group: it needs --tp 2 or more");
-  if (tp_.on() && lora.on() && lora.dropout > 0)
-    throw std::invalid_argument("--tp " + std::to_string(tp_.size) +
-                                " with --lora-dropout is not supported yet (the row-parallel layers' masks would "
-                                "need the whole layer's columns): use --lora-dropout 0, or --tp 1");
   dims_ = model_dims(cfg_, batch, seq, tp_);
   ModelDims& d = dims_;
   // LM-head chunks: at most logits_chunk_bytes of logits at once, split evenly so each chunk's

@@ -251,11 +251,6 @@ void validate_options(const TrainOptions& o) {
   if (o.sequence_parallel && o.tp < 2)
     throw std::invalid_argument("--sequence-parallel splits rows over the tensor-parallel group: it needs --tp 2 or "
                                 "more");
-  if (o.tp > 1 && o.lora_dropout > 0)
-    throw std::invalid_argument(fmt::format("--tp {} with --lora-dropout: adapter dropout under tensor parallelism "
-                                            "is not supported yet (a row-parallel layer's masks would need the whole "
-                                            "layer's columns); use --lora-dropout 0, or --tp 1",
-                                            o.tp));
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   if (o.threads < 0 || static_cast<unsigned>(o.threads) > 4 * hw)
     throw std::invalid_argument(fmt::format("--threads {}: must be between 0 (all cores) and {} (4 x the {} hardware "

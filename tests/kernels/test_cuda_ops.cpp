@@ -272,6 +272,19 @@ TEST_P(CudaOpsTest, DropoutMatchesCpuBitForBit) {
                                      .p = 0.1f, .accumulate = accumulate});
     EXPECT_TRUE(bitwise_equal(gpu.down(dout, want), want)) << "dropout, accumulate " << accumulate;
   }
+  // A column slice of a wider mask (tensor parallelism): columns [40, 71) of 113.
+  const int64_t cols = 31, rows = 17;
+  const HostBuf xs = HostBuf::random(dtype(), rows * cols, 5);
+  HostBuf want = HostBuf::random(dtype(), rows * cols, 6);
+  DeviceBuffer dxs = gpu.up(xs), douts = gpu.up(want);
+  const DropoutArgs slice{.dtype = dtype(), .n = rows * cols, .x = xs.data(), .out = want.data(), .key = 9, .p = 0.2f,
+                          .accumulate = false, .cols = cols, .mask_cols = 113, .mask_col0 = 40};
+  cpu::dropout(slice);
+  DropoutArgs on_gpu = slice;
+  on_gpu.x = dxs.data();
+  on_gpu.out = douts.data();
+  gpu.ops().dropout(gpu.stream(), on_gpu);
+  EXPECT_TRUE(bitwise_equal(gpu.down(douts, want), want)) << "dropout of a mask slice";
 }
 
 // ---- embedding -------------------------------------------------------------------------------

@@ -182,6 +182,36 @@ TEST_P(ElementwiseTest, DropoutKeepsTheCounterMaskAndScales) {
   EXPECT_NE(other.values(), out.values()) << "another key, the same mask";
 }
 
+// A column slice of a wider mask (a tensor-parallel rank's part of a layer's input): its
+// elements are the whole dropout's at those columns, bit for bit, for every slice.
+TEST_P(ElementwiseTest, DropoutOfAColumnSliceIsTheWholeMasksColumns) {
+  const DType t = dtype();
+  const int64_t rows = 37, cols = 96, parts = 3, w = cols / parts;
+  TypedBuf x(t, random_vec(rows * cols, 44)), whole(t, rows * cols);
+  cpu::dropout({.dtype = t, .n = rows * cols, .x = x.data(), .out = whole.data(), .key = 91, .p = 0.3f});
+  const auto xv = x.values(), wv = whole.values();
+  for (int64_t k = 0; k < parts; ++k) {
+    std::vector<double> xs(static_cast<size_t>(rows * w)), want(static_cast<size_t>(rows * w));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < w; ++c) {
+        xs[static_cast<size_t>(r * w + c)] = xv[static_cast<size_t>(r * cols + k * w + c)];
+        want[static_cast<size_t>(r * w + c)] = wv[static_cast<size_t>(r * cols + k * w + c)];
+      }
+    TypedBuf xk(t, xs), out(t, rows * w);
+    cpu::dropout({.dtype = t, .n = rows * w, .x = xk.data(), .out = out.data(), .key = 91, .p = 0.3f,
+                  .accumulate = false, .cols = w, .mask_cols = cols, .mask_col0 = k * w});
+    EXPECT_EQ(out.values(), want) << "slice " << k;
+  }
+  auto rt = make_runtime(Backend::cpu);
+  auto s = rt->create_stream();
+  EXPECT_THROW(rt->ops().dropout(*s, {.dtype = t, .n = 10, .x = x.data(), .out = whole.data(), .key = 1, .p = 0.1f,
+                                      .accumulate = false, .cols = 3, .mask_cols = 6, .mask_col0 = 0}),
+               std::invalid_argument);  // 3 does not divide 10
+  EXPECT_THROW(rt->ops().dropout(*s, {.dtype = t, .n = 12, .x = x.data(), .out = whole.data(), .key = 1, .p = 0.1f,
+                                      .accumulate = false, .cols = 3, .mask_cols = 6, .mask_col0 = 4}),
+               std::invalid_argument);  // [4, 7) is outside 6 columns
+}
+
 INSTANTIATE_TEST_SUITE_P(DTypes, ElementwiseTest, dtype_isa_values(), dtype_isa_name);
 
 // bias_backward sums each column over the rows in row order, whatever the partition: the same
