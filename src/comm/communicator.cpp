@@ -149,6 +149,20 @@ void Communicator::host_all_gather(const void* send, void* recv, size_t n_bytes)
   if (n_bytes > 0) do_host_all_gather(send, recv, n_bytes);
 }
 
+void Communicator::host_gather(const void* send, void* recv, size_t n_bytes, int root) {
+  constexpr std::string_view call = "host_gather";
+  if (root < 0 || root >= world_)
+    bad(call, "root " + std::to_string(root) + " outside [0, " + std::to_string(world_) + ")");
+  need_pointer(call, "send", send, n_bytes);
+  if (rank_ == root) {
+    const size_t recv_bytes = bytes_of(call, n_bytes, 1, static_cast<size_t>(world_));
+    need_pointer(call, "recv", recv, recv_bytes);
+    if (overlap(send, n_bytes, recv, recv_bytes))
+      bad(call, "send " + range(send, n_bytes) + " overlaps recv " + range(recv, recv_bytes));
+  }
+  if (n_bytes > 0) do_host_gather(send, recv, n_bytes, root);
+}
+
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   if (color < 0) bad("split", "color " + std::to_string(color) + " is negative; every rank must join a group");
   return do_split(color, key);

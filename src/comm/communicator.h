@@ -92,6 +92,9 @@ class Communicator {
   void host_broadcast(void* bytes, size_t n_bytes, int root);
   // recv (world * n_bytes) gets every rank's n_bytes, in rank order.
   void host_all_gather(const void* send, void* recv, size_t n_bytes);
+  // The same on `root` alone (recv may be null elsewhere), for large messages (a tensor's parts
+  // gathered for a save): sent in pieces, no limit on n_bytes.
+  void host_gather(const void* send, void* recv, size_t n_bytes, int root);
 
   // A communicator for a process group (MPI_Comm_split / ncclCommSplit): ranks with the same
   // color form a group, ordered by (key, rank). Collective over this communicator, host thread.
@@ -121,6 +124,7 @@ class Communicator {
   virtual void do_barrier(kernels::Stream& s) = 0;
   virtual void do_host_broadcast(void* bytes, size_t n_bytes, int root) = 0;
   virtual void do_host_all_gather(const void* send, void* recv, size_t n_bytes) = 0;
+  virtual void do_host_gather(const void* send, void* recv, size_t n_bytes, int root) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
 
  private:

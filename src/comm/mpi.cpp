@@ -520,6 +520,24 @@ class MpiCommunicator final : public Communicator {
                         static_cast<int>(n_bytes), MPI_BYTE, group_->ctrl.get()),
           "MPI_Allgather", "host_all_gather of " + std::to_string(n_bytes) + " bytes");
   }
+  // In pieces of 16 collective pieces per rank (16 MiB by default): the root stages world of
+  // them, then places each rank's.
+  void do_host_gather(const void* send, void* recv, size_t n_bytes, int root) override {
+    const size_t piece = std::min(kMaxMessageBytes, 16 * group_->piece_bytes);
+    const auto* in = static_cast<const std::byte*>(send);
+    auto* out = static_cast<std::byte*>(recv);
+    const bool on_root = rank() == root;
+    std::vector<std::byte> staged(on_root ? piece * static_cast<size_t>(world()) : 0);
+    for (size_t done = 0; done < n_bytes; done += piece) {
+      const size_t n = std::min(piece, n_bytes - done);
+      check(MPI_Gather(in + done, static_cast<int>(n), MPI_BYTE, on_root ? staged.data() : nullptr,
+                       static_cast<int>(n), MPI_BYTE, root, group_->ctrl.get()),
+            "MPI_Gather", "host_gather of " + std::to_string(n_bytes) + " bytes to rank " + std::to_string(root));
+      if (on_root)
+        for (int r = 0; r < world(); ++r)
+          std::memcpy(out + static_cast<size_t>(r) * n_bytes + done, staged.data() + static_cast<size_t>(r) * n, n);
+    }
+  }
   std::unique_ptr<Communicator> do_split(int color, int key) override {
     MPI_Comm c = MPI_COMM_NULL;
     check(MPI_Comm_split(group_->ctrl.get(), color, key, &c), "MPI_Comm_split",

@@ -50,7 +50,7 @@ void Trainer::Impl::gather_base(std::vector<std::vector<float>>& table) {
     else
       model->init_unit(static_cast<int>(ui), o.seed, part.data());
     for (int pi : unit.params) {
-      std::vector<float> w = whole_tensor(model->params()[static_cast<size_t>(pi)], part.data());
+      std::vector<float> w = whole_tensor(model->params()[static_cast<size_t>(pi)], part.data());  // (tp rank 0's)
       if (rank0()) table[static_cast<size_t>(pi)] = std::move(w);
     }
   }

@@ -189,6 +189,7 @@ class ProbeGroup final : public Communicator {
   void do_barrier(kernels::Stream&) override {}
   void do_host_broadcast(void*, size_t, int) override {}
   void do_host_all_gather(const void*, void*, size_t) override {}
+  void do_host_gather(const void*, void*, size_t, int) override {}
   std::unique_ptr<Communicator> do_split(int, int) override { return std::make_unique<ProbeGroup>(1); }
 };
 }  // namespace

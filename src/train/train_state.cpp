@@ -123,12 +123,13 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
         model->load_unit(u, *base, full.data());
       else
         model->init_unit(u, o.seed, full.data());
-      if (tp().on())  // the whole tensors' values, in order: the crc of the same base on any grid
+      if (tp().on()) {  // the whole tensors' values, in order: the crc of the same base on any grid
         for (int pi : unit.params) {
           const std::vector<float> whole = whole_tensor(model->params()[static_cast<size_t>(pi)], full.data());
-          base_crc = io::crc32c(whole.data(), whole.size() * 4, base_crc);
+          base_crc = io::crc32c(whole.data(), whole.size() * 4, base_crc);  // (tp rank 0's; sent below)
         }
-      else
+        tp().comm->host_broadcast(&base_crc, sizeof base_crc, 0);
+      } else
         base_crc = io::crc32c(full.data(), static_cast<size_t>(unit.n_real) * 4, base_crc);
       void* w = mem->acquire(Role::params, u, offload::Mode::write, Side::host);
       if (model->stored_unit(u))  // --base-dtype: quantized (or cast) as stored
@@ -268,7 +269,6 @@ std::vector<float> Trainer::Impl::gather_unit(Role role, int u, int64_t offset) 
 }
 
 std::vector<std::vector<float>> Trainer::Impl::gather_tensors(Role role, const std::function<int64_t(int)>& offset) {
-  const TensorParallel& t = tp();
   std::vector<std::vector<float>> out(model->params().size());
   mem->begin_step(TieredMemory::Schedule::aside);
   for (size_t ui = 0; ui < model->units().size(); ++ui) {
@@ -285,10 +285,7 @@ std::vector<std::vector<float>> Trainer::Impl::gather_tensors(Role role, const s
       mem->release(role, u);
     }
     if (sh.rank != 0) continue;  // the tp groups of data-parallel rank 0 gather
-    for (int pi : unit.params) {
-      std::vector<float> whole = whole_tensor(model->params()[static_cast<size_t>(pi)], part.data());
-      if (t.rank == 0) out[static_cast<size_t>(pi)] = std::move(whole);
-    }
+    for (int pi : unit.params) out[static_cast<size_t>(pi)] = whole_tensor(model->params()[static_cast<size_t>(pi)], part.data());
   }
   mem->end_step();
   if (!rank0()) out.assign(out.size(), {});
@@ -304,12 +301,13 @@ std::vector<float> Trainer::Impl::whole_tensor(const ParamInfo& p, const float* 
     for (int64_t x : tp_shape(p, r, t.size)) n *= x;
     most = std::max(most, n);
   }
-  std::vector<float> mine(static_cast<size_t>(most)), all(static_cast<size_t>(most * t.size));
+  std::vector<float> mine(static_cast<size_t>(most)), all(t.rank == 0 ? static_cast<size_t>(most * t.size) : 0);
   std::copy_n(unit_part + p.unit_offset, p.numel, mine.begin());
   if (t.on())
-    t.comm->host_all_gather(mine.data(), all.data(), static_cast<size_t>(most) * sizeof(float));
+    t.comm->host_gather(mine.data(), all.empty() ? nullptr : all.data(), static_cast<size_t>(most) * sizeof(float), 0);
   else
     all = mine;
+  if (t.rank != 0) return {};
   int64_t numel = 1;
   for (int64_t x : p.full_shape) numel *= x;
   std::vector<float> whole(static_cast<size_t>(numel));

@@ -114,8 +114,8 @@ struct Trainer::Impl {
   // elsewhere). Collective: every rank calls it.
   std::vector<std::vector<float>> gather_tensors(Role role, const std::function<int64_t(int)>& offset);
   // Parameter p's whole HF tensor from every tp rank's part of it (unit_part: this rank's unit,
-  // as laid out), on every rank of the group (collective over it). Without tensor parallelism,
-  // p's values.
+  // as laid out), on tp rank 0 (empty elsewhere; collective over the group). Without tensor
+  // parallelism, p's values.
   std::vector<float> whole_tensor(const ParamInfo& p, const float* unit_part) const;
   nlohmann::json state_json() const;
   // lora_state.cpp: PEFT's adapter_config.json; --merge-adapter's save (rank 0; `whole`: the

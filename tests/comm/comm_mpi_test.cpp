@@ -423,6 +423,17 @@ void test_host_plane(Env& e) {
   std::vector<unsigned char> all(128 * static_cast<size_t>(c.world()));
   c.host_all_gather(id, all.data(), sizeof id);
   for (int k = 0; k < c.world(); ++k) CHECK(std::memcmp(all.data() + 128 * k, id, 128) == 0, "gathered id");
+  // host_gather: to the last rank only, in pieces (this job's 8 KiB collective pieces make them
+  // 128 KiB: 300,001 bytes is 3 pieces, the last a short one).
+  const size_t n = 300001;
+  const int root = c.world() - 1;
+  std::vector<unsigned char> mine(n), got(root == c.rank() ? n * static_cast<size_t>(c.world()) : 0);
+  for (size_t i = 0; i < n; ++i) mine[i] = static_cast<unsigned char>(mix(i * 7 + static_cast<uint64_t>(c.rank())) & 0xff);
+  c.host_gather(mine.data(), got.empty() ? nullptr : got.data(), n, root);
+  if (c.rank() == root)
+    for (int k = 0; k < c.world(); ++k)
+      for (size_t i = 0; i < n; i += 997)
+        CHECK(got[static_cast<size_t>(k) * n + i] == (mix(i * 7 + static_cast<uint64_t>(k)) & 0xff), "host_gather byte");
 }
 
 // Bad arguments throw on the calling thread before anything is enqueued, on every rank alike,

@@ -88,6 +88,7 @@ class FakeWorld4 final : public Communicator {
   void do_barrier(kernels::Stream&) override { ++calls; }
   void do_host_broadcast(void*, size_t, int) override { ++calls; }
   void do_host_all_gather(const void*, void*, size_t) override { ++calls; }
+  void do_host_gather(const void*, void*, size_t, int) override { ++calls; }
   std::unique_ptr<Communicator> do_split(int, int) override { return nullptr; }
 };
 
