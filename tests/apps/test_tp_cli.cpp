@@ -138,8 +138,8 @@ class TpCli : public ::testing::Test {
   fs::path dir_;
 };
 
-// Megatron-LM's tensor parallelism is the same model: tp 2 within fp32 tolerance of 1 rank
-// (the same global batch), in both families, with a header that names the grid.
+// Megatron-LM's tensor parallelism is the same model: tp 2 (and 4) within fp32 tolerance of 1
+// rank (the same global batch), in both families, with a header that names the grid.
 TEST_F(TpCli, TwoRanksMatchOneRank) {
   for (const std::string model : {"gpt2", "llama"}) {
     CliResult two = against_one_rank(model, "tp2", "--tp 2");
@@ -150,6 +150,12 @@ TEST_F(TpCli, TwoRanksMatchOneRank) {
     for (const auto& j : metrics(model + "tp2")) EXPECT_EQ(j["tp_comm_bytes_sent"].get<uint64_t>(), tp_bytes(64, 64, 2, 0, 2));
     EXPECT_FALSE(metrics(model + "1")[0].contains("tp_comm_bytes_sent"));
   }
+  // tp 4 (gpt2: one head a rank, 64 vocabulary rows each): four parts summed in a fixed order,
+  // 2·3/4 of each all-reduce sent, the cross-entropy's statistics to three others.
+  CliResult r4 = run(4, train("gpt2", 2, "gpt2tp4") + "--tp 4", "gpt2tp4");
+  ASSERT_EQ(r4.status, 0) << r4.err;
+  expect_close("gpt21", "gpt2tp4");
+  for (const auto& j : metrics("gpt2tp4")) EXPECT_EQ(j["tp_comm_bytes_sent"].get<uint64_t>(), tp_bytes(64, 64, 2, 0, 4));
 }
 
 // Sequence parallelism (--sequence-parallel): the residual stream split by rows, the same model
