@@ -289,7 +289,8 @@ void Trainer::print_header(std::FILE* out) const {
                d.I * m.tp().size, d.vocab_start, d.vocab_start + d.V - 1, d.full_vocab);
   }
   if (m.sh.world > 1)
-    fmt::print(out, "  ranks      {} ({}), ZeRO stage {}: {}\n", m.sh.world, comm_backend_name(m.comm->backend()),
+    fmt::print(out, "  {}{} ({}), ZeRO stage {}: {}\n", m.tp().on() ? "replicas   " : "ranks      ", m.sh.world,
+               comm_backend_name(m.comm->backend()),
                m.sh.stage,
                m.sh.stage == 0   ? "grads all-reduced, every rank holds everything"
                : m.sh.stage == 1 ? "master weights and AdamW state sharded, grads all-reduced"
