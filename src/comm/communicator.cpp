@@ -130,6 +130,25 @@ void Communicator::broadcast(void* buf, size_t count, DType dtype, int root, ker
 
 void Communicator::barrier(kernels::Stream& stream) { do_barrier(stream); }
 
+void Communicator::send(const void* buf, size_t count, DType dtype, int peer, kernels::Stream& stream) {
+  constexpr std::string_view call = "send";
+  const size_t bytes = bytes_of(call, count, element_size(call, dtype), 1);
+  need_pointer(call, "buf", buf, bytes);
+  if (peer < 0 || peer >= world_ || peer == rank_)
+    bad(call, "peer " + std::to_string(peer) + " is not another rank of [0, " + std::to_string(world_) + ")");
+  sent_bytes_ += bytes;
+  if (bytes > 0) do_send(buf, count, dtype, peer, stream);
+}
+
+void Communicator::recv(void* buf, size_t count, DType dtype, int peer, kernels::Stream& stream) {
+  constexpr std::string_view call = "recv";
+  const size_t bytes = bytes_of(call, count, element_size(call, dtype), 1);
+  need_pointer(call, "buf", buf, bytes);
+  if (peer < 0 || peer >= world_ || peer == rank_)
+    bad(call, "peer " + std::to_string(peer) + " is not another rank of [0, " + std::to_string(world_) + ")");
+  if (bytes > 0) do_recv(buf, count, dtype, peer, stream);
+}
+
 void Communicator::host_broadcast(void* bytes, size_t n_bytes, int root) {
   constexpr std::string_view call = "host_broadcast";
   need_pointer(call, "bytes", bytes, n_bytes);

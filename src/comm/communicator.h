@@ -85,6 +85,14 @@ class Communicator {
   void all_reduce(const void* send, void* recv, size_t count, DType dtype, kernels::Stream& stream);
   void broadcast(void* buf, size_t count, DType dtype, int root, kernels::Stream& stream);
   void barrier(kernels::Stream& stream);  // completes on each rank once every rank has reached it
+  // Point-to-point (pipeline parallelism's activations and their gradients between neighbour
+  // stages): `count` elements of buf to / from rank `peer` of this group, stream-ordered like a
+  // collective. Matched by order per pair, not with the group's collectives: the k-th send from
+  // rank p to rank q meets the k-th recv on q from p, whatever else either issues (two ranks
+  // alone take part; the others' collectives are not affected). A send completes on its stream
+  // once its bytes are handed over, a recv once they have arrived.
+  void send(const void* buf, size_t count, DType dtype, int peer, kernels::Stream& stream);
+  void recv(void* buf, size_t count, DType dtype, int peer, kernels::Stream& stream);
 
   // Host-blocking control plane for small messages (NCCL's unique id, agreeing on a seed,
   // checking that every rank parsed the same config). Call from the host thread that issues
@@ -110,7 +118,8 @@ class Communicator {
   // Bytes this rank has sent to the others through stream-ordered collectives since this
   // communicator was made, by the algorithms' count (as many are received): all_reduce of S
   // bytes 2·(world−1)/world·S (a reduce-scatter, then an all-gather), reduce_scatter and
-  // all_gather (world−1)/world of the whole buffer, broadcast (world−1)·S from the root.
+  // all_gather (world−1)/world of the whole buffer, broadcast (world−1)·S from the root, a send
+  // its bytes.
   uint64_t sent_bytes() const { return sent_bytes_; }
 
  protected:
@@ -122,6 +131,8 @@ class Communicator {
   virtual void do_all_reduce(const void* send, void* recv, size_t count, DType dtype, kernels::Stream& s) = 0;
   virtual void do_broadcast(void* buf, size_t count, DType dtype, int root, kernels::Stream& s) = 0;
   virtual void do_barrier(kernels::Stream& s) = 0;
+  virtual void do_send(const void* buf, size_t count, DType dtype, int peer, kernels::Stream& s) = 0;
+  virtual void do_recv(void* buf, size_t count, DType dtype, int peer, kernels::Stream& s) = 0;
   virtual void do_host_broadcast(void* bytes, size_t n_bytes, int root) = 0;
   virtual void do_host_all_gather(const void* send, void* recv, size_t n_bytes) = 0;
   virtual void do_host_gather(const void* send, void* recv, size_t n_bytes, int root) = 0;

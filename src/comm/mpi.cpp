@@ -291,7 +291,7 @@ struct Partition {
 // share. Held by the Communicator and by every enqueued collective, so it outlives both.
 struct Group {
   Group(std::shared_ptr<MpiEnv> env_, MPI_Comm base, size_t piece_bytes_wanted, int64_t jitter_us_ = 0)
-      : env(std::move(env_)), data(dup_comm(base)), ctrl(dup_comm(base)), jitter_us(jitter_us_) {
+      : env(std::move(env_)), data(dup_comm(base)), ctrl(dup_comm(base)), p2p(dup_comm(base)), jitter_us(jitter_us_) {
     check(MPI_Comm_rank(data.get(), &rank), "MPI_Comm_rank");
     check(MPI_Comm_size(data.get(), &world), "MPI_Comm_size");
     int* ub = nullptr;
@@ -309,6 +309,8 @@ struct Group {
     if (world > 1) piece = std::min(piece, std::max<size_t>(kMaxWorkspaceBytes / (2 * (world - 1)) / 4096 * 4096, 4096));
     piece_bytes = piece;
     pool = std::make_unique<WorkspacePool>(world, piece_bytes);
+    sends_to.assign(static_cast<size_t>(world), 0);
+    recvs_from.assign(static_cast<size_t>(world), 0);
   }
 
   // Tags: collective number k (in issue order, the same on every rank) uses tag k mod (tag_ub+1).
@@ -327,11 +329,13 @@ struct Group {
   std::shared_ptr<MpiEnv> env;  // declared first: destroyed last, after the comms are freed
   OwnedComm data;               // point-to-point traffic of stream-ordered collectives
   OwnedComm ctrl;               // host-thread collectives (host_broadcast, split)
+  OwnedComm p2p;                // send/recv: tagged by each pair's own count, apart from the collectives
   int rank = 0, world = 1, local_rank = 0, local_world = 1, tag_ub = 32767;
   size_t piece_bytes = 0;
   int64_t jitter_us = 0;  // CommOptions::jitter_us
   std::unique_ptr<WorkspacePool> pool;
   std::atomic<uint64_t> issued{0};  // collectives enqueued so far (host thread)
+  std::vector<uint64_t> sends_to, recvs_from;  // per peer: sends / recvs enqueued so far (host thread)
   mutable std::mutex broken_mu;
   std::string broken;
 };
@@ -391,6 +395,14 @@ void gather_shards(Group& g, Workspace& ws, const std::byte* mine, std::byte* bu
   rq.wait();
 }
 
+// Test hook (CommOptions::jitter_us): a stream-ordered call starts after a random delay.
+void arrive_late(const Group& g) {
+  if (g.jitter_us <= 0) return;
+  thread_local std::minstd_rand rng(static_cast<unsigned>(::getpid()) * 7919u +
+                                    static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id())));
+  std::this_thread::sleep_for(std::chrono::microseconds(rng() % static_cast<uint64_t>(g.jitter_us + 1)));
+}
+
 // Decrements the in-flight count of a communicator when the enqueued collective holding it is
 // destroyed — after it ran, or when a failed stream skipped it.
 struct Tracker {
@@ -399,6 +411,11 @@ struct Tracker {
   int in_flight = 0;
   // Nanoseconds collectives have run (transfer, sums, waiting for peers), per stream they ran on.
   std::map<const kernels::Stream*, int64_t> busy_ns;  // under mu
+  void add_busy(const kernels::Stream* s, std::chrono::steady_clock::time_point t0) {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard lock(mu);
+    busy_ns[s] += ns;
+  }
   void wait_idle() {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return in_flight == 0; });
@@ -503,6 +520,31 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  void do_send(const void* buf, size_t count, DType dt, int peer, kernels::Stream& s) override {
+    const size_t bytes = count * kernels::dtype_size(dt);
+    const int tag = group_->tag(group_->sends_to[static_cast<size_t>(peer)]++);
+    enqueue_p2p(s, "send", peer, bytes, dt, [buf, bytes, peer, tag](Group& g) {
+      const auto* p = static_cast<const std::byte*>(buf);
+      for (size_t done = 0; done < bytes; done += kMaxMessageBytes) {  // pieces keep their order (one tag)
+        const size_t n = std::min(kMaxMessageBytes, bytes - done);
+        check(MPI_Send(p + done, static_cast<int>(n), MPI_BYTE, peer, tag, g.p2p.get()), "MPI_Send",
+              "to rank " + std::to_string(peer) + ", " + std::to_string(n) + " bytes");
+      }
+    });
+  }
+  void do_recv(void* buf, size_t count, DType dt, int peer, kernels::Stream& s) override {
+    const size_t bytes = count * kernels::dtype_size(dt);
+    const int tag = group_->tag(group_->recvs_from[static_cast<size_t>(peer)]++);
+    enqueue_p2p(s, "recv", peer, bytes, dt, [buf, bytes, peer, tag](Group& g) {
+      auto* p = static_cast<std::byte*>(buf);
+      for (size_t done = 0; done < bytes; done += kMaxMessageBytes) {
+        const size_t n = std::min(kMaxMessageBytes, bytes - done);
+        check(MPI_Recv(p + done, static_cast<int>(n), MPI_BYTE, peer, tag, g.p2p.get(), MPI_STATUS_IGNORE),
+              "MPI_Recv", "from rank " + std::to_string(peer) + ", " + std::to_string(n) + " bytes");
+      }
+    });
+  }
+
   void do_host_broadcast(void* bytes, size_t n_bytes, int root) override {
     auto* p = static_cast<std::byte*>(bytes);
     for (size_t done = 0; done < n_bytes; done += kMaxMessageBytes) {
@@ -553,28 +595,48 @@ class MpiCommunicator final : public Communicator {
   // group broken (later collectives fail at once instead of mismatching) and fails the stream.
   template <class Fn>
   void enqueue(kernels::Stream& s, const char* call, int n_tags, size_t bytes, DType dt, Fn body) {
-    group_->fail_fast();
     const uint64_t issue = group_->issued.fetch_add(static_cast<uint64_t>(n_tags));
+    submit(
+        s,
+        [issue, body](Group& g) {
+          WorkspacePool::Lease lease(*g.pool, g.pool->acquire());
+          try {
+            body(g, *lease, issue);
+          } catch (...) {
+            lease.poison();
+            throw;
+          }
+        },
+        [call, issue, bytes, dt](const Group& g) { return describe(call, issue, g, bytes, dt); });
+  }
+
+  // A send or recv on the stream's worker: as enqueue, but outside the collectives' numbering
+  // (only two ranks take part) and without a workspace.
+  template <class Fn>
+  void enqueue_p2p(kernels::Stream& s, const char* call, int peer, size_t bytes, DType dt, Fn body) {
+    submit(s, body, [call, peer, bytes, dt](const Group& g) {
+      return std::string(call) + " of " + std::to_string(bytes) + " bytes (" + std::string(kernels::dtype_name(dt)) +
+             ") with rank " + std::to_string(peer) + " of " + std::to_string(g.world);
+    });
+  }
+
+  // Runs body(group) on the stream's worker, timed as the stream's busy time; an error marks the
+  // group broken with what(group) and fails the stream.
+  template <class Fn, class What>
+  void submit(kernels::Stream& s, Fn body, What what) {
+    group_->fail_fast();
     auto ticket = std::make_shared<Ticket>(group_, tracker_);
     const kernels::Stream* sp = &s;
-    s.host_fn([ticket, call, issue, bytes, dt, body, sp] {
+    s.host_fn([ticket, body, what, sp] {
       Group& g = *ticket->group;
       g.fail_fast();
-      if (g.jitter_us > 0) {  // test hook: arrive at a random moment
-        thread_local std::minstd_rand rng(static_cast<unsigned>(::getpid()) * 7919u +
-                                          static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id())));
-        std::this_thread::sleep_for(std::chrono::microseconds(rng() % static_cast<uint64_t>(g.jitter_us + 1)));
-      }
-      WorkspacePool::Lease lease(*g.pool, g.pool->acquire());
+      arrive_late(g);
       const auto t0 = std::chrono::steady_clock::now();
       try {
-        body(g, *lease, issue);
-        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-        std::lock_guard lock(ticket->tracker->mu);
-        ticket->tracker->busy_ns[sp] += ns;
+        body(g);
+        ticket->tracker->add_busy(sp, t0);
       } catch (const std::exception& e) {
-        lease.poison();
-        const std::string why = describe(call, issue, g, bytes, dt) + ": " + e.what();
+        const std::string why = what(g) + ": " + e.what();
         g.mark_broken(why);
         throw std::runtime_error(why);
       }

@@ -187,6 +187,8 @@ class ProbeGroup final : public Communicator {
   void do_all_reduce(const void*, void*, size_t, DType, kernels::Stream&) override {}
   void do_broadcast(void*, size_t, DType, int, kernels::Stream&) override {}
   void do_barrier(kernels::Stream&) override {}
+  void do_send(const void*, size_t, DType, int, kernels::Stream&) override {}
+  void do_recv(void*, size_t, DType, int, kernels::Stream&) override {}
   void do_host_broadcast(void*, size_t, int) override {}
   void do_host_all_gather(const void*, void*, size_t) override {}
   void do_host_gather(const void*, void*, size_t, int) override {}

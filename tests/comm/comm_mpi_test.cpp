@@ -413,6 +413,54 @@ void test_grid(Env& e) {
   CHECK(threw, "a --tp that does not divide the world is refused, naming it");
 }
 
+// Point-to-point around a ring (each rank sends to the next, receives from the previous),
+// several messages in flight on two streams, one large enough for pieces, with an all-reduce
+// of the whole group issued between them on a third stream: each pair matches by its own order,
+// the collective by the group's.
+void test_send_recv(Env& e) {
+  Communicator& c = e.comm;
+  const int me = c.rank(), n = c.world(), next = (me + 1) % n, prev = (me - 1 + n) % n;
+  auto other = e.rt.create_stream(), third = e.rt.create_stream();
+  const std::vector<size_t> sizes = {1, 4097, 3 * 1024 * 1024 + 5};
+  std::vector<kernels::DeviceBuffer> out, in;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    out.emplace_back(e.rt, sizes[k] * 4);
+    in.emplace_back(e.rt, sizes[k] * 4);
+    fill(out.back().data(), DType::f32, sizes[k], me, k * 7919);
+  }
+  kernels::DeviceBuffer x(e.rt, 1000 * 4);
+  fill(x.data(), DType::f32, 1000, me, 9);
+  const uint64_t sent0 = c.sent_bytes();
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    kernels::Stream& s = k % 2 ? *other : e.stream;
+    if (me % 2 == 0) {  // even ranks send first, odd ones receive first: no order deadlocks either way
+      c.send(out[k].data(), sizes[k], DType::f32, next, s);
+      c.recv(in[k].data(), sizes[k], DType::f32, prev, s);
+    } else {
+      c.recv(in[k].data(), sizes[k], DType::f32, prev, s);
+      c.send(out[k].data(), sizes[k], DType::f32, next, s);
+    }
+    if (k == 1) c.all_reduce(x.data(), x.data(), 1000, DType::f32, *third);
+  }
+  e.stream.synchronize();
+  other->synchronize();
+  third->synchronize();
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    std::vector<unsigned char> want(sizes[k] * 4);
+    fill(want.data(), DType::f32, sizes[k], prev, k * 7919);
+    expect_bytes(in[k].data(), want.data(), sizes[k] * 4, "recv from the previous rank");
+  }
+  expect_bytes(x.data(), expected_sums(DType::f32, 9, 1000, all_ranks(n)).data(), 1000 * 4, "all_reduce between sends");
+  CHECK(c.sent_bytes() - sent0 >= (1 + 4097 + 3 * 1024 * 1024 + 5) * 4, "a send counts its bytes");
+  bool threw = false;
+  try {
+    c.send(out[0].data(), 1, DType::f32, me, e.stream);
+  } catch (const std::invalid_argument& err) {
+    threw = std::string(err.what()).find("peer") != std::string::npos;
+  }
+  CHECK(threw, "a send to itself is refused");
+}
+
 // The NCCL bootstrap shape: rank 0 makes an opaque 128-byte id, every rank receives it.
 void test_host_plane(Env& e) {
   Communicator& c = e.comm;
@@ -509,6 +557,7 @@ int main(int argc, char** argv) {
         {"two_streams", [&] { test_two_streams(e); }},
         {"split", [&] { test_split(e); }},
         {"grid", [&] { test_grid(e); }},
+        {"send_recv", [&] { test_send_recv(e); }},
         {"host_plane", [&] { test_host_plane(e); }},
         {"bad_arguments", [&] { test_bad_arguments(e); }},
     };
