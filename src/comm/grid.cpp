@@ -33,8 +33,9 @@ ProcessGroups::ProcessGroups(Communicator& world, int tp, int pp)
   // Each group's color: the rank's coordinates on the other axes; its key: the coordinate on
   // this axis, so a group's ranks are ordered along it. Every rank makes every split, in the
   // same order (a split is collective over the world).
-  tp_ = world.split(c.dp * g.pp + c.pp, c.tp);
-  pp_ = world.split(c.dp * g.tp + c.tp, c.pp);
+  // An axis of size 1 is this rank alone: a local communicator, no split.
+  tp_ = g.tp > 1 ? world.split(c.dp * g.pp + c.pp, c.tp) : make_local_communicator();
+  pp_ = g.pp > 1 ? world.split(c.dp * g.tp + c.tp, c.pp) : make_local_communicator();
   if (g.tp > 1 || g.pp > 1) dp_owned_ = world.split(c.pp * g.tp + c.tp, c.dp);
 }
 

@@ -28,9 +28,10 @@ GridCoord grid_coord(const GridShape& g, int rank);
 int grid_rank(const GridShape& g, const GridCoord& c);
 std::string grid_name(const GridShape& g);  // "dp 2 × pp 1 × tp 2"
 
-// The groups of one rank, split from the world communicator (collective over it, host thread).
-// An axis of size 1 is a group of this rank alone; the data-parallel group of a grid with tp =
-// pp = 1 is the world itself (no split: ZeRO runs on the same communicator as without a grid).
+// The groups of one rank, split from the world communicator (collective over it, host thread:
+// every rank must pass the same tp and pp). An axis of size 1 is a local communicator of this
+// rank alone; the data-parallel group of a grid with tp = pp = 1 is the world itself (no split:
+// ZeRO runs on the same communicator as without a grid).
 class ProcessGroups {
  public:
   ProcessGroups(Communicator& world, int tp, int pp);

@@ -64,18 +64,20 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
                                           /*remove_on_release=*/true);
     remove_dead_checkpoint_temporaries(o.checkpoint_dir);
   }
-  // Tensor-parallel groups of --tp consecutive ranks; ZeRO shards over the data-parallel group.
-  m.groups = std::make_unique<ProcessGroups>(*m.comm, o.tp, 1);
-  ResolvedRun r = resolve_run(o, m.groups->dp().world(), m.groups->dp().rank());
+  ResolvedRun r = resolve_run(o, m.comm->world(), m.comm->rank());
   m.cfg = r.cfg;
   m.model_source = r.model_source;
   m.dtype = r.dtype;
   m.backend = r.backend;
-  m.placement = r.placement;
-  m.sh = m.placement.sharding;  // this rank's shard of every unit
   // Every rank started with the same flags, model and checkpoint: a difference would hang the
   // job or train something else than asked.
   check_ranks_agree(*m.comm, o, m.cfg, r.resume);
+  // Then (every rank with the same --tp, so the splits line up) tensor-parallel groups of --tp
+  // consecutive ranks; ZeRO shards each unit over the data-parallel group.
+  m.groups = std::make_unique<ProcessGroups>(*m.comm, o.tp, 1);
+  r.placement.sharding = Sharding{o.zero_stage, m.groups->dp().world(), m.groups->dp().rank()};
+  m.placement = r.placement;
+  m.sh = m.placement.sharding;  // this rank's shard of every unit
   const bool rank0 = m.rank0();
   const Placement& pl = m.placement;
   nlohmann::json manifest;

@@ -478,6 +478,8 @@ TEST_F(ZeroCli, RanksStartedWithDifferentFlagsAreRefused) {
       {"--seed 1", "--seed 2", "--seed differs"},
       {"", "--out " + (dir_ / "o").string(), "--out differs between the ranks of this job (rank 0 has it unset"},
       {"--zero-stage 0", "--zero-stage 2", "--zero-stage differs"},
+      // (the process groups are split after this check: with different --tp they would not line up)
+      {"--tp 2", "--tp 1", "--tp differs between the ranks of this job (rank 0 has 2, rank 1 has 1)"},
       {"--steps 5", "--resume " + (dir_ / "ck").string() + " --steps 5", "--resume differs"},
   };
   for (const Case& c : cases) {
