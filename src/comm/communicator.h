@@ -184,10 +184,6 @@ struct CommOptions {
   // bytes per peer, double-buffered; a workspace is 2 × (world-1) × piece bytes (the piece is
   // shrunk so one workspace stays under 64 MiB). Multiple of 4096.
   size_t piece_bytes = size_t{1} << 20;
-  // Test hook (STRATA_FAULT=comm-jitter:US): each stream-ordered collective, and those of the
-  // groups split from this communicator, waits a random 0..jitter_us µs on its stream before it
-  // starts, so the ranks reach it at scattered times (its result must not change).
-  int64_t jitter_us = 0;
 };
 
 // The world communicator for this process: `mpi` when started by mpirun (detect_launch()), and

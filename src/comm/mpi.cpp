@@ -4,7 +4,6 @@
 #define OMPI_SKIP_MPICXX 1  // the C API only: no deprecated C++ bindings, no libmpi_cxx
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,9 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <map>
-#include <functional>
 #include <mutex>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -290,8 +287,8 @@ struct Partition {
 // One process group: the MPI communicators and what the collectives running on stream workers
 // share. Held by the Communicator and by every enqueued collective, so it outlives both.
 struct Group {
-  Group(std::shared_ptr<MpiEnv> env_, MPI_Comm base, size_t piece_bytes_wanted, int64_t jitter_us_ = 0)
-      : env(std::move(env_)), data(dup_comm(base)), ctrl(dup_comm(base)), p2p(dup_comm(base)), jitter_us(jitter_us_) {
+  Group(std::shared_ptr<MpiEnv> env_, MPI_Comm base, size_t piece_bytes_wanted)
+      : env(std::move(env_)), data(dup_comm(base)), ctrl(dup_comm(base)), p2p(dup_comm(base)) {
     check(MPI_Comm_rank(data.get(), &rank), "MPI_Comm_rank");
     check(MPI_Comm_size(data.get(), &world), "MPI_Comm_size");
     int* ub = nullptr;
@@ -332,7 +329,6 @@ struct Group {
   OwnedComm p2p;                // send/recv: tagged by each pair's own count, apart from the collectives
   int rank = 0, world = 1, local_rank = 0, local_world = 1, tag_ub = 32767;
   size_t piece_bytes = 0;
-  int64_t jitter_us = 0;  // CommOptions::jitter_us
   std::unique_ptr<WorkspacePool> pool;
   std::atomic<uint64_t> issued{0};  // collectives enqueued so far (host thread)
   std::vector<uint64_t> sends_to, recvs_from;  // per peer: sends / recvs enqueued so far (host thread)
@@ -393,14 +389,6 @@ void gather_shards(Group& g, Workspace& ws, const std::byte* mine, std::byte* bu
   std::byte* dst = buf + part.offset(me) * es;
   if (dst != mine) std::memcpy(dst, mine, part.size(me) * es);
   rq.wait();
-}
-
-// Test hook (CommOptions::jitter_us): a stream-ordered call starts after a random delay.
-void arrive_late(const Group& g) {
-  if (g.jitter_us <= 0) return;
-  thread_local std::minstd_rand rng(static_cast<unsigned>(::getpid()) * 7919u +
-                                    static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id())));
-  std::this_thread::sleep_for(std::chrono::microseconds(rng() % static_cast<uint64_t>(g.jitter_us + 1)));
 }
 
 // Decrements the in-flight count of a communicator when the enqueued collective holding it is
@@ -586,7 +574,7 @@ class MpiCommunicator final : public Communicator {
           "color " + std::to_string(color) + ", key " + std::to_string(key));
     OwnedComm sub(c);  // the group dups its own comms from it
     return std::make_unique<MpiCommunicator>(
-        std::make_shared<Group>(group_->env, sub.get(), group_->piece_bytes, group_->jitter_us));
+        std::make_shared<Group>(group_->env, sub.get(), group_->piece_bytes));
   }
 
  private:
@@ -630,7 +618,6 @@ class MpiCommunicator final : public Communicator {
     s.host_fn([ticket, body, what, sp] {
       Group& g = *ticket->group;
       g.fail_fast();
-      arrive_late(g);
       const auto t0 = std::chrono::steady_clock::now();
       try {
         body(g);
@@ -656,7 +643,7 @@ bool mpi_built() { return true; }
 std::unique_ptr<Communicator> make_mpi(const CommOptions& options) {
   auto env = MpiEnv::acquire();
   return std::make_unique<MpiCommunicator>(
-      std::make_shared<Group>(std::move(env), MPI_COMM_WORLD, options.piece_bytes, options.jitter_us));
+      std::make_shared<Group>(std::move(env), MPI_COMM_WORLD, options.piece_bytes));
 }
 
 bool mpi_active() { return mpi_is_active(); }

@@ -34,14 +34,12 @@ Faults parse_faults(const std::string& text) {
       const size_t c = arg.find(':');
       f.kill_rank = static_cast<int>(number(arg.substr(0, c), item));
       f.kill_step = number(arg.substr(c + 1), item);
-    } else if (kind == "comm-jitter" && !arg.empty()) {
-      f.comm_jitter_us = number(arg, item);
     } else if ((kind == "io-read" || kind == "io-write" || kind == "io-flip") && !arg.empty()) {
       f.io = kind.substr(3);
       f.io_nth = number(arg, item);
     } else {
       throw std::invalid_argument("STRATA_FAULT: '" + item + "' is not a fault (kill:RANK:STEP, io-read:N, "
-                                  "io-write:N, io-flip:N, separate-optimizer, comm-jitter:US; see src/train/faults.h)");
+                                  "io-write:N, io-flip:N, separate-optimizer; see src/train/faults.h)");
     }
   }
   return f;

@@ -6,8 +6,6 @@
 //                                      piece once it is on disk (the checksums must catch it)
 //   STRATA_FAULT=separate-optimizer    AdamW on a CPU runtime and stream of its own on the CPU
 //                                      backend too: the two-runtime path a GPU run takes
-//   STRATA_FAULT=comm-jitter:US        every stream-ordered collective of an mpi communicator
-//                                      starts after a random 0..US µs delay (CommOptions)
 // Several are separated by commas. Unset or empty: no fault. Anything else is an error naming the
 // variable, so a misspelt fault never passes a test by not firing.
 #pragma once
@@ -22,7 +20,6 @@ struct Faults {
   std::string io;       // "", "read", "write" or "flip"
   int64_t io_nth = 0;   // the piece it hits (1-based)
   bool separate_optimizer = false;
-  int64_t comm_jitter_us = 0;
 };
 
 // STRATA_FAULT, parsed at its first use.

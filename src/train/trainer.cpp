@@ -55,9 +55,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   validate_options(o);  // before anything is started
   // The job's ranks (mpirun), then (rank 0) the checkpoint directory locked before the checkpoint
   // to resume is looked for in it: another run rotating it meanwhile would remove that one.
-  CommOptions comm_options;
-  comm_options.jitter_us = faults().comm_jitter_us;
-  m.comm = make_communicator(kernels::parse_backend(o.backend), comm_options);
+  m.comm = make_communicator(kernels::parse_backend(o.backend));
   if (m.comm->rank() == 0 && !o.checkpoint_dir.empty()) {
     prepare_checkpoint_dir(o.checkpoint_dir);
     m.checkpoint_lock = PathLock::acquire(dir_lock_file(o.checkpoint_dir), "--checkpoint-dir " + o.checkpoint_dir,
