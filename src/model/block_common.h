@@ -35,6 +35,9 @@ inline float* gptr(const BlockCtx& c, int64_t off) { return c.g && off >= 0 ? c.
 // parallel outputs, column-parallel input gradients) and an all-gather (norm outputs; the
 // residual gradient before the row-parallel layers' backward).
 
+// Whether the residual stream is split by rows (dims res_rows < N).
+inline bool sequence_parallel(const BlockCtx& c) { return c.dims->res_rows != c.dims->N; }
+
 // This rank's rows of a whole (N, cols) buffer (the buffer itself without sequence parallelism).
 inline void* own_rows(const BlockCtx& c, void* full, int64_t cols) {
   return at(full, c.dims->res_row0 * cols, c.dtype);
@@ -42,7 +45,7 @@ inline void* own_rows(const BlockCtx& c, void* full, int64_t cols) {
 
 // After a norm wrote this rank's rows of full (N, cols): every rank's (all-gather in place).
 inline void sp_gather(const BlockCtx& c, void* full, int64_t cols) {
-  if (c.sequence_parallel)
+  if (sequence_parallel(c))
     c.tp_comm->all_gather(own_rows(c, full, cols), full, static_cast<size_t>(c.dims->res_rows * cols), c.dtype,
                           *c.stream);
 }
@@ -50,7 +53,7 @@ inline void sp_gather(const BlockCtx& c, void* full, int64_t cols) {
 // The residual gradient as the row-parallel layers' backward reads it: whole, gathered from
 // every rank's rows into `full` under sequence parallelism, else `local` itself.
 inline const void* sp_whole(const BlockCtx& c, const void* local, void* full, int64_t cols) {
-  if (!c.sequence_parallel) return local;
+  if (!sequence_parallel(c)) return local;
   c.tp_comm->all_gather(local, full, static_cast<size_t>(c.dims->res_rows * cols), c.dtype, *c.stream);
   return full;
 }
@@ -60,7 +63,7 @@ inline const void* sp_whole(const BlockCtx& c, const void* local, void* full, in
 // sequence parallelism). Returns the rows the norm backward reads.
 inline void* tp_input_grad(const BlockCtx& c, void* d, int64_t cols) {
   if (!c.tp_comm) return d;
-  if (!c.sequence_parallel) {
+  if (!sequence_parallel(c)) {
     c.tp_comm->all_reduce(d, d, static_cast<size_t>(c.dims->N * cols), c.dtype, *c.stream);
     return d;
   }
@@ -84,7 +87,7 @@ inline void* row_parallel_forward(const Linear& l, const BlockCtx& c, LoraSlot s
   linear_forward(l, x, w, nullptr, y, rows, in, out);
   lora_forward(c, slot, x, y, out);  // (each rank's input columns' part of it, summed with the layer's)
   void* mine = y;
-  if (c.sequence_parallel) {
+  if (sequence_parallel(c)) {
     mine = own_rows(c, y, out);
     rows = c.dims->res_rows;
     c.tp_comm->reduce_scatter(y, mine, static_cast<size_t>(rows * out), c.dtype, *c.stream);
@@ -104,13 +107,13 @@ struct NormGrads {
   float* b;
 };
 inline NormGrads norm_grads(const BlockCtx& c, float* gw, float* gb) {
-  if (!c.sequence_parallel || !gw) return {gw, gb};
+  if (!sequence_parallel(c) || !gw) return {gw, gb};
   const int64_t C = c.dims->C;
   c.stream->memset_async(c.sp_norm_grads, 0, static_cast<size_t>(2 * C) * sizeof(float));
   return {c.sp_norm_grads, gb ? c.sp_norm_grads + C : nullptr};
 }
 inline void norm_grads_done(const BlockCtx& c, float* gw, float* gb) {
-  if (!c.sequence_parallel || !gw) return;
+  if (!sequence_parallel(c) || !gw) return;
   const int64_t C = c.dims->C;
   float* scratch = c.sp_norm_grads;
   c.tp_comm->all_reduce(scratch, scratch, static_cast<size_t>((gb ? 2 : 1) * C), DType::f32, *c.stream);

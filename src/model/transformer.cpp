@@ -110,14 +110,10 @@ std::pair<int64_t, int64_t> tp_piece(int64_t length, int rank, int size) {
   return {std::min(length, rank * piece), std::min(length, (rank + 1) * piece)};
 }
 
-std::vector<int64_t> tp_shape(const ParamInfo& p, int rank, int size) {
-  std::vector<int64_t> shape = p.full_shape;
-  if (p.split.dim < 0 || size == 1) return shape;
-  const auto d = static_cast<size_t>(p.split.dim);
-  const int64_t seg = shape[d] / p.split.segments;
-  const auto [a, b] = tp_piece(seg, rank, size);
-  shape[d] = (b - a) * p.split.segments;
-  return shape;
+int64_t tp_numel(const ParamInfo& p, int rank, int size) {
+  int64_t numel = 0;
+  tp_runs(p, rank, size, [&](int64_t, int64_t, int64_t n) { numel += n; });
+  return numel;
 }
 
 void tp_runs(const ParamInfo& p, int rank, int size, const std::function<void(int64_t, int64_t, int64_t)>& fn) {
@@ -558,10 +554,22 @@ void Transformer::need_group() const {
     throw std::logic_error("Transformer: a tensor-parallel rank's part sized without its group (a plan) cannot run");
 }
 
-BlockCtx Transformer::block_ctx(kernels::Stream& s, int64_t layer, const void* w, float* g, const void* w_lora,
-                                float* g_lora) const {
+BlockCtx Transformer::base_ctx(kernels::Stream& s) const {
   need_group();
   BlockCtx c;
+  c.ops = &rt_.ops();
+  c.stream = &s;
+  c.cfg = &cfg_;
+  c.dims = &dims_;
+  c.dtype = dtype_;
+  c.tp_comm = tp_.on() ? tp_.comm : nullptr;
+  c.sp_norm_grads = sp_norm_grads_;
+  return c;
+}
+
+BlockCtx Transformer::block_ctx(kernels::Stream& s, int64_t layer, const void* w, float* g, const void* w_lora,
+                                float* g_lora) const {
+  BlockCtx c = base_ctx(s);
   if (lora()) {
     if (!w_lora) throw std::logic_error("Transformer: layer " + std::to_string(layer) + " without its LoRA adapters");
     c.lora = &lora_layout_;
@@ -574,11 +582,6 @@ BlockCtx Transformer::block_ctx(kernels::Stream& s, int64_t layer, const void* w
     // Each layer its own stream of masks (0 stays 0: no dropout).
     c.lora_dropout_key = lora_dropout_key_ ? lora_dropout_key_ * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(layer) + 1 : 0;
   }
-  c.ops = &rt_.ops();
-  c.stream = &s;
-  c.cfg = &cfg_;
-  c.dims = &dims_;
-  c.dtype = dtype_;
   c.w = w;
   c.g = g;
   c.layout = &layout_;
@@ -589,9 +592,6 @@ BlockCtx Transformer::block_ctx(kernels::Stream& s, int64_t layer, const void* w
   c.scratch = &scratch_;
   c.pos = doc_pos_;
   c.seg_start = doc_seg_;
-  c.tp_comm = tp_.on() ? tp_.comm : nullptr;
-  c.sequence_parallel = tp_.on() && tp_.sequence;
-  c.sp_norm_grads = sp_norm_grads_;
   return c;
 }
 
@@ -609,7 +609,7 @@ void Transformer::embed_forward(kernels::Stream& s, const int32_t* ids, const vo
   // group (exact: one non-zero term), before the positions are added as without. Sequence
   // parallel: every row looked up into a scratch (dlnf, unused until the head's backward), and
   // this rank's rows of the sum kept.
-  const bool sp = tp_.on() && tp_.sequence;
+  const bool sp = tp_.sequence;  // (only with tp: the constructor checks)
   void* whole = sp ? dlnf_ : x0;
   ops.embedding(s, {.dtype = dt, .n_tokens = d.N, .dim = d.C, .vocab = d.V, .ids = ids, .table = at(w, outer_.wte, dt),
                     .out = whole, .accumulate = false, .row0 = d.vocab_start,
@@ -649,7 +649,7 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
   }
 
   // lnf (N, C) = final norm of the last residual (sequence parallel: this rank's rows, gathered)
-  const bool sp = tp_.on() && tp_.sequence;
+  const bool sp = tp_.sequence;  // (only with tp: the constructor checks)
   void* lnf_mine = at(lnf_, d.res_row0 * d.C, dt);
   kernels::NormArgs nf{.dtype = dt, .rows = d.res_rows, .cols = d.C, .eps = eps, .x = final_res_,
                        .weight = at(w_fn, outer_.lnf_w, dt),
@@ -736,23 +736,13 @@ void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w
   // grads summed over the group.
   float* gw = g_fn ? g_fn + outer_.lnf_w : nullptr;
   float* gb = g_fn && outer_.lnf_b >= 0 ? g_fn + outer_.lnf_b : nullptr;
-  model_detail::NormGrads ng{gw, gb};
-  BlockCtx c;
-  if (sp) {  // (what the norm-grads helpers read)
-    c.ops = &ops;
-    c.stream = &s;
-    c.dims = &dims_;
-    c.dtype = dt;
-    c.tp_comm = tp_.comm;
-    c.sequence_parallel = true;
-    c.sp_norm_grads = sp_norm_grads_;
-    ng = model_detail::norm_grads(c, gw, gb);
-  }
+  const BlockCtx c = base_ctx(s);
+  const model_detail::NormGrads ng = model_detail::norm_grads(c, gw, gb);
   kernels::NormBackwardArgs nb{.dtype = dt, .rows = d.res_rows, .cols = d.C, .x = final_res_,
                                .weight = at(w_fn, outer_.lnf_w, dt), .dy = dlnf_mine, .mean = lnf_mean_,
                                .rstd = lnf_rstd_, .dx = dres_, .dweight = ng.w, .dbias = ng.b};
   recipe_.norm_backward(ops, s, nb);
-  if (sp) model_detail::norm_grads_done(c, gw, gb);
+  model_detail::norm_grads_done(c, gw, gb);
 }
 
 void Transformer::block_backward(kernels::Stream& s, int64_t layer, const void* w, const void* x, float* g,
@@ -775,7 +765,7 @@ void Transformer::embed_backward(kernels::Stream& s, const int32_t* ids, float* 
   if (first && !tied_head()) zero_ranges(s, units_[0].accum_only, g);
   // Sequence parallel: every rank's rows of the residual gradient, gathered into dlnf (spent).
   const void* dout = dres_;
-  if (tp_.on() && tp_.sequence) {
+  if (tp_.sequence) {
     tp_.comm->all_gather(dres_, dlnf_, static_cast<size_t>(d.res_rows * d.C), dt, s);
     dout = dlnf_;
   }

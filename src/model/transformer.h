@@ -72,8 +72,8 @@ std::pair<int64_t, int64_t> tp_piece(int64_t length, int rank, int size);
 // local elements [local, local + n) of the part, which are the HF tensor's [full, full + n).
 // Runs come in local order and cover the part once; an unsplit tensor is one run.
 void tp_runs(const ParamInfo& p, int rank, int size, const std::function<void(int64_t, int64_t, int64_t)>& fn);
-// The shape of rank `rank`'s part of p's HF tensor.
-std::vector<int64_t> tp_shape(const ParamInfo& p, int rank, int size);
+// The elements of rank `rank`'s part of p's HF tensor.
+int64_t tp_numel(const ParamInfo& p, int rank, int size);
 
 // A contiguous range of one unit's flat buffers, in elements from the unit's start.
 struct UnitRange {
@@ -207,8 +207,7 @@ struct BlockCtx {
   // Tensor parallelism: the tp group (null: none), over which row-parallel outputs (forward) and
   // column-parallel input gradients (backward) are summed.
   Communicator* tp_comm = nullptr;
-  bool sequence_parallel = false;   // (with tp_comm) ModelDims::res_rows
-  float* sp_norm_grads = nullptr;   // sequence parallel: (2, C) fp32 scratch of a norm's grads
+  float* sp_norm_grads = nullptr;   // sequence parallel (ModelDims::res_rows): (2, C) fp32 scratch of a norm's grads
   // LoRA (src/model/lora.h): the layer's adapter unit (working weights, fp32 grads or null) and
   // two (N, max_kr) scratch buffers; lora null: no adapters.
   const LoraLayout* lora = nullptr;
@@ -251,8 +250,8 @@ class Transformer {
   // tp.on(): this rank's part of the model (Megatron-LM's tensor parallelism): its heads of
   // each attention, its slice of each MLP, its vocabulary rows of the embedding and head; the
   // phases sum partial results over tp.comm on their stream, so every rank of the group enqueues
-  // the same phases in the same order. Not with LoRA. A part made without tp.comm is sized only
-  // (a plan's): its phases throw.
+  // the same phases in the same order. A part made without tp.comm is sized only (a plan's): its
+  // phases throw.
   Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
               Checkpointing ckpt = {}, int64_t logits_chunk_bytes = kLogitsChunkBytes, int shard_world = 1,
               const LoraSpec& lora = {}, const TensorParallel& tp = {});
@@ -308,7 +307,7 @@ class Transformer {
   // the model is used). bind_workspace enqueues the constant tables' upload on s.
   size_t workspace_bytes() const { return workspace_bytes_; }
   void bind_workspace(kernels::Stream& s, void* base);
-  size_t input_bytes() const;  // one block's input x_l: (N, C) in dtype
+  size_t input_bytes() const;  // one block's input x_l: (res_rows, C) in dtype (N rows but with sequence parallelism)
 
   // GPT-2-style init of unit u's fp32 master weights into `master` (host memory, numel
   // elements, padding zeroed) from `seed`: matrices ~ N(0, 0.02), norm gains 1, biases 0.
@@ -370,6 +369,9 @@ class Transformer {
  private:
   void build_layout(int shard_world);
   void plan_workspace(char* base);
+  // What every phase's ops read: ops, stream, config, dims, dtype, the tp group; block_ctx adds
+  // a layer's weights, grads, activations and adapters.
+  BlockCtx base_ctx(kernels::Stream& s) const;
   BlockCtx block_ctx(kernels::Stream& s, int64_t layer, const void* w, float* g, const void* w_lora = nullptr,
                      float* g_lora = nullptr) const;
   const BlockActs& acts_for(int64_t layer) const;

@@ -56,36 +56,38 @@ void Trainer::Impl::gather_base(std::vector<std::vector<float>>& table) {
   }
 }
 
-void Trainer::Impl::save_merged(const std::string& out_dir, const std::vector<std::vector<float>>& whole,
-                                const std::vector<std::vector<float>>* tensors) {
+void Trainer::Impl::save_merged(const std::string& out_dir, const std::vector<std::vector<float>>* tensors) {
   ModelConfig c = cfg;
   c.torch_dtype = "float32";
   std::unique_ptr<HfCheckpoint> base_file;
   if (base_weights) base_file = HfCheckpoint::open(o.model);
   const double s = peft_scale(model->lora_spec());
   const bool in_out = cfg.family == Family::gpt2;  // HF Conv1D: W stored (in, out)
-  // The base unit being written, staged whole (fp32).
+  const auto index = [&](const ParamInfo& p) { return static_cast<size_t>(&p - model->params().data()); };
+  // The base unit being written, staged whole (fp32); under tensor parallelism the base's whole
+  // tensors are in `tensors` (gather_base).
   int staged = -1;
   std::vector<float> unit_buf;
-  const auto base_unit = [&](int u) -> const float* {
-    if (staged != u) {
-      unit_buf.resize(static_cast<size_t>(model->units()[static_cast<size_t>(u)].numel));
+  const auto base = [&](const ParamInfo& p) -> const float* {
+    if (tp().on()) return (*tensors)[index(p)].data();
+    if (staged != p.unit) {
+      unit_buf.resize(static_cast<size_t>(model->units()[static_cast<size_t>(p.unit)].numel));
       if (base_file)
-        model->load_unit(u, *base_file, unit_buf.data());
+        model->load_unit(p.unit, *base_file, unit_buf.data());
       else
-        model->init_unit(u, o.seed, unit_buf.data());
-      staged = u;
+        model->init_unit(p.unit, o.seed, unit_buf.data());
+      staged = p.unit;
     }
-    return unit_buf.data();
+    return unit_buf.data() + p.unit_offset;
   };
-  // An adapter tensor's fp32 master (a copy: its block is released before the next acquire).
+  // An adapter tensor's fp32 master, whole (a copy: its block is released before the next acquire).
   const auto adapter = [&](const ParamInfo& p) {
-    std::vector<float> v(static_cast<size_t>(p.numel));
-    if (!whole.empty()) {
-      std::memcpy(v.data(), whole[static_cast<size_t>(p.unit)].data() + p.unit_offset, v.size() * 4);
+    std::vector<float> v;
+    if (tensors) {
+      v = (*tensors)[index(p)];
     } else {
       const auto* src = static_cast<const float*>(mem->acquire(Role::master, p.unit, offload::Mode::read, Side::host));
-      std::memcpy(v.data(), src + p.unit_offset, v.size() * 4);
+      v.assign(src + p.unit_offset, src + p.unit_offset + p.numel);
       mem->release(Role::master, p.unit);
     }
     for (float x : v)
@@ -98,32 +100,15 @@ void Trainer::Impl::save_merged(const std::string& out_dir, const std::vector<st
     const std::string mod = p.name.size() > 7 ? p.name.substr(0, p.name.size() - 7) : "";  // minus ".weight"
     const ParamInfo* a = p.name.ends_with(".weight") ? model->find_param(mod + ".lora_A.weight") : nullptr;
     const ParamInfo* b = a ? model->find_param(mod + ".lora_B.weight") : nullptr;
-    if (tensors) {  // tensor parallel: every tensor whole already (gather_tensors, gather_base)
-      const auto at = [&](const ParamInfo* q) { return &(*tensors)[static_cast<size_t>(q - model->params().data())]; };
-      to_save.push_back({p.name, p.full_shape, DType::f32, [&, w = at(&p), a, b, ta = a ? at(a) : nullptr,
-                                                             tb = b ? at(b) : nullptr](void* dst) {
-                           auto* out = static_cast<float*>(dst);
-                           std::memcpy(out, w->data(), w->size() * 4);
-                           if (!a) return;
-                           for (const std::vector<float>* t : {ta, tb})
-                             for (float x : *t)
-                               if (!std::isfinite(x))
-                                 throw std::runtime_error("the adapters are not finite: the run diverged; nothing was saved");
-                           add_lora_delta(out, ta->data(), tb->data(), a->full_shape[0], a->full_shape[1],
-                                          b->full_shape[0], s, in_out);
-                         }});
-      continue;
-    }
-    to_save.push_back({p.name, p.shape, DType::f32, [&, pp = &p, a, b](void* dst) {
-                         const float* w = base_unit(pp->unit) + pp->unit_offset;
+    to_save.push_back({p.name, p.full_shape, DType::f32, [&, pp = &p, a, b](void* dst) {
+                         int64_t numel = 1;
+                         for (int64_t x : pp->full_shape) numel *= x;
                          auto* out = static_cast<float*>(dst);
-                         if (!a) {
-                           std::memcpy(out, w, static_cast<size_t>(pp->numel) * 4);
-                           return;
-                         }
+                         std::memcpy(out, base(*pp), static_cast<size_t>(numel) * 4);
+                         if (!a) return;
                          const std::vector<float> A = adapter(*a), B = adapter(*b);
-                         std::memcpy(out, w, static_cast<size_t>(pp->numel) * 4);
-                         add_lora_delta(out, A.data(), B.data(), a->shape[0], a->shape[1], b->shape[0], s, in_out);
+                         add_lora_delta(out, A.data(), B.data(), a->full_shape[0], a->full_shape[1], b->full_shape[0],
+                                        s, in_out);
                        }});
   }
   std::vector<fs::path> tokenizer;

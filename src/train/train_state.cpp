@@ -294,19 +294,13 @@ std::vector<std::vector<float>> Trainer::Impl::gather_tensors(Role role, const s
 
 std::vector<float> Trainer::Impl::whole_tensor(const ParamInfo& p, const float* unit_part) const {
   const TensorParallel& t = tp();
+  if (!t.on()) return {unit_part + p.unit_offset, unit_part + p.unit_offset + p.numel};
   // Every rank's part padded to the largest (the vocabulary's last part may be shorter).
   int64_t most = 0;
-  for (int r = 0; r < t.size; ++r) {
-    int64_t n = 1;
-    for (int64_t x : tp_shape(p, r, t.size)) n *= x;
-    most = std::max(most, n);
-  }
+  for (int r = 0; r < t.size; ++r) most = std::max(most, tp_numel(p, r, t.size));
   std::vector<float> mine(static_cast<size_t>(most)), all(t.rank == 0 ? static_cast<size_t>(most * t.size) : 0);
   std::copy_n(unit_part + p.unit_offset, p.numel, mine.begin());
-  if (t.on())
-    t.comm->host_gather(mine.data(), all.empty() ? nullptr : all.data(), static_cast<size_t>(most) * sizeof(float), 0);
-  else
-    all = mine;
+  t.comm->host_gather(mine.data(), all.empty() ? nullptr : all.data(), static_cast<size_t>(most) * sizeof(float), 0);
   if (t.rank != 0) return {};
   int64_t numel = 1;
   for (int64_t x : p.full_shape) numel *= x;
@@ -364,38 +358,25 @@ void Trainer::save(const std::string& out_dir) const {
   m.flush();  // a pending update belongs to the weights being saved
   m.stream->synchronize();
   m.opt_stream().synchronize();
-  const bool tp = m.tp().on();
-  std::vector<std::vector<float>> tensors_tp;  // [param] tensor parallel: the whole tensors (rank 0)
-  if (tp) tensors_tp = m.gather_tensors(Role::master, [](int) { return int64_t{0}; });
-  if (tp && m.o.merge_adapter) m.gather_base(tensors_tp);
-  std::vector<std::vector<float>> whole;  // [unit] the gathered master (sharded runs, rank 0)
-  if (m.sh.sharded_optimizer() && !tp) {
-    m.mem->begin_step(TieredMemory::Schedule::aside);
-    for (size_t u = 0; u < m.model->units().size(); ++u)
-      whole.push_back(m.model->units()[u].trainable ? m.gather_unit(Role::master, static_cast<int>(u), 0)
-                                                    : std::vector<float>());
-    m.mem->end_step();
-  }
+  // Sharded (ZeRO stage >= 1) or tensor parallel: every tensor whole on rank 0 first (its parts
+  // gathered from the data-parallel and tensor-parallel ranks); else streamed from its block.
+  const bool gathered = m.sh.sharded_optimizer() || m.tp().on();
+  std::vector<std::vector<float>> whole;  // [param] (gathered, rank 0)
+  if (gathered) whole = m.gather_tensors(Role::master, [](int) { return int64_t{0}; });
+  if (m.tp().on() && m.o.merge_adapter) m.gather_base(whole);
   if (!m.rank0()) return;
-  if (m.o.merge_adapter) return m.save_merged(out_dir, whole, tp ? &tensors_tp : nullptr);
+  if (m.o.merge_adapter) return m.save_merged(out_dir, gathered ? &whole : nullptr);
   std::vector<TensorToSave> tensors;
   TieredMemory* mem = m.mem.get();
   const std::string diverged = "the weights are not finite: the run diverged; nothing was saved";
   const bool lora = m.model->lora();  // a PEFT adapter: the trained adapters, in PEFT's names
   for (const ParamInfo& p : m.model->params()) {
     if (lora && !m.model->units()[static_cast<size_t>(p.unit)].trainable) continue;
-    const size_t bytes = static_cast<size_t>(p.numel) * 4;
-    const int unit = p.unit;
-    const int64_t off = p.unit_offset;
-    if (tp) {
-      const std::vector<float>& t = tensors_tp[static_cast<size_t>(&p - m.model->params().data())];
-      tensors.push_back({lora ? "base_model.model." + p.name : p.name, p.full_shape, DType::f32,
-                         fill_from_host(t.data(), t.size() * 4, diverged)});
-      continue;
-    }
-    tensors.push_back({lora ? "base_model.model." + p.name : p.name, p.shape, DType::f32,
-                       whole.empty() ? fill_from_block(mem, Role::master, unit, off, bytes, diverged)
-                                     : fill_from_host(whole[static_cast<size_t>(unit)].data() + off, bytes, diverged)});
+    const auto pi = static_cast<size_t>(&p - m.model->params().data());
+    tensors.push_back({lora ? "base_model.model." + p.name : p.name, p.full_shape, DType::f32,
+                       gathered ? fill_from_host(whole[pi].data(), whole[pi].size() * 4, diverged)
+                                : fill_from_block(mem, Role::master, p.unit, p.unit_offset,
+                                                  static_cast<size_t>(p.numel) * 4, diverged)});
   }
   m.mem->begin_step(TieredMemory::Schedule::aside);
   try {
@@ -429,36 +410,19 @@ std::string Trainer::save_checkpoint() {
   Impl& m = *impl_;
   if (m.o.checkpoint_dir.empty()) throw std::logic_error("save_checkpoint without --checkpoint-dir");
   m.flush();
-  const bool tp = m.tp().on();
-  std::array<std::vector<std::vector<float>>, 3> tensors_tp;  // tensor parallel: {master, m, v} [param] (rank 0)
-  if (tp) {
-    const auto adam_at = [&](bool v) {
+  // Sharded or tensor parallel: master, m and v of every tensor whole on rank 0 first (as save).
+  const bool gathered = m.sh.sharded_optimizer() || m.tp().on();
+  std::array<std::vector<std::vector<float>>, 3> whole;  // {master, m, v} [param] (gathered, rank 0)
+  if (gathered) {
+    const auto adam_at = [&m](bool v) {
       return [&m, v](int u) {
         const AdamLayout al = m.mem->units()[u].adam_layout();
         return v ? al.v_offset() : al.m_offset();
       };
     };
-    tensors_tp[0] = m.gather_tensors(Role::master, [](int) { return int64_t{0}; });
-    tensors_tp[1] = m.gather_tensors(Role::adam, adam_at(false));
-    tensors_tp[2] = m.gather_tensors(Role::adam, adam_at(true));
-  }
-  std::vector<std::array<std::vector<float>, 3>> whole;  // [unit] {master, m, v} (sharded, rank 0)
-  if (m.sh.sharded_optimizer() && !tp) {
-    m.mem->begin_step(TieredMemory::Schedule::aside);
-    for (size_t ui = 0; ui < m.model->units().size(); ++ui) {
-      const int u = static_cast<int>(ui);
-      const AdamLayout al = m.mem->units()[u].adam_layout();
-      std::array<std::vector<float>, 3> parts;
-      if (!m.model->units()[ui].trainable) {  // LoRA's frozen base: not in the checkpoint
-        whole.push_back(std::move(parts));
-        continue;
-      }
-      parts[0] = m.gather_unit(Role::master, u, 0);
-      parts[1] = m.gather_unit(Role::adam, u, al.m_offset());
-      parts[2] = m.gather_unit(Role::adam, u, al.v_offset());
-      whole.push_back(std::move(parts));
-    }
-    m.mem->end_step();
+    whole[0] = m.gather_tensors(Role::master, [](int) { return int64_t{0}; });
+    whole[1] = m.gather_tensors(Role::adam, adam_at(false));
+    whole[2] = m.gather_tensors(Role::adam, adam_at(true));
   }
   if (!m.rank0()) {
     m.last_checkpoint_step = m.steps_done;
@@ -471,33 +435,21 @@ std::string Trainer::save_checkpoint() {
   TieredMemory* mem = m.mem.get();
   for (const ParamInfo& p : m.model->params()) {
     if (!m.model->units()[static_cast<size_t>(p.unit)].trainable) continue;  // LoRA: the adapters only
-    const size_t bytes = static_cast<size_t>(p.numel) * 4;
-    const int unit = p.unit;
-    const int64_t off = p.unit_offset;
-    const AdamLayout al = m.mem->units()[unit].adam_layout();
+    const AdamLayout al = m.mem->units()[p.unit].adam_layout();
     // A last update that overflowed never becomes a checkpoint (rotation would then drop the
     // good ones): the run stops instead, the previous checkpoint kept.
     const std::string diverged =
         "'" + p.name + "' is not finite: the run diverged; no checkpoint written, the previous one is kept";
-    if (tp) {  // the whole tensors, gathered above
-      const auto pi = static_cast<size_t>(&p - m.model->params().data());
-      auto host = [&](int part) {
-        const std::vector<float>& t = tensors_tp[static_cast<size_t>(part)][pi];
-        return fill_from_host(t.data(), t.size() * 4, diverged);
-      };
-      c.model.push_back({p.name, p.full_shape, DType::f32, host(0)});
-      c.optimizer.push_back({exp_avg_name(p.name), p.full_shape, DType::f32, host(1)});
-      c.optimizer.push_back({exp_avg_sq_name(p.name), p.full_shape, DType::f32, host(2)});
-      continue;
-    }
+    const auto pi = static_cast<size_t>(&p - m.model->params().data());
     auto from = [&](Role role, int64_t offset, int part) {
-      return whole.empty() ? fill_from_block(mem, role, unit, offset, bytes, diverged)
-                           : fill_from_host(whole[static_cast<size_t>(unit)][static_cast<size_t>(part)].data() + off,
-                                            bytes, diverged);
+      if (!gathered) return fill_from_block(mem, role, p.unit, offset, static_cast<size_t>(p.numel) * 4, diverged);
+      const std::vector<float>& t = whole[static_cast<size_t>(part)][pi];
+      return fill_from_host(t.data(), t.size() * 4, diverged);
     };
-    c.model.push_back({p.name, p.shape, DType::f32, from(Role::master, off, 0)});
-    c.optimizer.push_back({exp_avg_name(p.name), p.shape, DType::f32, from(Role::adam, al.m_offset() + off, 1)});
-    c.optimizer.push_back({exp_avg_sq_name(p.name), p.shape, DType::f32, from(Role::adam, al.v_offset() + off, 2)});
+    c.model.push_back({p.name, p.full_shape, DType::f32, from(Role::master, p.unit_offset, 0)});
+    c.optimizer.push_back({exp_avg_name(p.name), p.full_shape, DType::f32, from(Role::adam, al.m_offset() + p.unit_offset, 1)});
+    c.optimizer.push_back(
+        {exp_avg_sq_name(p.name), p.full_shape, DType::f32, from(Role::adam, al.v_offset() + p.unit_offset, 2)});
   }
   m.mem->begin_step(TieredMemory::Schedule::aside);
   fs::path path;

@@ -108,23 +108,22 @@ struct Trainer::Impl {
   // of each rank's block, S = the shard size), in rank order. Collective: every rank calls it in
   // the same order; rank 0 gets numel elements, the others an empty vector.
   std::vector<float> gather_unit(Role role, int u, int64_t offset);
-  // Tensor parallel: every trainable tensor's whole HF values (by parameter index) of `role`,
-  // from element offset(u) of each unit's block: each tp group's parts gathered on its rank 0
-  // (after ZeRO's gather over the data-parallel ranks), kept on the job's rank 0 (empty
-  // elsewhere). Collective: every rank calls it.
+  // Every trainable tensor's whole HF values (by parameter index) of `role`, from element
+  // offset(u) of each unit's block, for a sharded or tensor-parallel save: ZeRO's shards gathered
+  // over the data-parallel ranks, then each tp group's parts on its rank 0; kept on the job's
+  // rank 0 (empty elsewhere). Collective: every rank calls it.
   std::vector<std::vector<float>> gather_tensors(Role role, const std::function<int64_t(int)>& offset);
   // Parameter p's whole HF tensor from every tp rank's part of it (unit_part: this rank's unit,
   // as laid out), on tp rank 0 (empty elsewhere; collective over the group). Without tensor
   // parallelism, p's values.
   std::vector<float> whole_tensor(const ParamInfo& p, const float* unit_part) const;
   nlohmann::json state_json() const;
-  // lora_state.cpp: PEFT's adapter_config.json; --merge-adapter's save (rank 0; `whole`: the
-  // gathered masters of a sharded run, else empty).
+  // lora_state.cpp: PEFT's adapter_config.json; --merge-adapter's save (rank 0). tensors: a
+  // sharded or tensor-parallel run's whole tensors by parameter index (the adapters from
+  // gather_tensors; under tensor parallelism the base too, from gather_base); null: the adapters
+  // from their blocks, the base loaded or initialised a unit at a time.
   nlohmann::json peft_config() const;
-  // tensors (tensor parallel): every tensor whole by parameter index (the adapters from
-  // gather_tensors, the base from gather_base), on rank 0.
-  void save_merged(const std::string& out_dir, const std::vector<std::vector<float>>& whole,
-                   const std::vector<std::vector<float>>* tensors = nullptr);
+  void save_merged(const std::string& out_dir, const std::vector<std::vector<float>>* tensors);
   // Tensor parallel, --merge-adapter: the frozen base's whole tensors into table (by parameter
   // index) on rank 0, from each rank's part as loaded or initialised. Collective.
   void gather_base(std::vector<std::vector<float>>& table);
