@@ -517,7 +517,8 @@ void Transformer::init_range(int u, uint64_t seed, int64_t lo, int64_t hi, float
   if (hi > unit.n_real) std::fill(out + (std::max(lo, unit.n_real) - lo), out + (hi - lo), 0.f);
 }
 
-void Transformer::load_unit(int u, const HfCheckpoint& ckpt, float* master, const std::string& name_prefix) const {
+void Transformer::load_unit(int u, const HfCheckpoint& ckpt, float* master, const std::string& name_prefix,
+                            const WholeTensorFn& whole) const {
   const Unit& unit = units_.at(static_cast<size_t>(u));
   for (int pi : unit.params) {
     const ParamInfo& p = params_[static_cast<size_t>(pi)];
@@ -525,24 +526,27 @@ void Transformer::load_unit(int u, const HfCheckpoint& ckpt, float* master, cons
     const std::string_view prefix = recipe_.optional_prefix;
     if (!prefix.empty() && !ckpt.find(name) && name.rfind(prefix, 0) == 0 && ckpt.find(name.substr(prefix.size())))
       name = name.substr(prefix.size());
-    read_param(ckpt, name, p, master + p.unit_offset);
+    read_param(ckpt, name, p, master + p.unit_offset, whole);
   }
   std::fill(master + unit.n_real, master + unit.numel, 0.f);
 }
 
-void Transformer::read_param(const HfCheckpoint& ckpt, const std::string& name, const ParamInfo& p, float* dst) const {
+void Transformer::read_param(const HfCheckpoint& ckpt, const std::string& name, const ParamInfo& p, float* dst,
+                             const WholeTensorFn& whole) const {
   if (p.split.dim < 0 || !tp_.on()) {
     ckpt.read_into(name, p.shape, dst, DType::f32);
+    if (whole) whole(p, dst);
     return;
   }
   // Tensor parallel: the whole HF tensor, then this rank's part of it.
   int64_t numel = 1;
   for (int64_t x : p.full_shape) numel *= x;
-  std::vector<float> whole(static_cast<size_t>(numel));
-  ckpt.read_into(name, p.full_shape, whole.data(), DType::f32);
+  std::vector<float> all(static_cast<size_t>(numel));
+  ckpt.read_into(name, p.full_shape, all.data(), DType::f32);
   tp_runs(p, tp_.rank, tp_.size, [&](int64_t local, int64_t full, int64_t n) {
-    std::memcpy(dst + local, whole.data() + full, static_cast<size_t>(n) * sizeof(float));
+    std::memcpy(dst + local, all.data() + full, static_cast<size_t>(n) * sizeof(float));
   });
+  if (whole) whole(p, all.data());
 }
 
 const BlockActs& Transformer::acts_for(int64_t layer) const {

@@ -318,10 +318,15 @@ class Transformer {
   // Unit u's parameters from an HF checkpoint into `master` (host, fp32, padding zeroed); a
   // missing tensor or a shape mismatch throws naming it.
   // name_prefix: the file's names are the model's behind it (a PEFT adapter's "base_model.model.").
-  void load_unit(int u, const HfCheckpoint& ckpt, float* master, const std::string& name_prefix = "") const;
+  // whole (optional): each tensor's whole HF values as read, in unit order (tensor parallel: the
+  // whole tensor it reads anyway before keeping its part).
+  using WholeTensorFn = std::function<void(const ParamInfo& p, const float* values)>;
+  void load_unit(int u, const HfCheckpoint& ckpt, float* master, const std::string& name_prefix = "",
+                 const WholeTensorFn& whole = {}) const;
   // Tensor `name` of ckpt, in p's HF shape, into dst (fp32): this rank's part of it under tensor
-  // parallelism (p.shape), the whole tensor otherwise.
-  void read_param(const HfCheckpoint& ckpt, const std::string& name, const ParamInfo& p, float* dst) const;
+  // parallelism (p.shape), the whole tensor otherwise; whole (optional) as in load_unit.
+  void read_param(const HfCheckpoint& ckpt, const std::string& name, const ParamInfo& p, float* dst,
+                  const WholeTensorFn& whole = {}) const;
 
   // Phases of one micro-batch (ids, targets: (N) int32 in runtime memory). Unit pointers are
   // the unit's start (working weights `w`, dtype; fp32 grads `g`). `first`: the step's first

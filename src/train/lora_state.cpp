@@ -38,17 +38,27 @@ nlohmann::json Trainer::Impl::peft_config() const {
 // the random init from --seed), not its working-dtype copy.
 void Trainer::Impl::gather_base(std::vector<std::vector<float>>& table) {
   if (sh.rank != 0) return;  // the tp groups of data-parallel rank 0 gather (as gather_tensors)
-  std::unique_ptr<HfCheckpoint> base_file;
-  if (base_weights) base_file = HfCheckpoint::open(o.model);
+  const auto index = [&](const ParamInfo& p) { return static_cast<size_t>(&p - model->params().data()); };
   std::vector<float> part;
-  for (size_t ui = 0; ui < model->units().size(); ++ui) {
+  if (base_weights) {  // the whole tensors as rank 0 reads them (a part's load reads them whole)
+    if (!rank0()) return;
+    const auto base_file = HfCheckpoint::open(o.model);
+    for (size_t ui = 0; ui < model->units().size(); ++ui) {
+      if (model->units()[ui].trainable) continue;
+      part.resize(static_cast<size_t>(model->units()[ui].numel));
+      model->load_unit(static_cast<int>(ui), *base_file, part.data(), "", [&](const ParamInfo& p, const float* v) {
+        int64_t numel = 1;
+        for (int64_t x : p.full_shape) numel *= x;
+        table[index(p)].assign(v, v + numel);
+      });
+    }
+    return;
+  }
+  for (size_t ui = 0; ui < model->units().size(); ++ui) {  // a random base: each rank's part, gathered
     const Unit& unit = model->units()[ui];
     if (unit.trainable) continue;
     part.resize(static_cast<size_t>(unit.numel));
-    if (base_file)
-      model->load_unit(static_cast<int>(ui), *base_file, part.data());
-    else
-      model->init_unit(static_cast<int>(ui), o.seed, part.data());
+    model->init_unit(static_cast<int>(ui), o.seed, part.data());
     for (int pi : unit.params) {
       std::vector<float> w = whole_tensor(model->params()[static_cast<size_t>(pi)], part.data());  // (tp rank 0's)
       if (rank0()) table[static_cast<size_t>(pi)] = std::move(w);

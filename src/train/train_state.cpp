@@ -119,18 +119,25 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
       continue;
     }
     if (!unit.trainable) {
-      if (base)
-        model->load_unit(u, *base, full.data());
-      else
+      // The crc of the whole tensors' values in order (the unit's n_real values, or under tensor
+      // parallelism the whole tensors the load reads anyway): the same base's on any grid.
+      const auto crc_of = [&](const ParamInfo& p, const float* values) {
+        int64_t numel = 1;
+        for (int64_t x : p.full_shape) numel *= x;
+        base_crc = io::crc32c(values, static_cast<size_t>(numel) * 4, base_crc);
+      };
+      if (base) {
+        model->load_unit(u, *base, full.data(), "", crc_of);
+      } else {
         model->init_unit(u, o.seed, full.data());
-      if (tp().on()) {  // the whole tensors' values, in order: the crc of the same base on any grid
+        // (a random base under tensor parallelism: its parts gathered to tp rank 0, the crc sent back)
         for (int pi : unit.params) {
-          const std::vector<float> whole = whole_tensor(model->params()[static_cast<size_t>(pi)], full.data());
-          base_crc = io::crc32c(whole.data(), whole.size() * 4, base_crc);  // (tp rank 0's; sent below)
+          const ParamInfo& p = model->params()[static_cast<size_t>(pi)];
+          const std::vector<float> whole = whole_tensor(p, full.data());
+          if (!whole.empty()) crc_of(p, whole.data());
         }
-        tp().comm->host_broadcast(&base_crc, sizeof base_crc, 0);
-      } else
-        base_crc = io::crc32c(full.data(), static_cast<size_t>(unit.n_real) * 4, base_crc);
+        if (tp().on()) tp().comm->host_broadcast(&base_crc, sizeof base_crc, 0);
+      }
       void* w = mem->acquire(Role::params, u, offload::Mode::write, Side::host);
       if (model->stored_unit(u))  // --base-dtype: quantized (or cast) as stored
         model->store_unit(u, full.data(), w);
