@@ -289,6 +289,7 @@ namespace {
 // device needed) and its placement with this rank's sharding.
 struct SizedRun {
   TrainOptions o;  // an --adapter's config applied (read once)
+  int dp;          // the data-parallel replicas (world / --tp)
   ResolvedRun r;
   std::unique_ptr<kernels::Runtime> rt = kernels::make_runtime(kernels::Backend::cpu);
   Transformer model;
@@ -297,8 +298,9 @@ struct SizedRun {
   // tp, and the model is tp rank 0's part (its vocabulary rows are the largest).
   SizedRun(const TrainOptions& given, int world)
       : o(with_adapter_config(given)),
-        r((validate_options(o), resolve_run(o, grid_shape(world, o.tp, 1).dp, 0))),
-        model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, grid_shape(world, o.tp, 1).dp, r.lora,
+        dp((validate_options(o), grid_shape(world, o.tp, 1).dp)),
+        r(resolve_run(o, dp, 0)),
+        model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, dp, r.lora,
               TensorParallel{o.tp, 0, nullptr, o.sequence_parallel}),
         step_buffers(step_buffer_bytes(o, r, model.units().size())) {
     settle_speculation(o, r.placement, model, r.backend, step_buffers);
@@ -322,7 +324,7 @@ RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
   p.cfg = run.r.cfg;
   p.lora = run.r.lora;
   p.n_params = run.model.n_model_params();
-  p.tokens_per_step = o.batch * o.seq * o.grad_accum * grid_shape(world, o.tp, 1).dp;
+  p.tokens_per_step = o.batch * o.seq * o.grad_accum * run.dp;
   p.world = world;
   p.tp = o.tp;
   p.tp_comm_bytes = tp_comm_bytes_per_step(run.model, o.grad_accum);
