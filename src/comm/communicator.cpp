@@ -149,6 +149,26 @@ void Communicator::recv(void* buf, size_t count, DType dtype, int peer, kernels:
   if (bytes > 0) do_recv(buf, count, dtype, peer, stream);
 }
 
+void Communicator::send_recv(const void* send_buf, size_t send_count, int send_peer, void* recv_buf,
+                             size_t recv_count, int recv_peer, DType dtype, kernels::Stream& stream) {
+  constexpr std::string_view call = "send_recv";
+  const size_t es = element_size(call, dtype);
+  const size_t sb = bytes_of(call, send_count, es, 1), rb = bytes_of(call, recv_count, es, 1);
+  need_pointer(call, "send_buf", send_buf, sb);
+  need_pointer(call, "recv_buf", recv_buf, rb);
+  for (int peer : {send_peer, recv_peer})
+    if (peer < 0 || peer >= world_ || peer == rank_)
+      bad(call, "peer " + std::to_string(peer) + " is not another rank of [0, " + std::to_string(world_) + ")");
+  const auto* s0 = static_cast<const std::byte*>(send_buf);
+  const auto* r0 = static_cast<const std::byte*>(recv_buf);
+  if (sb > 0 && rb > 0 && s0 < r0 + rb && r0 < s0 + sb) bad(call, "the send and receive buffers overlap");
+  sent_bytes_ += sb;
+  if (sb == 0 && rb == 0) return;
+  if (rb == 0) return do_send(send_buf, send_count, dtype, send_peer, stream);
+  if (sb == 0) return do_recv(recv_buf, recv_count, dtype, recv_peer, stream);
+  do_send_recv(send_buf, send_count, send_peer, recv_buf, recv_count, recv_peer, dtype, stream);
+}
+
 void Communicator::host_broadcast(void* bytes, size_t n_bytes, int root) {
   constexpr std::string_view call = "host_broadcast";
   need_pointer(call, "bytes", bytes, n_bytes);

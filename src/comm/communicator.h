@@ -93,6 +93,12 @@ class Communicator {
   // once its bytes are handed over, a recv once they have arrived.
   void send(const void* buf, size_t count, DType dtype, int peer, kernels::Stream& stream);
   void recv(void* buf, size_t count, DType dtype, int peer, kernels::Stream& stream);
+  // A send to send_peer and a receive from recv_peer posted together, done when both are
+  // (Megatron-LM's send_forward_recv_backward): two neighbours that each send to the other and
+  // then receive would otherwise both wait in their sends. Each half keeps its pair's order
+  // with send and recv. The two buffers must not overlap.
+  void send_recv(const void* send_buf, size_t send_count, int send_peer, void* recv_buf, size_t recv_count,
+                 int recv_peer, DType dtype, kernels::Stream& stream);
 
   // Host-blocking control plane for small messages (NCCL's unique id, agreeing on a seed,
   // checking that every rank parsed the same config). Call from the host thread that issues
@@ -133,6 +139,8 @@ class Communicator {
   virtual void do_barrier(kernels::Stream& s) = 0;
   virtual void do_send(const void* buf, size_t count, DType dtype, int peer, kernels::Stream& s) = 0;
   virtual void do_recv(void* buf, size_t count, DType dtype, int peer, kernels::Stream& s) = 0;
+  virtual void do_send_recv(const void* send_buf, size_t send_count, int send_peer, void* recv_buf, size_t recv_count,
+                            int recv_peer, DType dtype, kernels::Stream& s) = 0;
   virtual void do_host_broadcast(void* bytes, size_t n_bytes, int root) = 0;
   virtual void do_host_all_gather(const void* send, void* recv, size_t n_bytes) = 0;
   virtual void do_host_gather(const void* send, void* recv, size_t n_bytes, int root) = 0;

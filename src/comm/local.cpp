@@ -25,6 +25,7 @@ class LocalCommunicator final : public Communicator {
   void do_barrier(kernels::Stream&) override {}
   void do_send(const void*, size_t, DType, int, kernels::Stream&) override {}  // (no peer: refused above)
   void do_recv(void*, size_t, DType, int, kernels::Stream&) override {}
+  void do_send_recv(const void*, size_t, int, void*, size_t, int, DType, kernels::Stream&) override {}
   void do_host_broadcast(void*, size_t, int) override {}
   void do_host_all_gather(const void* send, void* recv, size_t n_bytes) override {
     if (send != recv && n_bytes > 0) std::memmove(recv, send, n_bytes);

@@ -533,6 +533,34 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  // Every piece of both halves posted at once, then waited for together.
+  void do_send_recv(const void* send_buf, size_t send_count, int send_peer, void* recv_buf, size_t recv_count,
+                    int recv_peer, DType dt, kernels::Stream& s) override {
+    const size_t es = kernels::dtype_size(dt), sb = send_count * es, rb = recv_count * es;
+    const int stag = group_->tag(group_->sends_to[static_cast<size_t>(send_peer)]++);
+    const int rtag = group_->tag(group_->recvs_from[static_cast<size_t>(recv_peer)]++);
+    enqueue_p2p(s, "send_recv", send_peer, sb + rb, dt,
+                [send_buf, sb, send_peer, stag, recv_buf, rb, recv_peer, rtag](Group& g) {
+                  std::vector<MPI_Request> rq;
+                  auto* rp = static_cast<std::byte*>(recv_buf);
+                  const auto* sp = static_cast<const std::byte*>(send_buf);
+                  for (size_t done = 0; done < rb; done += kMaxMessageBytes) {
+                    rq.emplace_back();
+                    check(MPI_Irecv(rp + done, static_cast<int>(std::min(kMaxMessageBytes, rb - done)), MPI_BYTE,
+                                    recv_peer, rtag, g.p2p.get(), &rq.back()),
+                          "MPI_Irecv", "from rank " + std::to_string(recv_peer));
+                  }
+                  for (size_t done = 0; done < sb; done += kMaxMessageBytes) {
+                    rq.emplace_back();
+                    check(MPI_Isend(sp + done, static_cast<int>(std::min(kMaxMessageBytes, sb - done)), MPI_BYTE,
+                                    send_peer, stag, g.p2p.get(), &rq.back()),
+                          "MPI_Isend", "to rank " + std::to_string(send_peer));
+                  }
+                  check(MPI_Waitall(static_cast<int>(rq.size()), rq.data(), MPI_STATUSES_IGNORE), "MPI_Waitall",
+                        "send_recv with ranks " + std::to_string(send_peer) + " and " + std::to_string(recv_peer));
+                });
+  }
+
   void do_host_broadcast(void* bytes, size_t n_bytes, int root) override {
     auto* p = static_cast<std::byte*>(bytes);
     for (size_t done = 0; done < n_bytes; done += kMaxMessageBytes) {

@@ -140,8 +140,9 @@ void tp_runs(const ParamInfo& p, int rank, int size, const std::function<void(in
 
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
                          Checkpointing ckpt, int64_t logits_chunk_bytes, int shard_world, const LoraSpec& lora,
-                         const TensorParallel& tp)
-    : cfg_(cfg), recipe_(family_recipe(cfg.family)), dtype_(dtype), tp_(tp), rt_(rt), ckpt_(ckpt), lora_spec_(lora) {
+                         const TensorParallel& tp, const PipelineStage& pp)
+    : cfg_(cfg), recipe_(family_recipe(cfg.family)), dtype_(dtype), tp_(tp), pp_(pp), rt_(rt), ckpt_(ckpt),
+      lora_spec_(lora) {
   if (shard_world < 1) throw std::invalid_argument("shard_world must be >= 1, got " + std::to_string(shard_world));
   cfg_.validate();
   if (batch <= 0) throw std::invalid_argument("batch must be positive, got " + std::to_string(batch));
@@ -157,6 +158,13 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int
     throw std::invalid_argument("--sequence-parallel splits rows over the tensor-parallel group: it needs --tp 2 or more");
   dims_ = model_dims(cfg_, batch, seq, tp_);
   ModelDims& d = dims_;
+  if (pp_.end < 0) pp_.end = d.L;
+  if (pp_.size < 1 || pp_.rank < 0 || pp_.rank >= pp_.size || pp_.first < 0 || pp_.first >= pp_.end ||
+      pp_.end > d.L || pp_.slots < 1 || (!pp_.on() && (pp_.first != 0 || pp_.end != d.L)))
+    throw std::invalid_argument("Transformer: pipeline stage " + std::to_string(pp_.rank) + " of " +
+                                std::to_string(pp_.size) + " with layers [" + std::to_string(pp_.first) + ", " +
+                                std::to_string(pp_.end) + ") of " + std::to_string(d.L) + ", " +
+                                std::to_string(pp_.slots) + " slots");
   // LM-head chunks: at most logits_chunk_bytes of logits at once, split evenly so each chunk's
   // matmuls stay large. Each chunk re-reads and re-writes the fp32 head gradient (V, C), so
   // fewer, larger chunks are cheaper; bf16 runs keep logits in bf16 (half the bytes per row),
@@ -288,6 +296,28 @@ void Transformer::build_layout(int shard_world) {
       end_unit();
     }
   }
+  // Pipeline parallel: another stage's units hold nothing here (their tensors keep their places
+  // in params_, so init draws the same values on every grid); offsets close up.
+  if (pp_.on()) {
+    const int64_t L = d.L;
+    for (size_t ui = 0; ui < units_.size(); ++ui) {
+      const auto u = static_cast<int64_t>(ui);
+      const int64_t layer = u >= 1 && u <= L ? u - 1 : lora() && u >= lora_first_unit_ ? u - lora_first_unit_ : -1;
+      bool held = layer >= 0 ? holds_layer(layer) : u == L + 1 || u == head_unit_ ? pp_.last_stage() : false;
+      if (u == 0) held = pp_.first_stage() || (pp_.last_stage() && tied_head());
+      if (held) continue;
+      Unit& unit = units_[ui];
+      unit.held = false;
+      unit.params.clear();
+      unit.numel = unit.n_real = 0;
+    }
+    flat = 0;
+    for (Unit& unit : units_) {
+      unit.offset = flat;
+      for (int pi : unit.params) params_[static_cast<size_t>(pi)].offset = flat + params_[static_cast<size_t>(pi)].unit_offset;
+      flat += unit.numel;
+    }
+  }
   n_flat_ = flat;
 
   // Per unit: AdamW ranges (decay runs merged) and the grads no matmul writes whole. Matmuls
@@ -324,9 +354,10 @@ void Transformer::plan_workspace(char* base) {
   const DType dt = dtype_;
   Carver cv{base};
   auto plan_acts = [&](BlockActs& a) { a = recipe_.carve_acts(cv, d, dt); };
-  acts_.assign(static_cast<size_t>(d.L), BlockActs{});
-  for (int64_t l = 0; l < d.L; ++l)
-    if (!ckpt_.at(l)) plan_acts(acts_[static_cast<size_t>(l)]);
+  acts_.assign(static_cast<size_t>(d.L * pp_.slots), BlockActs{});
+  for (int64_t k = 0; k < pp_.slots; ++k)
+    for (int64_t l = pp_.first; l < pp_.end; ++l)
+      if (!ckpt_.at(l)) plan_acts(acts_[static_cast<size_t>(k * d.L + l)]);
   shared_acts_ = BlockActs{};
   if (ckpt_.any()) {
     plan_acts(shared_acts_);
@@ -343,8 +374,9 @@ void Transformer::plan_workspace(char* base) {
   lnf_rstd_ = cv.take_f32(d.N);
   dres_ = cv.take_dt(d.N * d.C, dt);
   dlnf_ = cv.take_dt(d.N * d.C, dt);
-  logits_ = cv.take_dt(d.chunk_rows * d.V, logits_dtype_);
-  dlogits_lp_ = dt == DType::f16 ? cv.take_dt(d.chunk_rows * d.V, dt) : nullptr;
+  const int64_t head_rows = pp_.last_stage() ? d.chunk_rows : 0;  // (another stage's head: none)
+  logits_ = cv.take_dt(head_rows * d.V, logits_dtype_);
+  dlogits_lp_ = dt == DType::f16 ? cv.take_dt(head_rows * d.V, dt) : nullptr;
   losses_ = cv.take_f32(d.N);
   ce_stats_ = tp_.on() ? cv.take_f32(3 * d.chunk_rows) : nullptr;
   ce_all_ = tp_.on() ? cv.take_f32(3 * d.chunk_rows * tp_.size) : nullptr;
@@ -550,7 +582,55 @@ void Transformer::read_param(const HfCheckpoint& ckpt, const std::string& name, 
 }
 
 const BlockActs& Transformer::acts_for(int64_t layer) const {
-  return ckpt_.at(layer) ? shared_acts_ : acts_[static_cast<size_t>(layer)];
+  if (!holds_layer(layer))
+    throw std::logic_error("Transformer: layer " + std::to_string(layer) + " belongs to another pipeline stage");
+  return ckpt_.at(layer) ? shared_acts_ : acts_[static_cast<size_t>(slot_ * dims_.L + layer)];
+}
+
+void Transformer::select_slot(int slot) {
+  if (slot < 0 || slot >= pp_.slots)
+    throw std::logic_error("Transformer: micro-batch slot " + std::to_string(slot) + " of " + std::to_string(pp_.slots));
+  slot_ = slot;
+}
+
+namespace {
+// --pp-layers "5,7": the layers per stage (empty: none given).
+std::vector<int64_t> parse_pp_layers(const std::string& text) {
+  std::vector<int64_t> out;
+  if (text.empty()) return out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    char* end = nullptr;
+    const long long v = item.empty() ? -1 : std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 1 || v > (int64_t{1} << 20))
+      throw std::invalid_argument("--pp-layers " + text + ": expected positive layer counts separated by commas, e.g. 5,7");
+    out.push_back(v);
+    at = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<int64_t> pipeline_layers(int64_t L, int size, const std::string& text) {
+  const std::vector<int64_t> layers = parse_pp_layers(text);
+  if (size < 1) throw std::invalid_argument("--pp must be >= 1, got " + std::to_string(size));
+  if (layers.empty()) {
+    if (L < size)
+      throw std::invalid_argument("--pp " + std::to_string(size) + " needs at least one layer per stage: the model has " +
+                                  std::to_string(L) + " layers");
+    std::vector<int64_t> out(static_cast<size_t>(size), L / size);
+    for (int64_t s = 0; s < L % size; ++s) ++out[static_cast<size_t>(s)];
+    return out;
+  }
+  int64_t sum = 0;
+  for (int64_t n : layers) sum += n;  // (each >= 1)
+  if (static_cast<int>(layers.size()) != size || sum != L)
+    throw std::invalid_argument("--pp-layers " + text + ": give " + std::to_string(size) +
+                                " counts (one per --pp stage) that sum to the model's " + std::to_string(L) + " layers");
+  return layers;
 }
 
 void Transformer::need_group() const {
@@ -640,6 +720,7 @@ void Transformer::block_forward(kernels::Stream& s, int64_t layer, const void* w
 void Transformer::head(kernels::Stream& s, const int32_t* targets, const void* w_fn, const void* w_head_unit,
                        float* g_fn, float* g_head_unit, float grad_scale, bool first, bool frozen_backward) {
   assert(bound_);
+  if (!pp_.last_stage()) throw std::logic_error("Transformer: the head belongs to the last pipeline stage");
   const ModelDims& d = dims_;
   const DType dt = dtype_;
   const bool backward = g_fn != nullptr || frozen_backward;
@@ -767,6 +848,10 @@ void Transformer::embed_backward(kernels::Stream& s, const int32_t* ids, float* 
   const DType dt = dtype_;
   kernels::Ops& ops = rt_.ops();
   if (first && !tied_head()) zero_ranges(s, units_[0].accum_only, g);
+  // Pipeline parallel, a tied head on the last stage: this stage's copy of the unit is written
+  // by this backward alone (its sum with the head's comes after the step's last micro-batch).
+  if (first && tied_head() && !pp_.last_stage())
+    s.memset_async(g, 0, static_cast<size_t>(units_[0].n_real) * sizeof(float));
   // Sequence parallel: every rank's rows of the residual gradient, gathered into dlnf (spent).
   const void* dout = dres_;
   if (tp_.sequence) {

@@ -48,6 +48,25 @@ struct TensorParallel {
   bool on() const { return size > 1; }
 };
 
+// Pipeline parallelism: this rank's stage of `size` (Megatron-LM's contiguous layer stages).
+// It holds the layers [first, end), the embedding on the first stage, the final norm and head on
+// the last (a tied head's embedding on both: the last stage keeps a copy, its gradient summed
+// with the first stage's), and the activations of `slots` micro-batches at once (1F1B: at most
+// size - rank in flight). comm: the pipeline group (neighbours by rank), null where only sized.
+struct PipelineStage {
+  int size = 1, rank = 0;
+  int64_t first = 0, end = -1;  // end -1: to the last layer
+  int slots = 1;
+  Communicator* comm = nullptr;
+  bool on() const { return size > 1; }
+  bool first_stage() const { return rank == 0; }
+  bool last_stage() const { return rank == size - 1; }
+};
+// The layers of each of `size` stages: the even split of L (the first stages one more where it
+// does not divide), or `layers` ("5,7": --pp-layers, one count per stage summing to L); throws
+// naming the numbers and the flag.
+std::vector<int64_t> pipeline_layers(int64_t L, int size, const std::string& layers = "");
+
 // One named parameter tensor (HF name and HF shape; gpt2's Conv1D weights stay [in, out]).
 // Under tensor parallelism `shape` is this rank's part of the HF tensor: `full_shape` and
 // `split` say which (tp_runs).
@@ -97,6 +116,9 @@ struct Unit {
   // A frozen unit (the base under LoRA adapters) has working weights only: no grads, master or
   // AdamW state, and its phases compute only the input gradient.
   bool trainable = true;
+  // Pipeline parallel: false for another stage's unit (no tensors here: numel 0, params empty;
+  // its tensors stay in params() with their indices, so every stage inits the same values).
+  bool held = true;
 };
 
 // Activation checkpointing: which blocks keep only their input and recompute their forward
@@ -254,7 +276,7 @@ class Transformer {
   // phases throw.
   Transformer(const ModelConfig& cfg, DType dtype, int64_t batch, int64_t seq, kernels::Runtime& rt,
               Checkpointing ckpt = {}, int64_t logits_chunk_bytes = kLogitsChunkBytes, int shard_world = 1,
-              const LoraSpec& lora = {}, const TensorParallel& tp = {});
+              const LoraSpec& lora = {}, const TensorParallel& tp = {}, const PipelineStage& pp = {});
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -264,6 +286,15 @@ class Transformer {
   const FamilyRecipe& recipe() const { return recipe_; }
   const ModelDims& dims() const { return dims_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  const PipelineStage& pipeline() const { return pp_; }
+  bool holds_layer(int64_t layer) const { return layer >= pp_.first && layer < pp_.end; }
+  // Whether tensor p lives on this stage (every tensor without pipeline parallelism).
+  bool holds(const ParamInfo& p) const { return units_[static_cast<size_t>(p.unit)].held; }
+  // Pipeline parallel: the micro-batch slot whose activations the phases use from now on
+  // (0 <= slot < pipeline().slots), and a layer's kept input's RunMemory index in that slot.
+  void select_slot(int slot);
+  int slot() const { return slot_; }
+  int activation_index(int64_t layer) const { return static_cast<int>(slot_ * dims_.L + layer); }
   DType dtype() const { return dtype_; }
   const Checkpointing& checkpointing() const { return ckpt_; }
   const std::vector<ParamInfo>& params() const { return params_; }
@@ -349,6 +380,10 @@ class Transformer {
   void block_forward(kernels::Stream& s, int64_t layer, const void* w, const void* x, void* y,
                      const void* w_lora = nullptr);
   void* final_residual() const { return final_res_; }
+  // The residual stream's gradient (res_rows, C) that the backward phases carry down: what the
+  // head phase leaves and block_backward continues (pipeline parallel: sent to the stage before,
+  // received from the stage after).
+  void* residual_grad() const { return dres_; }
   // Final norm, then LM head + cross-entropy in row chunks: loss_rows() gets each row's loss.
   // With g_fn/g_head non-null it back-propagates too: grads of the final norm and the head
   // (scaled by grad_scale) and d x_L into the residual gradient that block_backward continues.
@@ -387,6 +422,8 @@ class Transformer {
   const FamilyRecipe& recipe_;
   DType dtype_;
   TensorParallel tp_;
+  PipelineStage pp_;
+  int slot_ = 0;
   ModelDims dims_;
   kernels::Runtime& rt_;
   Checkpointing ckpt_;
@@ -408,7 +445,7 @@ class Transformer {
 
   size_t workspace_bytes_ = 0;
   bool bound_ = false;
-  std::vector<BlockActs> acts_;  // per layer (unused for checkpointed layers)
+  std::vector<BlockActs> acts_;  // per slot and layer (unused for checkpointed layers, and other stages')
   BlockActs shared_acts_;        // checkpointed layers, forward and recompute
   BlockScratch scratch_;
   void* final_res_ = nullptr;    // (N, C) output of the last block

@@ -128,6 +128,13 @@ const std::vector<OptionSpec>& option_table() {
        "each rank's 1/tp of a micro-batch's rows (reduce-scatter and all-gather instead of all-reduce), so the "
        "activations a checkpointed block keeps shrink by --tp",
        &O::sequence_parallel, all},
+      {"--pp",
+       "pipeline parallelism (Megatron-LM) across the ranks of an mpirun job: the layers split into this many "
+       "stages of contiguous layers (the embedding with the first, the head with the last), the step's --grad-accum "
+       "micro-batches flowing through them in the 1F1B schedule; the job's ranks are --tp × --pp × data-parallel "
+       "replicas",
+       &O::pp, all},
+      {"--pp-layers", "with --pp: the layers of each stage, e.g. 5,7 (empty: an even split)", &O::pp_layers, all},
       {"--lora-rank", "LoRA: train rank-R adapters on a frozen base (0 = full fine-tuning)", &O::lora_rank, all},
       {"--lora-alpha", "LoRA: the adapters' scale is alpha / rank", &O::lora_alpha, all},
       {"--lora-rslora", "LoRA: scale alpha / sqrt(rank) (rsLoRA)", &O::lora_rslora, all},
@@ -251,6 +258,24 @@ void validate_options(const TrainOptions& o) {
   if (o.sequence_parallel && o.tp < 2)
     throw std::invalid_argument("--sequence-parallel splits rows over the tensor-parallel group: it needs --tp 2 or "
                                 "more");
+  if (o.pp < 1 || o.pp > 4096)
+    throw std::invalid_argument(fmt::format("--pp {}: must be 1 (no pipeline parallelism) to 4096", o.pp));
+  if (!o.pp_layers.empty() && o.pp < 2) throw std::invalid_argument("--pp-layers needs --pp 2 or more (the stages)");
+  if (o.pp > 1) {
+    // What the pipeline schedule does not run yet, refused by name.
+    if (o.zero_stage >= 2)
+      throw std::invalid_argument(fmt::format(
+          "--zero-stage {} with --pp: a stage's gradients are reduce-scattered and its weights gathered per unit in "
+          "a step that runs one micro-batch at a time; the 1F1B schedule interleaves them, so use --zero-stage 0 or "
+          "1 with --pp (the optimizer state is sharded over the data-parallel ranks at stage 1)",
+          o.zero_stage));
+    if (o.lora_rank > 0 || !o.adapter.empty())
+      throw std::invalid_argument("--lora-rank/--adapter with --pp: adapters are not split into pipeline stages "
+                                  "yet; train LoRA with --tp or data parallelism");
+    if (o.speculate == "on")
+      throw std::invalid_argument("--speculate on with --pp: the pipeline's update runs after the step's last "
+                                  "backward; use --speculate auto or off");
+  }
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   if (o.threads < 0 || static_cast<unsigned>(o.threads) > 4 * hw)
     throw std::invalid_argument(fmt::format("--threads {}: must be between 0 (all cores) and {} (4 x the {} hardware "

@@ -91,6 +91,11 @@ struct TrainOptions {
   // every layer; the job's world is tp × the data-parallel replicas ZeRO shards over.
   int tp = 1;
   bool sequence_parallel = false;  // with tp: the residual stream split by rows too (Megatron-LM)
+  // Pipeline parallelism: pp stages of contiguous layers (pp_layers: the layers per stage,
+  // "8,8,7,9"; empty = an even split), the step's grad_accum micro-batches in the 1F1B schedule;
+  // the world is tp × pp × the data-parallel replicas.
+  int pp = 1;
+  std::string pp_layers;
   // LoRA (src/model/lora.h): rank 0 = full fine-tuning; otherwise the base is frozen and each
   // layer's adapters train (PEFT's defaults: alpha 8, targets q_proj,v_proj / c_attn).
   int64_t lora_rank = 0;

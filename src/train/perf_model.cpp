@@ -188,6 +188,7 @@ class ProbeGroup final : public Communicator {
   void do_broadcast(void*, size_t, DType, int, kernels::Stream&) override {}
   void do_barrier(kernels::Stream&) override {}
   void do_send(const void*, size_t, DType, int, kernels::Stream&) override {}
+  void do_send_recv(const void*, size_t, int, void*, size_t, int, DType, kernels::Stream&) override {}
   void do_recv(void*, size_t, DType, int, kernels::Stream&) override {}
   void do_host_broadcast(void*, size_t, int) override {}
   void do_host_all_gather(const void*, void*, size_t) override {}

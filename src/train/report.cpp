@@ -159,6 +159,11 @@ nlohmann::json step_metrics(const StepStats& st, const offload::OffloadStats& os
     j["tp_comm_bytes_sent"] = st.tp_comm_bytes;
     j["tp_comm_ms"] = st.tp_comm_ms;
   }
+  if (st.pp_comm_bytes > 0) {  // pipeline parallelism
+    j["pp_comm_bytes_sent"] = st.pp_comm_bytes;
+    j["pp_comm_ms"] = st.pp_comm_ms;
+    j["pp_bubble"] = st.pp_bubble;
+  }
   j["device_peak_bytes"] = os.tiers[0].bytes_peak;
   j["host_peak_bytes"] = os.tiers[1].bytes_peak;
   j["nvme_peak_bytes"] = os.tiers[2].bytes_peak;
@@ -262,7 +267,7 @@ void Trainer::print_header(std::FILE* out) const {
              c.n_kv_heads, d.D, d.I * m.tp().size, d.full_vocab, c.max_position_embeddings,
              m.model->tied_head() ? ", tied head" : ", untied head");
   fmt::print(out, "  params     {} ({} units{})\n", human_count(static_cast<double>(m.model->n_params())),
-             m.model->units().size(), m.tp().on() ? ", this rank's part under tensor parallelism" : "");
+             m.model->units().size(), m.tp().on() || m.pp().on() ? ", this rank's part" : "");
   if (m.model->lora()) {
     const LoraSpec& l = m.model->lora_spec();
     std::string mods;
@@ -287,9 +292,24 @@ void Trainer::print_header(std::FILE* out) const {
                     "vocabulary rows {}..{} of {}\n",
                m.comm->world(), grid_name(m.groups->shape()), d.Hq, m.cfg.n_heads, d.Hkv, m.cfg.n_kv_heads, d.I,
                d.I * m.tp().size, d.vocab_start, d.vocab_start + d.V - 1, d.full_vocab);
+  } else if (m.pp().on()) {
+    fmt::print(out, "  grid       {} ranks: {}\n", m.comm->world(), grid_name(m.groups->shape()));
+  }
+  if (m.pp().on()) {
+    const PipelineStage& pp = m.pp();
+    std::string layers;
+    for (int64_t n : pipeline_layers(m.cfg.n_layers, pp.size, o.pp_layers)) {
+      if (!layers.empty()) layers += ',';
+      layers += std::to_string(n);
+    }
+    const double p = pp.size, mb = static_cast<double>(o.grad_accum);
+    fmt::print(out, "  pipeline   {} stages of {} layers (this rank: stage {}, layers {}..{}{}{}), {} micro-batches in "
+                    "1F1B: ideal bubble (p-1)/(m+p-1) = {:.1f}%\n",
+               pp.size, layers, pp.rank, pp.first, pp.end - 1, pp.first_stage() ? " and the embedding" : "",
+               pp.last_stage() ? " and the head" : "", o.grad_accum, 100 * (p - 1) / (mb + p - 1));
   }
   if (m.sh.world > 1)
-    fmt::print(out, "  {}{} ({}), ZeRO stage {}: {}\n", m.tp().on() ? "replicas   " : "ranks      ", m.sh.world,
+    fmt::print(out, "  {}{} ({}), ZeRO stage {}: {}\n", m.tp().on() || m.pp().on() ? "replicas   " : "ranks      ", m.sh.world,
                comm_backend_name(m.comm->backend()),
                m.sh.stage,
                m.sh.stage == 0   ? "grads all-reduced, every rank holds everything"

@@ -126,13 +126,14 @@ ResolvedRun resolve_run(const TrainOptions& o, int world, int rank) {
                                 "full or every:N");
   pl.sharding = Sharding{o.zero_stage, world, rank};
   pl.nvme_paths = o.nvme_paths;
-  pl.norm_free = o.update_in_backward && o.grad_clip <= 0 && r.dtype != DType::f16;
+  // (Pipeline parallel: the update follows the step's last backward, on every stage.)
+  pl.norm_free = o.update_in_backward && o.grad_clip <= 0 && r.dtype != DType::f16 && o.pp == 1;
   // Speculation: only where something waits for the norm, and with whole gradients.
   if (o.speculate == "on" && pl.sharding.sharded_grads())
     throw std::invalid_argument("--speculate on needs whole gradients: ZeRO stage 0 or 1 (this job is stage " +
                                 std::to_string(o.zero_stage) + " on " + std::to_string(world) +
                                 " ranks); use --zero-stage 1 or --speculate off");
-  pl.speculate = o.update_in_backward && !pl.norm_free && !pl.sharding.sharded_grads() &&
+  pl.speculate = o.update_in_backward && !pl.norm_free && !pl.sharding.sharded_grads() && o.pp == 1 &&
                  (o.speculate == "on" || (o.speculate == "auto" && pl.optimizer == offload::Tier::nvme));
   if (pl.uses_nvme() && pl.nvme_paths.empty())
     throw std::invalid_argument("an --offload-* flag is nvme but no --nvme-path DIR was given (a directory on the SSD "

@@ -49,8 +49,19 @@ void StepDriver::embed_and_blocks_forward(const int32_t* ids, bool embed_spent) 
 
 void StepDriver::forward(const int32_t* ids, const int32_t* targets) {
   Transformer& m = model_;
-  units_.begin_pass({});
-  embed_and_blocks_forward(ids, false);
+  const PipelineStage& pp = m.pipeline();
+  if (pp.on()) {  // through the stages (slot 0's activations); the last one's head computes the losses
+    const PipelineInputs in{.micro_batches = 1, .select = [&](int64_t) { return std::pair{ids, targets}; },
+                            .losses = {}, .embed_group = nullptr};
+    pipe_recv_forward(0);
+    stage_forward(0, in);
+    pipe_send_forward(-1);
+    if (!pp.last_stage()) return;
+    units_.begin_pass({});
+  } else {
+    units_.begin_pass({});
+    embed_and_blocks_forward(ids, false);
+  }
   const int fn = m.final_norm_unit();
   const void* w_fn = units_.use_weights(fn);
   const void* w_head = units_.use_head_weights();
@@ -77,28 +88,42 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
                      .update_now = update_now});
   embed_and_blocks_forward(ids, last && !m.tied_head());  // its backward needs no weights
 
-  // Head: final norm, LM head, cross-entropy and their backward. A tied head is the embedding
-  // unit, acquired (weights and grads) across the whole head phase.
-  const int fn = m.final_norm_unit();
-  {
-    const void* w_fn = units_.use_weights(fn);
-    const void* w_head = units_.use_head_weights();
-    const std::pair<float*, float*> g = units_.open_head_grads();
-    float* g_fn = g.first;
-    float* g_head = g.second;
-    const bool overwrite = units_.overwrites();
-    const bool frozen = !m.units()[static_cast<size_t>(fn)].trainable;  // LoRA: d x_L only
-    compute([&] {
-      m.head(mem_.stream(Side::compute), targets, w_fn, w_head, g_fn, g_head, grad_scale, overwrite, frozen);
-    });
-    units_.close_head_grads();
-    units_.drop_head_weights(last);
-    units_.drop_weights(fn, last);
-    units_.finish_head_grads();
-  }
+  head_phase(targets, grad_scale, last);
+  blocks_backward(0, m.dims().L, last);
 
-  for (int64_t l = m.dims().L - 1; l >= 0; --l) {
-    const int u = m.block_unit(l), li = static_cast<int>(l);
+  // A tied head wrote this unit's grads in the head phase: its backward adds to them.
+  const int eu = m.embed_unit();
+  float* g = units_.open_grads(eu);
+  const bool overwrite = units_.overwrites();
+  if (g) compute([&] { m.embed_backward(mem_.stream(Side::compute), ids, g, overwrite); });  // null: frozen
+  units_.close_grads(eu);
+  units_.finish_grads(eu);
+  units_.end_pass();
+}
+
+// Head: final norm, LM head, cross-entropy and their backward. A tied head is the embedding
+// unit, acquired (weights and grads) across the whole head phase.
+void StepDriver::head_phase(const int32_t* targets, float grad_scale, bool last) {
+  Transformer& m = model_;
+  const int fn = m.final_norm_unit();
+  const void* w_fn = units_.use_weights(fn);
+  const void* w_head = units_.use_head_weights();
+  const std::pair<float*, float*> g = units_.open_head_grads();
+  float* g_fn = g.first;
+  float* g_head = g.second;
+  const bool overwrite = units_.overwrites();
+  const bool frozen = !m.units()[static_cast<size_t>(fn)].trainable;  // LoRA: d x_L only
+  compute([&] { m.head(mem_.stream(Side::compute), targets, w_fn, w_head, g_fn, g_head, grad_scale, overwrite, frozen); });
+  units_.close_head_grads();
+  units_.drop_head_weights(last);
+  units_.drop_weights(fn, last);
+  units_.finish_head_grads();
+}
+
+void StepDriver::blocks_backward(int64_t first, int64_t end, bool last) {
+  Transformer& m = model_;
+  for (int64_t l = end - 1; l >= first; --l) {
+    const int u = m.block_unit(l), li = m.activation_index(l);
     const void* w = units_.use_weights(u);  // gathered again (stage 3): the recompute and backward use it
     const int lu = m.lora_unit(l);
     const void* wl = lu >= 0 ? units_.use_weights(lu) : nullptr;
@@ -115,14 +140,164 @@ void StepDriver::forward_backward(const int32_t* ids, const int32_t* targets, fl
     if (lu >= 0) units_.finish_grads(lu);
     units_.finish_grads(u);
   }
+}
 
-  // A tied head wrote this unit's grads in the head phase: its backward adds to them.
+void StepDriver::pipeline_step(const PipelineInputs& in, float grad_scale, double* norm2) {
+  const PipelineStage& pp = model_.pipeline();
+  const int64_t M = in.micro_batches;
+  if (!pp.on() || M < 1 || std::min<int64_t>(pp.size - pp.rank, M) > pp.slots)
+    throw std::logic_error("StepDriver: pipeline step of " + std::to_string(M) + " micro-batches on stage " +
+                           std::to_string(pp.rank) + " of " + std::to_string(pp.size) + " with " +
+                           std::to_string(pp.slots) + " activation slots");
+  // 1F1B as Megatron-LM runs it (forward_backward_pipelining_without_interleaving): warm-up
+  // forwards, then one forward and one backward at a time, then the backwards left. A stage
+  // that sends to a neighbour and then waits for that neighbour posts both at once
+  // (send_recv), so two neighbours never both wait in a send.
+  const int64_t warm = std::min<int64_t>(pp.size - pp.rank - 1, M), steady = M - warm;
+  for (int64_t i = 0; i < warm; ++i) {
+    pipe_recv_forward(i);
+    stage_forward(i, in);
+    pipe_send_forward(-1);
+  }
+  if (steady > 0) pipe_recv_forward(warm);
+  for (int64_t i = 0; i < steady; ++i) {
+    const int64_t f = warm + i, b = i;
+    stage_forward(f, in);
+    pipe_send_forward(b);  // and receive b's gradient
+    const bool more = i + 1 < steady;
+    stage_backward(b, M, in, grad_scale, norm2, /*send_grad=*/!more);
+    if (more) pipe_send_backward_recv_forward(f + 1);
+  }
+  for (int64_t b = steady; b < M; ++b) {
+    pipe_recv_backward();
+    stage_backward(b, M, in, grad_scale, norm2, /*send_grad=*/true);
+  }
+}
+
+size_t StepDriver::pipe_elems() const {
+  return static_cast<size_t>(model_.dims().res_rows * model_.dims().C);
+}
+
+void StepDriver::pipe_recv_forward(int64_t mb) {
+  Transformer& m = model_;
+  const PipelineStage& pp = m.pipeline();
+  if (pp.first_stage()) return;  // (its input is the embedding's)
+  m.select_slot(static_cast<int>(mb % pp.slots));
+  const int li = m.activation_index(pp.first);
+  void* x0 = mem_.acquire(Role::activations, li, Mode::write, Side::compute);
+  compute([&] { pp.comm->recv(x0, pipe_elems(), m.dtype(), pp.rank - 1, mem_.stream(Side::compute)); });
+  mem_.release(Role::activations, li);
+}
+
+void StepDriver::pipe_send_forward(int64_t recv_grad_of) {
+  Transformer& m = model_;
+  const PipelineStage& pp = m.pipeline();
+  if (pp.last_stage()) return;  // (its output is the head's input)
+  compute([&] {
+    kernels::Stream& s = mem_.stream(Side::compute);
+    if (recv_grad_of < 0)
+      pp.comm->send(m.final_residual(), pipe_elems(), m.dtype(), pp.rank + 1, s);
+    else
+      pp.comm->send_recv(m.final_residual(), pipe_elems(), pp.rank + 1, m.residual_grad(), pipe_elems(), pp.rank + 1,
+                         m.dtype(), s);
+  });
+}
+
+void StepDriver::pipe_recv_backward() {
+  Transformer& m = model_;
+  const PipelineStage& pp = m.pipeline();
+  if (pp.last_stage()) return;  // (the head phase makes it)
+  compute([&] { pp.comm->recv(m.residual_grad(), pipe_elems(), m.dtype(), pp.rank + 1, mem_.stream(Side::compute)); });
+}
+
+void StepDriver::pipe_send_backward_recv_forward(int64_t next) {
+  Transformer& m = model_;
+  const PipelineStage& pp = m.pipeline();
+  if (pp.first_stage()) return;
+  m.select_slot(static_cast<int>(next % pp.slots));
+  const int li = m.activation_index(pp.first);
+  void* x0 = mem_.acquire(Role::activations, li, Mode::write, Side::compute);
+  compute([&] {
+    pp.comm->send_recv(m.residual_grad(), pipe_elems(), pp.rank - 1, x0, pipe_elems(), pp.rank - 1, m.dtype(),
+                       mem_.stream(Side::compute));
+  });
+  mem_.release(Role::activations, li);
+}
+
+void StepDriver::stage_forward(int64_t mb, const PipelineInputs& in) {
+  Transformer& m = model_;
+  const PipelineStage& pp = m.pipeline();
+  m.select_slot(static_cast<int>(mb % pp.slots));
+  const int32_t* ids = in.select ? in.select(mb).first : nullptr;
+  units_.begin_pass({});
+  if (pp.first_stage()) {
+    const int li = m.activation_index(pp.first);
+    void* x0 = mem_.acquire(Role::activations, li, Mode::write, Side::compute);
+    const void* w = units_.use_weights(m.embed_unit());
+    compute([&] { m.embed_forward(mem_.stream(Side::compute), ids, w, x0); });
+    units_.drop_weights(m.embed_unit());
+    mem_.release(Role::activations, li);
+  }
+  for (int64_t l = pp.first; l < pp.end; ++l) {
+    const void* w = units_.use_weights(m.block_unit(l));
+    const int lu = m.lora_unit(l);
+    const void* wl = lu >= 0 ? units_.use_weights(lu) : nullptr;
+    const int li = m.activation_index(l);
+    const void* x = mem_.acquire(Role::activations, li, Mode::read, Side::compute);
+    const bool out = l + 1 == pp.end;  // the stage's output: the head's input, or sent on
+    void* y = out ? m.final_residual() : mem_.acquire(Role::activations, li + 1, Mode::write, Side::compute);
+    compute([&] { m.block_forward(mem_.stream(Side::compute), l, w, x, y, wl); });
+    if (!out) mem_.release(Role::activations, li + 1);
+    mem_.release(Role::activations, li);
+    if (lu >= 0) units_.drop_weights(lu);
+    units_.drop_weights(m.block_unit(l));
+  }
+  units_.end_pass();
+}
+
+// The residual gradient is here (the head's, or received); send_grad: it goes to the stage
+// before from here (else the caller sends it with the next forward's receive).
+void StepDriver::stage_backward(int64_t mb, int64_t micro_batches, const PipelineInputs& in, float grad_scale,
+                                double* norm2, bool send_grad) {
+  Transformer& m = model_;
+  const PipelineStage& pp = m.pipeline();
+  m.select_slot(static_cast<int>(mb % pp.slots));
+  const std::pair<const int32_t*, const int32_t*> io =
+      in.select ? in.select(mb) : std::pair<const int32_t*, const int32_t*>{nullptr, nullptr};
+  const bool first = mb == 0, last = mb + 1 == micro_batches;
+  units_.begin_pass({.backward = true, .first = first, .last = last, .norm2 = norm2});
+  if (pp.last_stage()) {
+    head_phase(io.second, grad_scale, last);
+    if (in.losses && !mem_.dry()) in.losses(mb);
+  }
+  blocks_backward(pp.first, pp.end, last);
+  if (send_grad && !pp.first_stage())
+    compute([&] {
+      pp.comm->send(m.residual_grad(), pipe_elems(), m.dtype(), pp.rank - 1, mem_.stream(Side::compute));
+    });
+  // The tied embedding's gradient, summed over its two copies (first and last stage) once final,
+  // after this stage's last send (the first stage's backward waits for it).
   const int eu = m.embed_unit();
-  float* g = units_.open_grads(eu);
-  const bool overwrite = units_.overwrites();
-  if (g) compute([&] { m.embed_backward(mem_.stream(Side::compute), ids, g, overwrite); });  // null: frozen
-  units_.close_grads(eu);
-  units_.finish_grads(eu);
+  const auto tie = [&](float* g) {
+    if (g && last && m.tied_head() && in.embed_group)
+      compute([&] {
+        in.embed_group->all_reduce(g, g, static_cast<size_t>(m.units()[static_cast<size_t>(eu)].n_real), DType::f32,
+                                   mem_.stream(Side::compute));
+      });
+  };
+  if (pp.first_stage()) {
+    float* g = units_.open_grads(eu);
+    const bool overwrite = units_.overwrites();
+    if (g) compute([&] { m.embed_backward(mem_.stream(Side::compute), io.first, g, overwrite); });  // null: frozen
+    tie(g);
+    units_.close_grads(eu);
+    units_.finish_grads(eu);
+  } else if (m.tied_head()) {  // the head phase wrote the last stage's copy: nothing adds to it here
+    float* g = units_.open_grads(eu);
+    tie(g);
+    units_.close_grads(eu);
+    units_.finish_grads(eu);
+  }
   units_.end_pass();
 }
 

@@ -7,6 +7,8 @@
 // and gradients travel between ranks.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <utility>
 
 #include "src/comm/communicator.h"
 #include "src/model/transformer.h"
@@ -58,6 +60,26 @@ class StepDriver {
                    const PendingUpdate* pending, const AdamWStep* now);
   // Forward only: the per-row losses.
   void forward(const int32_t* ids, const int32_t* targets);
+
+  // Pipeline parallel (model.pipeline().on()): one step's micro-batches through this rank's
+  // stage in the 1F1B schedule (PipeDream-Flush, Megatron-LM's default): stage s of p runs
+  // min(p - s - 1, m) forwards, then alternates one forward and one backward, then the
+  // remaining backwards; micro-batch i's activations live in slot i % slots. Activations go to
+  // the next stage and their gradients to the one before as point-to-point sends over the
+  // pipeline group, in stream order. grads, norm2 and the first/last micro-batch rules are
+  // forward_backward's; no update runs inside (the step's update follows it, optimizer()). A
+  // tied head's gradient (the last stage's copy of the embedding) is summed with the first
+  // stage's over `embed_group` after the last micro-batch, before either is reduced over the
+  // data-parallel ranks, so both copies take the same update.
+  struct PipelineInputs {
+    int64_t micro_batches = 1;
+    // Makes micro-batch i current (documents, dropout key) and returns its (ids, targets).
+    std::function<std::pair<const int32_t*, const int32_t*>(int64_t)> select;
+    // The last stage: micro-batch i's per-row losses are in model.loss_rows() (stream order).
+    std::function<void(int64_t)> losses;
+    Communicator* embed_group = nullptr;
+  };
+  void pipeline_step(const PipelineInputs& in, float grad_scale, double* norm2);
   // AdamW over every unit, from the embedding to the head, on the optimizer side. With apply
   // false (an fp16 step skipped for overflow) the same blocks are visited, the state is left as
   // it is and the working weights are rewritten from the master: the step's program (what the
@@ -72,6 +94,23 @@ class StepDriver {
   }
   // spent: this pass is the step's last use of the embedding's weights.
   void embed_and_blocks_forward(const int32_t* ids, bool embed_spent);
+  // Pipeline parallel: one micro-batch's forward, and backward, through this stage.
+  void stage_forward(int64_t mb, const PipelineInputs& in);
+  void stage_backward(int64_t mb, int64_t micro_batches, const PipelineInputs& in, float grad_scale, double* norm2,
+                      bool send_grad);
+  // The point-to-point halves of the schedule (each a no-op where the stage has no such
+  // neighbour): micro-batch mb's input received into its slot; the stage's output sent on
+  // (recv_grad_of >= 0: with that micro-batch's residual gradient received back); a residual
+  // gradient received; the gradient sent back with micro-batch `next`'s input received.
+  void pipe_recv_forward(int64_t mb);
+  void pipe_send_forward(int64_t recv_grad_of);
+  void pipe_recv_backward();
+  void pipe_send_backward_recv_forward(int64_t next);
+  size_t pipe_elems() const;  // a residual (res_rows, C) in elements
+  // The head phase of forward_backward (final norm, LM head, cross-entropy, their backward).
+  void head_phase(const int32_t* targets, float grad_scale, bool last);
+  // Backward of layers [first, end), from the last down.
+  void blocks_backward(int64_t first, int64_t end, bool last);
 
   Transformer& model_;
   RunMemory& mem_;

@@ -242,10 +242,17 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
                               static_cast<int>(r))
                      : -1);
       }
-  for (int64_t layer = 0; layer < model.dims().L; ++layer)
-    l->ids[static_cast<int>(Role::activations)].push_back(
-        l->add("input." + std::to_string(layer), model.input_bytes(),
-               model.checkpointing().at(layer) ? pl.activations : Tier::device, static_cast<int>(Role::activations)));
+  // Each layer's kept input, per micro-batch slot (pipeline parallel: the stage's layers, in
+  // each of the micro-batches in flight at once; RunMemory index slot · L + layer).
+  const PipelineStage& stage = model.pipeline();
+  for (int64_t slot = 0; slot < stage.slots; ++slot)
+    for (int64_t layer = 0; layer < model.dims().L; ++layer)
+      l->ids[static_cast<int>(Role::activations)].push_back(
+          !model.holds_layer(layer)
+              ? -1
+              : l->add("input." + (slot > 0 ? std::to_string(slot) + "." : std::string()) + std::to_string(layer),
+                       model.input_bytes(), model.checkpointing().at(layer) ? pl.activations : Tier::device,
+                       static_cast<int>(Role::activations)));
   l->workspace = l->add("workspace", model.workspace_bytes(), Tier::device, kNumRoles);
   l->extra = l->add("step_buffers", extra_bytes, Tier::device, kNumRoles);
   // Buffers without a home of their own, in the device budget: one whole unit per slot (0 the
@@ -288,8 +295,12 @@ std::unique_ptr<TieredMemory::Layout> TieredMemory::build_layout(const Transform
       StepDriver driver(const_cast<Transformer&>(model), rec, sh);
       const PendingUpdate update;
       const AdamWStep now;
-      for (const MicroBatch& mb : StepProgram(grad_accum, pl))
-        driver.micro_batch(mb, nullptr, nullptr, 1.f, nullptr, &update, &now);
+      if (model.pipeline().on())  // the stage's 1F1B order, its update after it (Schedule::update)
+        driver.pipeline_step({.micro_batches = grad_accum, .select = {}, .losses = {}, .embed_group = nullptr}, 1.f,
+                             nullptr);
+      else
+        for (const MicroBatch& mb : StepProgram(grad_accum, pl))
+          driver.micro_batch(mb, nullptr, nullptr, 1.f, nullptr, &update, &now);
     }
     {
       ScheduleRecorder rec(*l, l->schedules[at + static_cast<size_t>(Schedule::update)], parity);

@@ -99,10 +99,11 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
   mem->begin_step(TieredMemory::Schedule::aside);
   if (!optim)  // first, while no write is in flight (TieredMemory::zero)
     for (size_t u = 0; u < model->units().size(); ++u)
-      if (model->units()[u].trainable) mem->zero(Role::adam, static_cast<int>(u));
+      if (model->units()[u].trainable && model->units()[u].held) mem->zero(Role::adam, static_cast<int>(u));
   for (size_t ui = 0; ui < model->units().size(); ++ui) {
     const int u = static_cast<int>(ui);
     const Unit& unit = model->units()[ui];
+    if (!unit.held) continue;  // another pipeline stage's
     const int64_t n = sharded ? sh.shard(unit.numel) : unit.numel, lo = sharded ? sh.rank * n : 0;
     if (in_pieces(unit, u)) {
       char* w = static_cast<char*>(mem->acquire(Role::params, u, offload::Mode::write, Side::host));
@@ -280,7 +281,7 @@ std::vector<std::vector<float>> Trainer::Impl::gather_tensors(Role role, const s
   mem->begin_step(TieredMemory::Schedule::aside);
   for (size_t ui = 0; ui < model->units().size(); ++ui) {
     const Unit& unit = model->units()[ui];
-    if (!unit.trainable) continue;
+    if (!unit.trainable || !unit.held) continue;
     const int u = static_cast<int>(ui);
     // This rank's part of the unit, whole over the data-parallel ranks (on their rank 0).
     std::vector<float> part;
@@ -295,6 +296,26 @@ std::vector<std::vector<float>> Trainer::Impl::gather_tensors(Role role, const s
     for (int pi : unit.params) out[static_cast<size_t>(pi)] = whole_tensor(model->params()[static_cast<size_t>(pi)], part.data());
   }
   mem->end_step();
+  // Pipeline parallel: each tensor from the first stage that holds it, over the pipeline group
+  // of data-parallel and tensor-parallel rank 0 (the one with rank 0), one tensor at a time.
+  if (pp().on() && sh.rank == 0 && tp().rank == 0) {
+    Communicator& g = groups->pp();
+    const std::vector<ParamInfo>& ps = model->params();
+    std::vector<uint8_t> mine(ps.size()), all(ps.size() * static_cast<size_t>(g.world()));
+    for (size_t pi = 0; pi < ps.size(); ++pi) mine[pi] = model->holds(ps[pi]) && !out[pi].empty();
+    g.host_all_gather(mine.data(), all.data(), mine.size());
+    for (size_t pi = 0; pi < ps.size(); ++pi) {
+      int owner = -1;
+      for (int r = 0; r < g.world() && owner < 0; ++r)
+        if (all[static_cast<size_t>(r) * ps.size() + pi]) owner = r;
+      if (owner < 0) continue;  // (frozen: not gathered)
+      int64_t numel = 1;
+      for (int64_t x : ps[pi].full_shape) numel *= x;
+      out[pi].resize(static_cast<size_t>(numel));
+      g.host_broadcast(out[pi].data(), static_cast<size_t>(numel) * sizeof(float), owner);
+      if (g.rank() != 0) std::vector<float>().swap(out[pi]);
+    }
+  }
   if (!rank0()) out.assign(out.size(), {});
   return out;
 }
@@ -367,7 +388,7 @@ void Trainer::save(const std::string& out_dir) const {
   m.opt_stream().synchronize();
   // Sharded (ZeRO stage >= 1) or tensor parallel: every tensor whole on rank 0 first (its parts
   // gathered from the data-parallel and tensor-parallel ranks); else streamed from its block.
-  const bool gathered = m.sh.sharded_optimizer() || m.tp().on();
+  const bool gathered = m.sh.sharded_optimizer() || m.tp().on() || m.pp().on();
   std::vector<std::vector<float>> whole;  // [param] (gathered, rank 0)
   if (gathered) whole = m.gather_tensors(Role::master, [](int) { return int64_t{0}; });
   if (m.tp().on() && m.o.merge_adapter) m.gather_base(whole);
@@ -418,7 +439,7 @@ std::string Trainer::save_checkpoint() {
   if (m.o.checkpoint_dir.empty()) throw std::logic_error("save_checkpoint without --checkpoint-dir");
   m.flush();
   // Sharded or tensor parallel: master, m and v of every tensor whole on rank 0 first (as save).
-  const bool gathered = m.sh.sharded_optimizer() || m.tp().on();
+  const bool gathered = m.sh.sharded_optimizer() || m.tp().on() || m.pp().on();
   std::array<std::vector<std::vector<float>>, 3> whole;  // {master, m, v} [param] (gathered, rank 0)
   if (gathered) {
     const auto adam_at = [&m](bool v) {

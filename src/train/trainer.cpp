@@ -72,7 +72,7 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   check_ranks_agree(*m.comm, o, m.cfg, r.resume);
   // Then (every rank with the same --tp, so the splits line up) tensor-parallel groups of --tp
   // consecutive ranks; ZeRO shards each unit over the data-parallel group.
-  m.groups = std::make_unique<ProcessGroups>(*m.comm, o.tp, 1);
+  m.groups = std::make_unique<ProcessGroups>(*m.comm, o.tp, o.pp);
   r.placement.sharding = Sharding{o.zero_stage, m.groups->dp().world(), m.groups->dp().rank()};
   m.placement = r.placement;
   m.sh = m.placement.sharding;  // this rank's shard of every unit
@@ -128,8 +128,24 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     opt_rt = m.cpu_rt.get();
   }
   const TensorParallel tp{o.tp, m.groups->coord().tp, &m.groups->tp(), o.sequence_parallel};
+  PipelineStage stage;
+  if (o.pp > 1) {
+    const std::vector<int64_t> layers = pipeline_layers(m.cfg.n_layers, o.pp, o.pp_layers);
+    stage.size = o.pp;
+    stage.rank = m.groups->coord().pp;
+    for (int s = 0; s < stage.rank; ++s) stage.first += layers[static_cast<size_t>(s)];
+    stage.end = stage.first + layers[static_cast<size_t>(stage.rank)];
+    stage.slots = static_cast<int>(std::min<int64_t>(o.pp - stage.rank, o.grad_accum));
+    stage.comm = &m.groups->pp();
+    // A tied head: the first and last stage of each (dp, tp) position sum the embedding's grads.
+    const GridCoord c = m.groups->coord();
+    const bool ends = stage.first_stage() || stage.last_stage();
+    const int color = ends ? c.dp * o.tp + c.tp : m.comm->world() + m.comm->rank();
+    m.embed_group = m.comm->split(color, stage.rank);
+    if (!ends) m.embed_group.reset();
+  }
   m.model = std::make_unique<Transformer>(m.cfg, m.dtype, o.batch, o.seq, *m.rt, r.ckpt, kLogitsChunkBytes, m.sh.world,
-                                          r.lora, tp);
+                                          r.lora, tp, stage);
   const int64_t n = m.N();
   const size_t n_units = m.model->units().size();
   settle_speculation(o, m.placement, *m.model, m.backend, step_buffer_bytes(o, r, n_units));
@@ -187,6 +203,13 @@ StepStats Trainer::step() {
   const double comm0 = m.comm_ms(), exposed0 = m.exposed_ms(), waited0 = m.driver->exposed_ms();
   const double tp_ms0 = m.groups->tp().busy_ms();
   const uint64_t tp_bytes0 = m.groups->tp().sent_bytes();
+  // Pipeline parallel: the point-to-point sends and the tied embedding's sum (both on compute).
+  const auto pp_ms = [&m] { return m.groups->pp().busy_ms() + (m.embed_group ? m.embed_group->busy_ms() : 0); };
+  const auto pp_bytes = [&m] {
+    return m.groups->pp().sent_bytes() + (m.embed_group ? m.embed_group->sent_bytes() : 0);
+  };
+  const double pp_ms0 = pp_ms(), p2p_ms0 = m.groups->pp().busy_ms();
+  const uint64_t pp_bytes0 = pp_bytes();
   const int64_t n = m.N();
   StepStats st;
   st.step = m.steps_done + 1;
@@ -241,44 +264,79 @@ StepStats Trainer::step() {
   const bool in_backward = m.placement.update_in_backward() && (speculating || !m.placement.speculate);
   const PendingUpdate* update = in_backward ? nullptr : m.pending ? &*m.pending : &none;
   const AdamWStep this_step = adamw_step(clip_coefficient(0, o.grad_clip));
+  // Micro-batch i's inputs made current: its (ids, targets).
+  const auto select = [&](int64_t i) {
+    const int32_t* ids = m.dev_tokens + i * m.arrays * n;
+    if (m.data->documents()) m.model->set_documents(ids + 2 * n, ids + 3 * n);
+    // LoRA dropout: masks of this step, micro-batch and rank (a resume draws the same ones).
+    if (o.lora_dropout > 0)
+      m.model->set_lora_dropout_key((o.seed * 0x100000001b3ull + static_cast<uint64_t>(st.step)) *
+                                        0x9e3779b97f4a7c15ull +
+                                    static_cast<uint64_t>(i * m.sh.world + m.sh.rank) + 1);
+    return std::pair<const int32_t*, const int32_t*>{ids, ids + n};
+  };
+  const auto losses_of = [&](int64_t i) {
+    s.memcpy_async(m.host_losses.data() + i * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
+  };
   const auto run_micro_batches = [&](bool update_in_backward, const PendingUpdate* pending) {  // the step's program
     for (const MicroBatch& mb : StepProgram(o.grad_accum, update_in_backward)) {
-      const int32_t* ids = m.dev_tokens + mb.index * m.arrays * n;
-      if (m.data->documents()) m.model->set_documents(ids + 2 * n, ids + 3 * n);
-      // LoRA dropout: masks of this step, micro-batch and rank (a resume draws the same ones).
-      if (o.lora_dropout > 0)
-        m.model->set_lora_dropout_key((o.seed * 0x100000001b3ull + static_cast<uint64_t>(st.step)) *
-                                          0x9e3779b97f4a7c15ull +
-                                      static_cast<uint64_t>(mb.index * m.sh.world + m.sh.rank) + 1);
-      m.driver->micro_batch(mb, ids, ids + n, grad_scale, m.dev_norm2, pending, &this_step);
-      s.memcpy_async(m.host_losses.data() + mb.index * n, m.model->loss_rows(), static_cast<size_t>(n) * sizeof(float));
+      const auto [ids, targets] = select(mb.index);
+      m.driver->micro_batch(mb, ids, targets, grad_scale, m.dev_norm2, pending, &this_step);
+      losses_of(mb.index);
     }
   };
-  run_micro_batches(in_backward, update);
+  // The schedule's span on the compute stream (pipeline parallel: the bubble's denominator).
+  const auto pipe_span = std::make_shared<std::array<Clock::time_point, 2>>();
+  if (m.pp().on()) {  // the stage's 1F1B schedule; the update follows the step (flushed below)
+    s.host_fn([pipe_span] { (*pipe_span)[0] = Clock::now(); });
+    m.driver->pipeline_step({.micro_batches = o.grad_accum, .select = select, .losses = losses_of,
+                             .embed_group = m.embed_group.get()},
+                            grad_scale, m.dev_norm2);
+    s.host_fn([pipe_span] { (*pipe_span)[1] = Clock::now(); });
+  } else {
+    run_micro_batches(in_backward, update);
+  }
   s.memcpy_async(m.host_norm2.data(), m.dev_norm2, m.host_norm2.size() * sizeof(double));
   const int world = m.comm->world();
   if (world > 1) kill_if_asked(m.comm->rank(), st.step);
   s.synchronize();
   double sum = 0;
   // (the ranks of a tensor-parallel group have the same losses: its rank 0 counts them)
-  if (m.tp().rank == 0)
+  // (pipeline parallel: the last stage's, the one with the head)
+  if (m.tp().rank == 0 && m.pp().last_stage())
     for (float l : m.host_losses) sum += l;
+  // A tied head's copy on the last stage has the first stage's gradient: counted there only.
+  if (m.pp().on() && m.model->tied_head() && !m.pp().first_stage()) m.host_norm2[0] = 0;
+  // Pipeline parallel, the measured bubble: the time this stage's schedule waited in its
+  // point-to-point sends and receives (moving bytes, and idle until the neighbour got there),
+  // over the schedule's span, summed over every rank.
+  double waited = 0, span = 0;
+  if (m.pp().on()) {
+    waited = m.groups->pp().busy_ms() - p2p_ms0;
+    span = std::chrono::duration<double, std::milli>((*pipe_span)[1] - (*pipe_span)[0]).count();
+  }
   if (world > 1) {
-    // Every rank's loss sum and per-unit shard Σ g², summed in rank order: the same numbers,
-    // bit for bit, on every rank (so every rank decides the same clip, skip or stop).
-    const size_t k = 1 + m.host_norm2.size();
+    // Every rank's loss sum and per-unit shard Σ g² (and its pipeline wait and span), summed in
+    // rank order: the same numbers, bit for bit, on every rank (so every rank decides the same
+    // clip, skip or stop).
+    const size_t nu = m.host_norm2.size(), k = 3 + nu;
     std::vector<double> mine(k), all(k * static_cast<size_t>(world));
     mine[0] = sum;
-    std::copy(m.host_norm2.begin(), m.host_norm2.end(), mine.begin() + 1);
+    mine[1] = waited;
+    mine[2] = span;
+    std::copy(m.host_norm2.begin(), m.host_norm2.end(), mine.begin() + 3);
     m.comm->host_all_gather(mine.data(), all.data(), k * sizeof(double));
-    sum = 0;
+    sum = waited = span = 0;
     std::fill(m.host_norm2.begin(), m.host_norm2.end(), 0.0);
     for (int r = 0; r < world; ++r) {
       const double* row = all.data() + static_cast<size_t>(r) * k;
       sum += row[0];
-      for (size_t u = 0; u + 1 < k; ++u) m.host_norm2[u] += row[1 + u];
+      waited += row[1];
+      span += row[2];
+      for (size_t u = 0; u < nu; ++u) m.host_norm2[u] += row[3 + u];
     }
   }
+  if (m.pp().on()) st.pp_bubble = span > 0 ? waited / span : 0;
   st.loss = sum / static_cast<double>(trained);
   // The global norm: the units' sums of squares, added in unit order (a fixed order, whatever
   // the placement), then unscaled.
@@ -295,6 +353,7 @@ StepStats Trainer::step() {
   m.mem->end_step();
   // This step's update, applied inside the next step's forward.
   if (!in_backward) m.pending = PendingUpdate{adamw_step(apply ? clip_coefficient(norm, o.grad_clip) : 1.f), apply};
+  if (m.pp().on()) m.flush();  // (no stage's forward runs a pending update)
   if (m.placement.speculate && !speculating) {
     m.mem->flip();  // the forward's update (the last step's, or none) wrote the second copies
     --m.plain_left;
@@ -349,7 +408,9 @@ StepStats Trainer::step() {
   // (the compute stream's timed waits for collectives are not compute)
   st.tp_comm_ms = m.groups->tp().busy_ms() - tp_ms0;
   st.tp_comm_bytes = m.groups->tp().sent_bytes() - tp_bytes0;
-  st.compute_ms = m.busy_ms() - busy0 - (m.driver->exposed_ms() - waited0) - st.tp_comm_ms;
+  st.pp_comm_ms = pp_ms() - pp_ms0;
+  st.pp_comm_bytes = pp_bytes() - pp_bytes0;
+  st.compute_ms = m.busy_ms() - busy0 - (m.driver->exposed_ms() - waited0) - st.tp_comm_ms - st.pp_comm_ms;
   st.comm_bytes = comm_bytes_per_step(*m.model, m.sh, o.grad_accum);
   st.comm_ms = m.comm_ms() - comm0;  // every stream is synchronised above
   st.comm_exposed_ms = m.exposed_ms() - exposed0;
@@ -389,7 +450,7 @@ Trainer::EvalStats Trainer::evaluate() {
     m.driver->forward(m.dev_tokens, m.dev_tokens + n);
     s.memcpy_async(losses.data(), m.model->loss_rows(), losses.size() * sizeof(float));
     s.synchronize();
-    if (m.tp().rank == 0)
+    if (m.tp().rank == 0 && m.pp().last_stage())
       for (float l : losses) sum += l;
     ++ev.batches;
   }

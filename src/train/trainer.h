@@ -54,6 +54,15 @@ struct StepStats {
   // compute_ms).
   uint64_t tp_comm_bytes = 0;
   double tp_comm_ms = 0;
+  // Pipeline parallelism (--pp): sent by this rank to its neighbour stages this step (each
+  // micro-batch's activations forward and their gradients back) and, with a tied head, the
+  // embedding's gradient summed between the first and last stage, measured; the time those ran
+  // on the compute stream (moving bytes and waiting for the neighbour; not in compute_ms); and
+  // the measured bubble: the time every rank's schedule waited in its point-to-point sends and
+  // receives over the schedule's span, all ranks together (ideally (p−1)/(m+p−1)).
+  uint64_t pp_comm_bytes = 0;
+  double pp_comm_ms = 0;
+  double pp_bubble = 0;
   uint64_t bytes_moved() const { return link_bytes[0] + link_bytes[1] + link_bytes[2] + link_bytes[3]; }
 };
 

@@ -39,7 +39,10 @@ struct Trainer::Impl {
   kernels::Backend backend = kernels::Backend::cpu;
   Placement placement;
   std::unique_ptr<Communicator> comm;  // the job's ranks (local: one rank, no MPI)
-  std::unique_ptr<ProcessGroups> groups;  // the (dp, pp, tp) grid of comm's ranks (--tp)
+  std::unique_ptr<ProcessGroups> groups;  // the (dp, pp, tp) grid of comm's ranks (--tp, --pp)
+  // Pipeline parallel with a tied head: the first and last stage of this rank's (dp, tp)
+  // position, which hold the embedding's two copies (null elsewhere).
+  std::unique_ptr<Communicator> embed_group;
   Sharding sh;                         // this rank's part of every unit over the data-parallel group (ZeRO stage)
   std::unique_ptr<kernels::Runtime> rt;
   std::unique_ptr<kernels::Stream> stream;
@@ -88,6 +91,7 @@ struct Trainer::Impl {
   // The job's rank 0 (it alone prints and writes); tensor parallelism's group and place.
   bool rank0() const { return comm->rank() == 0; }
   const TensorParallel& tp() const { return model->tensor_parallel(); }
+  const PipelineStage& pp() const { return model->pipeline(); }
   kernels::Stream& opt_stream() { return cpu_stream ? *cpu_stream : *stream; }
   double busy_ms() const { return stream->busy_ms() + (cpu_stream ? cpu_stream->busy_ms() : 0); }
   // Communication: all the comm stream ran (collectives, and the sums and copies that finish a

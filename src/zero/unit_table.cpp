@@ -38,6 +38,11 @@ UnitTable::UnitTable(const Transformer& model, const Placement& pl, const std::v
     e.numel = unit.numel;
     e.n_real = unit.n_real;
     e.trainable = trainable.empty() ? unit.trainable : trainable[u];
+    if (!unit.held) {  // another pipeline stage's
+      e.held = e.trainable = false;
+      units_.push_back(std::move(e));
+      continue;
+    }
     const int64_t S = sh_.shard(unit.numel);
     e.shards.dp = {.numel = unit.numel, .shard = S, .offset = sh_.rank * S};
     // A block holds the whole unit, or (its stage shards it) this rank's shard.

@@ -54,6 +54,8 @@ struct UnitEntry {
   int64_t n_real = 0;  // its parameters (no padding)
   // A frozen unit (trainable = false) holds working weights only: no grads, master or AdamW.
   bool trainable = true;
+  // Pipeline parallel: false for another stage's unit (Unit::held): no blocks at all.
+  bool held = true;
   UnitShards shards;
   // adam covers the master's elements; its block is laid out as adam_layout() says.
   UnitBlock params, master, adam, grads;  // params: the working weights

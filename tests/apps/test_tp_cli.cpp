@@ -22,17 +22,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli_test_util.h"
-#include "src/checkpoint/hf.h"
+#include "grid_cli_util.h"
 
 namespace fs = std::filesystem;
 using strata::test::CliResult;
-using strata::test::kHaveMpi;
 using strata::test::slurp;
 
 namespace {
 
-double rel(double a, double b) { return std::abs(a - b) / std::max({std::abs(a), std::abs(b), 1e-30}); }
+using strata::test::rel;
 
 // Bytes a tp rank sends per micro-batch (fp32, an all-reduce of S bytes sends 2·(t−1)/t·S):
 // Megatron-LM's 4 all-reduces of the (B·T, h) activations per layer (2 forward, 2 backward),
@@ -45,85 +43,14 @@ uint64_t tp_bytes(int64_t rows, int64_t hidden, int64_t layers, int64_t recomput
          static_cast<uint64_t>(3 * rows * 4 * (tp - 1));
 }
 
-class TpCli : public ::testing::Test {
+class TpCli : public strata::test::GridCli {
  protected:
   void SetUp() override {
-    if (!kHaveMpi) GTEST_SKIP() << "strata was built without MPI or mpirun: the multi-rank CLI tests did not run";
-    dir_ = strata::test::make_scratch_dir("strata_tp");
-    ASSERT_FALSE(dir_.empty());
-    // gpt2: c_attn's q, k and v split as three segments, biases on both kinds of layer, a tied
-    // head whose vocabulary rows are the embedding's.
-    fs::create_directories(dir_ / "gpt2");
-    std::ofstream(dir_ / "gpt2" / "config.json") << R"({
-      "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 256,
-      "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "layer_norm_epsilon": 1e-5})";
-    // llama: GQA (4 q heads, 2 kv heads: one kv head per rank at tp 2), q/k/v biases (qwen2
-    // style, on the column-parallel layers), an untied head, and 259 tokens: 130 + 129 rows.
-    fs::create_directories(dir_ / "llama");
-    std::ofstream(dir_ / "llama" / "config.json") << R"({
-      "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 259,
-      "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-      "intermediate_size": 96, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
-      "attention_bias": true, "rope_theta": 10000.0, "tie_word_embeddings": false, "hidden_act": "silu"})";
+    make_dir("strata_tp");
+    if (!dir_.empty()) write_models(2);
   }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
-  }
-  // `strata ARGS` as an np-rank mpirun job (np 0: plainly). Oversubscribed: 4 ranks on 2 cores.
-  CliResult run(int np, const std::string& args, const std::string& tag, const std::string& env = "") {
-    const fs::path o = dir_ / (tag + ".stdout"), e = dir_ / (tag + ".stderr");
-    const std::string cmd = "timeout 180 " + strata::test::launch_prefix(np, env) + std::string(STRATA_BIN) + " " + args + " >" + o.string() +
-                            " 2>" + e.string();
-    const int rc = std::system(cmd.c_str());
-    return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
-  }
-  // A run of `model` writing tag.jsonl and tag/. AdamW's update is about lr · g / (|g| + eps):
-  // for the few elements whose gradient cancels to ~eps, a reduction-order difference of the
-  // gradient moves the update by a visible part of lr (gpt2 here: 1 element of 12,288 off by
-  // 1.3e-5 after one step at eps 1e-8, the rest within 1e-6). eps 1e-6 keeps that response
-  // smooth, so the weights compare what tensor parallelism computes (within 8e-7), not Adam's
-  // magnification of rounding.
   std::string train(const std::string& model, int64_t batch, const std::string& tag, int64_t steps = 4) const {
-    return "train --model " + (dir_ / model).string() + " --threads 1 --seq 32 --warmup 1 --lr 1e-3 --eps 1e-6 --steps " +
-           std::to_string(steps) + " --batch " + std::to_string(batch) + " --metrics " +
-           (dir_ / (tag + ".jsonl")).string() + " --out " + (dir_ / tag).string() + " ";
-  }
-  std::vector<nlohmann::json> metrics(const std::string& tag) const {
-    std::vector<nlohmann::json> v;
-    std::ifstream f(dir_ / (tag + ".jsonl"));
-    for (std::string line; std::getline(f, line);) v.push_back(nlohmann::json::parse(line));
-    return v;
-  }
-  std::string losses(const std::string& tag) const {
-    std::string s;
-    for (const auto& j : metrics(tag)) s += j["loss"].dump() + " " + j["grad_norm"].dump() + "\n";
-    return s;
-  }
-  std::map<std::string, std::vector<float>> weights(const std::string& tag) const {
-    return strata::test::tensors_of(*strata::HfCheckpoint::open(dir_ / tag));
-  }
-  // Run b's steps (from its first) against run a's last ones, and their saved weights.
-  void expect_close(const std::string& a, const std::string& b) const {
-    const auto ma = metrics(a), mb = metrics(b);
-    ASSERT_FALSE(mb.empty()) << b;
-    ASSERT_GE(ma.size(), mb.size()) << a << " / " << b;
-    const size_t skip = ma.size() - mb.size();
-    for (size_t i = 0; i < mb.size(); ++i) {
-      EXPECT_EQ(ma[skip + i]["step"], mb[i]["step"]);
-      EXPECT_LT(rel(ma[skip + i]["loss"].get<double>(), mb[i]["loss"].get<double>()), 1e-5) << b << " step " << i + 1;
-      EXPECT_LT(rel(ma[skip + i]["grad_norm"].get<double>(), mb[i]["grad_norm"].get<double>()), 1e-5)
-          << b << " step " << i + 1;
-    }
-    const auto wa = weights(a), wb = weights(b);
-    ASSERT_EQ(wa.size(), wb.size()) << b;
-    for (const auto& [name, va] : wa) {
-      ASSERT_TRUE(wb.count(name)) << b << " lacks " << name;
-      const auto& vb = wb.at(name);
-      ASSERT_EQ(va.size(), vb.size()) << b << ": " << name;
-      double worst = 0;
-      for (size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::abs(double(va[i]) - vb[i]));
-      EXPECT_LT(worst, 1e-5) << b << ": " << name;
-    }
+    return train_args(model, batch, tag, steps);
   }
   // Runs `model` on 1 rank (tag model + "1") and on 2 ranks with `flags` (tag model + tag), and
   // compares them; returns the 2-rank run's output.
@@ -135,7 +62,6 @@ class TpCli : public ::testing::Test {
     if (one.status == 0 && two.status == 0) expect_close(model + "1", model + tag);
     return two;
   }
-  fs::path dir_;
 };
 
 // Megatron-LM's tensor parallelism is the same model: tp 2 (and 4) within fp32 tolerance of 1
@@ -260,33 +186,14 @@ TEST_F(TpCli, LoraMatchesOneRank) {
 // held-out validation under tp 2, with and without sequence parallelism: the 1-rank run's
 // losses, validation losses and trained-token counts.
 TEST_F(TpCli, DocumentsAndValidationMatchOneRank) {
-  const std::string src = STRATA_SOURCE_DIR;
-  CliResult d = run(0, "data --tokenizer " + src + "/tests/text/fixtures/tokenizers/bytes --in " + src +
-                           "/examples/sft/conversations.jsonl --format chat --val-docs 40 --quiet --out " +
-                           (dir_ / "data").string(), "data");
-  ASSERT_EQ(d.status, 0) << d.err;
-  const std::string data = "--data " + (dir_ / "data" / "train_*.bin").string() + " --val-data " +
-                           (dir_ / "data" / "val_*.bin").string() + " --eval-every 2 --eval-batches 4 --pack on ";
+  const std::string data = document_flags();
   for (const std::string flags : {"--tp 2", "--tp 2 --sequence-parallel"}) {
     const std::string tag = flags.size() > 6 ? "docsp" : "doctp";
     CliResult one = run(0, train("llama", 2, "doc1") + data, "doc1");
     ASSERT_EQ(one.status, 0) << one.err;
     CliResult two = run(2, train("llama", 2, tag) + data + flags, tag);
     ASSERT_EQ(two.status, 0) << two.err;
-    const auto a = metrics("doc1"), b = metrics(tag);
-    ASSERT_EQ(a.size(), b.size());
-    int vals = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      for (const char* k : {"loss", "val_loss"}) {
-        ASSERT_EQ(a[i].contains(k), b[i].contains(k)) << tag << " line " << i;
-        if (a[i].contains(k) && !a[i][k].is_null()) {
-          EXPECT_LT(rel(a[i][k].get<double>(), b[i][k].get<double>()), 1e-5) << tag << " " << k << " line " << i;
-          vals += std::string(k) == "val_loss";
-        }
-      }
-      EXPECT_EQ(a[i].value("trained_tokens", -1), b[i].value("trained_tokens", -1)) << tag;
-    }
-    EXPECT_GE(vals, 2) << tag;
+    expect_same_evaluations("doc1", tag, 1e-5);
     fs::remove(dir_ / "doc1.jsonl");  // (appended to by the next run otherwise)
   }
 }
@@ -347,22 +254,7 @@ TEST_F(TpCli, DataTimesTensorParallelWithZeroMatchesOneRank) {
 // The checkpoint holds whole HF tensors: a tp 2 run's resumes on 1 rank, and 1 rank's on tp 2,
 // continuing the same run to fp32 tolerance.
 TEST_F(TpCli, CheckpointResumesOnAnotherGrid) {
-  const std::string ck2 = (dir_ / "ck2").string(), ck1 = (dir_ / "ck1").string();
-  CliResult two = run(2, train("llama", 2, "two") + "--tp 2 --checkpoint-every 2 --checkpoint-dir " + ck2, "two");
-  ASSERT_EQ(two.status, 0) << two.err;
-  CliResult one = run(0, train("llama", 2, "one") + "--checkpoint-every 2 --checkpoint-dir " + ck1, "one");
-  ASSERT_EQ(one.status, 0) << one.err;
-  CliResult a = run(0, train("llama", 2, "a") + "--resume " + ck2 + "/step-00000002", "a");
-  ASSERT_EQ(a.status, 0) << a.err;
-  CliResult b = run(2, train("llama", 2, "b") + "--tp 2 --resume " + ck1 + "/step-00000002", "b");
-  ASSERT_EQ(b.status, 0) << b.err;
-  EXPECT_NE(b.out.find("resumed"), std::string::npos) << b.out;
-  expect_close("two", "a");
-  expect_close("one", "b");
-  // On the same grid a resume is the run itself, bit for bit.
-  CliResult c = run(2, train("llama", 2, "c") + "--tp 2 --resume " + ck2 + "/step-00000002", "c");
-  ASSERT_EQ(c.status, 0) << c.err;
-  EXPECT_TRUE(slurp(dir_ / "c" / "model.safetensors") == slurp(dir_ / "two" / "model.safetensors"));
+  expect_resumes_across_grids([&](const std::string& tag) { return train("llama", 2, tag); }, 2, "--tp 2");
 }
 
 // `strata plan --tp N --world W` plans tp rank 0's part: what a run measures it sends over the
@@ -398,15 +290,8 @@ TEST_F(TpCli, PlanCountsWhatARankHoldsAndSends) {
 // waiting in one) takes the job down within 30 s, naming it, as with ZeRO; likewise in a
 // dp × tp grid.
 TEST_F(TpCli, AKilledRankStopsTheJob) {
-  for (const auto& [np, flags] : {std::pair{2, "--tp 2"}, std::pair{4, "--tp 2 --zero-stage 1"}}) {
-    const auto t0 = std::chrono::steady_clock::now();
-    CliResult r = run(np, train("llama", np == 2 ? 2 : 1, "kill", 50) + flags, "kill", "STRATA_FAULT=kill:1:3");
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_NE(r.status, 0) << r.out << r.err;
-    EXPECT_LT(secs, 30) << "the job took " << secs << " s to stop";
-    EXPECT_EQ(r.out.find("done:"), std::string::npos) << r.out;
-    EXPECT_NE((r.out + r.err).find("rank 1"), std::string::npos) << r.out << r.err;
-  }
+  expect_killed_rank_stops_the_job(2, train("llama", 2, "kill", 50) + "--tp 2");
+  expect_killed_rank_stops_the_job(4, train("llama", 1, "kill", 50) + "--tp 2 --zero-stage 1");
 }
 
 // A split the job or the model cannot take is refused before anything runs, naming the numbers.

@@ -87,6 +87,7 @@ class FakeWorld4 final : public Communicator {
   void do_broadcast(void*, size_t, DType, int, kernels::Stream&) override { ++calls; }
   void do_barrier(kernels::Stream&) override { ++calls; }
   void do_send(const void*, size_t, DType, int, kernels::Stream&) override { ++calls; }
+  void do_send_recv(const void*, size_t, int, void*, size_t, int, DType, kernels::Stream&) override { ++calls; }
   void do_recv(void*, size_t, DType, int, kernels::Stream&) override { ++calls; }
   void do_host_broadcast(void*, size_t, int) override { ++calls; }
   void do_host_all_gather(const void*, void*, size_t) override { ++calls; }

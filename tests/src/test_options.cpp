@@ -20,7 +20,7 @@ TEST(Options, ACheckpointRecordsTheSameFlagsUnderTheSameKeys) {
       "synthetic_data", "backend", "dtype", "batch", "seq", "grad_accum", "steps", "lr", "lr_schedule", "warmup",
       "min_lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "loss_scale", "seed", "offload_params",
       "offload_grads", "offload_optimizer", "offload_activations", "checkpoint_activations", "offload", "nvme_path",
-      "device_mem", "host_mem", "zero_stage", "tp", "sequence_parallel", "lora_rank", "lora_alpha", "lora_rslora", "lora_dropout",
+      "device_mem", "host_mem", "zero_stage", "tp", "sequence_parallel", "pp", "pp_layers", "lora_rank", "lora_alpha", "lora_rslora", "lora_dropout",
       "lora_targets", "adapter", "base_dtype"};
   TrainOptions o;
   o.nvme_paths = {"/a", "/b"};
