@@ -289,13 +289,23 @@ class Predictor {
     // The first forward with the updates inside it; the rest of the compute follows.
     r.window_ms = r.split ? std::max(f.adamw_ms, first_forward_ms) : first_forward_ms + f.adamw_ms;
     r.compute_and_update = r.window_ms + f.compute_ms - first_forward_ms;
+    if (p.pp > 1) {
+      // Pipeline parallel: the stages in 1F1B, then each stage's update after its last backward
+      // (the largest stage's bounds the step).
+      f.compute_ms = pipeline_compute_ms(phases_, model.checkpointing(), p.pp_layers, o.grad_accum);
+      f.adamw_ms = static_cast<double>(*std::max_element(p.stage_params.begin(), p.stage_params.end())) /
+                   r.adam_rate * 1e3;
+      r.split = false;
+      r.window_ms = f.adamw_ms;
+      r.compute_and_update = f.compute_ms + f.adamw_ms;
+    }
     f.predicted_ms = std::max({r.compute_and_update, f.nvme_ms, r.pcie_ms});
     const offload::LinkRates nvme_rates{.nvme_read = bw_.read_gbps * 1e6, .nvme_write = bw_.write_gbps * 1e6};
     // CPU backend: the plan replayed against a clock (TieredMemory::estimate). The largest floor
     // assumes compute and I/O overlap throughout; where the budget leaves nothing to move during
     // part of the step, that part adds its compute (1.5B all on NVMe with 8 GiB of host RAM on a
     // 6.5 GB/s disk: floor 4.4 s, measured 8.8-9.5 s).
-    r.replayed = backend_ == kernels::Backend::cpu && nvme_moved > 0;
+    r.replayed = backend_ == kernels::Backend::cpu && nvme_moved > 0 && p.pp == 1;
     if (r.replayed) {
       StepCosts c;
       c.phases = phases_;
@@ -572,6 +582,22 @@ int run_plan(const PlanOptions& po) {
     j["tp"] = p.tp;
     j["sequence_parallel"] = o.sequence_parallel;
     j["tp_comm_bytes_sent_per_rank"] = p.tp_comm_bytes;
+    j["pp"] = p.pp;
+    if (p.pp > 1) {
+      j["pp_layers"] = p.pp_layers;
+      j["pp_stage_shown"] = p.stage;
+      j["pp_comm_bytes_sent_per_rank"] = p.pp_comm_bytes;
+      j["pp_bubble"] = p.pp_bubble;
+      nlohmann::json stages = nlohmann::json::array();
+      for (size_t s = 0; s < p.stage_memory.size(); ++s) {
+        nlohmann::json st = {{"layers", p.pp_layers[s]}, {"trainable_params", p.stage_params[s]}};
+        for (int t = 0; t < 3; ++t)
+          st[std::string(offload::tier_name(static_cast<offload::Tier>(t))) + "_budget_bytes"] =
+              p.stage_memory[s].budget[static_cast<size_t>(t)];
+        stages.push_back(st);
+      }
+      j["pp_stages"] = stages;
+    }
     if (pick) j["auto"] = auto_json(*pick);
     fmt::print("{}\n", j.dump());
     return 0;
@@ -581,10 +607,25 @@ int run_plan(const PlanOptions& po) {
   if (pick) print_auto_table(*pick, po.train);
   fmt::print("placement: params {}, grads {}, optimizer {}, activations {} (checkpointing {}); AdamW {}\n",
              o.offload_params, o.offload_grads, o.offload_optimizer, o.offload_activations, o.checkpoint_activations,
-             p.speculate            ? "in the backward, speculative (--speculate: redone once the norm clips)"
+             p.pp > 1               ? "after each stage's last backward (pipeline parallel)"
+             : p.speculate          ? "in the backward, speculative (--speculate: redone once the norm clips)"
              : p.update_in_backward ? "in the backward (no clipping)"
                                     : "in the next step's forward");
-  if (p.world > 1 && p.tp == 1)
+  if (p.pp > 1) {
+    std::string layers, pools;
+    for (size_t s = 0; s < p.pp_layers.size(); ++s) {
+      layers += (s ? "," : "") + std::to_string(p.pp_layers[s]);
+      pools += fmt::format("{}stage {}: {}", s ? "; " : "", s,
+                           gib(p.stage_memory[s].budget[0] + p.stage_memory[s].budget[1] + p.stage_memory[s].budget[2]));
+    }
+    fmt::print("pipeline: {} stages of {} layers, {} micro-batches in 1F1B: ideal bubble (p-1)/(m+p-1) = {:.1f}%, in "
+               "the compute below ((m-1) x the slowest stage's micro-batch + every stage's one). The tiers below are "
+               "stage {}'s, the one that holds the most (all tiers: {}). Per step the busiest rank sends {} to its "
+               "neighbour stages (2 x B x T x hidden per micro-batch per boundary; its time is not in the "
+               "prediction: --metrics pp_comm_ms measures it)\n",
+               p.pp, layers, o.grad_accum, 100 * p.pp_bubble, p.stage, pools, gib(p.pp_comm_bytes));
+  }
+  if (p.world > 1 && p.tp == 1 && p.pp == 1)
     fmt::print("ranks: {}, ZeRO stage {}: the tiers below are per rank; each rank sends {} and receives {} per step\n",
                p.world, o.zero_stage, gib(p.comm_bytes), gib(p.comm_bytes));
   if (p.tp > 1)
@@ -592,8 +633,12 @@ int run_plan(const PlanOptions& po) {
                "part; per step each rank sends {} over its tp group (Megatron's count; its time is the group's "
                "link's and not in the prediction below: --metrics tp_comm_ms measures it) and {} over its "
                "data-parallel group\n",
-               p.world, grid_name(grid_shape(p.world, p.tp, 1)), o.sequence_parallel ? ", sequence parallel" : "",
+               p.world, grid_name(grid_shape(p.world, p.tp, p.pp)), o.sequence_parallel ? ", sequence parallel" : "",
                o.zero_stage, gib(p.tp_comm_bytes), gib(p.comm_bytes));
+  else if (p.pp > 1)
+    fmt::print("ranks: {} ({}), ZeRO stage {} over the data-parallel replicas: each rank sends {} per step over its "
+               "data-parallel group\n",
+               p.world, grid_name(grid_shape(p.world, p.tp, p.pp)), o.zero_stage, gib(p.comm_bytes));
   if (gpu)
     fmt::print("device: modeled, not measured: {} ({}): {} peak {:.4g} TFLOP/s dense x {:.1f}% (the MFU measured on "
                "an H200, llama-1b, bench/RESULTS.md) = {:.4g} TFLOP/s over the step's FLOPs; {:.4g} GiB; PCIe {:.3g} "
@@ -633,7 +678,9 @@ int run_plan(const PlanOptions& po) {
   }
   fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "compute", fmt::format("{:.3g} TFLOP", step_flops(model) * o.grad_accum / 1e12),
              fmt::format("{:.0f} GFLOP/s", gflops), fmt::format("{:.0f} ms", f.compute_ms));
-  fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "adamw", fmt::format("{} params", model.n_trainable_params()),
+  const int64_t updated = p.pp > 1 ? *std::max_element(p.stage_params.begin(), p.stage_params.end())  // the largest stage's
+                                   : model.n_trainable_params();
+  fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "adamw", fmt::format("{} params", updated),
              fmt::format("{:.3g} G/s", adam_rate / 1e9), fmt::format("{:.0f} ms", f.adamw_ms));
   const auto print_barrier = [&] {
     if (!barred) return;

@@ -425,7 +425,8 @@ const ParamInfo* Transformer::find_param(const std::string& name) const {
 
 int64_t Transformer::n_params() const {
   int64_t n = 0;
-  for (const ParamInfo& p : params_) n += p.numel;
+  for (const ParamInfo& p : params_)
+    if (holds(p)) n += p.numel;
   return n;
 }
 
@@ -511,7 +512,7 @@ void Transformer::decode_unit(kernels::Stream& s, kernels::Ops& ops, int u, cons
 int64_t Transformer::n_trainable_params() const {
   int64_t n = 0;
   for (const ParamInfo& p : params_)
-    if (units_[static_cast<size_t>(p.unit)].trainable) n += p.numel;
+    if (units_[static_cast<size_t>(p.unit)].trainable && holds(p)) n += p.numel;
   return n;
 }
 

@@ -300,7 +300,7 @@ class Transformer {
   const std::vector<ParamInfo>& params() const { return params_; }
   const std::vector<Unit>& units() const { return units_; }
   const ParamInfo* find_param(const std::string& name) const;
-  int64_t n_params() const;                   // real parameters (no padding); tensor parallel: this rank's
+  int64_t n_params() const;                   // real parameters (no padding); tensor or pipeline parallel: this rank's
   int64_t n_model_params() const;             // the whole model's (every tensor-parallel rank's together)
   int64_t n_flat() const { return n_flat_; }  // all units' padded lengths together
 

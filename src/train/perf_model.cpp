@@ -353,4 +353,22 @@ double step_compute_ms(const PhaseTimes& t, const Transformer& model, int grad_a
   return micro * grad_accum + t.edge_sum_squares_ms + t.sum_squares_ms * static_cast<double>(d.L);
 }
 
+double pipeline_compute_ms(const PhaseTimes& t, const Checkpointing& ckpt, const std::vector<int64_t>& layers,
+                           int grad_accum) {
+  double most = 0, sum = 0, most_sq = 0;
+  int64_t first = 0;
+  for (size_t s = 0; s < layers.size(); ++s) {
+    double micro = s + 1 == layers.size() ? t.edge_ms : 0;
+    for (int64_t l = first; l < first + layers[s]; ++l)
+      micro += t.block_forward_ms * (ckpt.at(l) ? 2 : 1) + t.block_backward_ms;
+    first += layers[s];
+    sum += micro;
+    if (micro > most) {
+      most = micro;
+      most_sq = t.sum_squares_ms * static_cast<double>(layers[s]) + (s == 0 || s + 1 == layers.size() ? t.edge_sum_squares_ms : 0);
+    }
+  }
+  return static_cast<double>(grad_accum - 1) * most + sum + most_sq;
+}
+
 }  // namespace strata

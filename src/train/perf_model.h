@@ -66,6 +66,13 @@ PhaseTimes model_phases(const Transformer& model, double flops_per_s, double mem
 // A step's compute from the phases: per micro-batch the edges plus every block's forward and
 // backward (checkpointed blocks' forward twice), times the micro-batches, plus the Σg² pass.
 double step_compute_ms(const PhaseTimes& t, const Transformer& model, int grad_accum);
+// Pipeline parallel: the step's compute through stages of `layers` in the 1F1B schedule. Stage
+// s's micro-batch takes its layers' forward (twice where recomputed) and backward, the last
+// stage's the head's too (the edges); the slowest stage runs its m micro-batches and every other
+// stage adds one for the fill and drain: (m − 1)·max + Σ (Megatron's (m + p − 1)·t for equal
+// stages), plus the slowest stage's Σ g². The point-to-point sends are not in it.
+double pipeline_compute_ms(const PhaseTimes& t, const Checkpointing& ckpt, const std::vector<int64_t>& layers,
+                           int grad_accum);
 
 struct StepFloor {
   double compute_ms = 0;  // the model's phases as probed (step_compute_ms)

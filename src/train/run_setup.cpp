@@ -279,6 +279,17 @@ uint64_t tp_comm_bytes_per_step(const Transformer& model, int64_t grad_accum) {
   return b * static_cast<uint64_t>(grad_accum);
 }
 
+uint64_t pp_comm_bytes_per_step(const Transformer& model, int64_t grad_accum) {
+  const PipelineStage& pp = model.pipeline();
+  if (!pp.on()) return 0;
+  const ModelDims& d = model.dims();
+  const auto act = static_cast<uint64_t>(d.res_rows * d.C) * kernels::dtype_size(model.dtype());
+  const uint64_t neighbours = (pp.first_stage() ? 0 : 1) + (pp.last_stage() ? 0 : 1);
+  const bool tie = model.tied_head() && (pp.first_stage() || pp.last_stage());
+  return neighbours * act * static_cast<uint64_t>(grad_accum) +
+         (tie ? static_cast<uint64_t>(model.units()[static_cast<size_t>(model.embed_unit())].n_real) * 4 : 0);
+}
+
 void settle_speculation(const TrainOptions& o, Placement& pl, const Transformer& model, kernels::Backend backend,
                         size_t step_buffers) {
   if (!pl.speculate || o.speculate != "auto") return;
@@ -295,16 +306,29 @@ struct SizedRun {
   std::unique_ptr<kernels::Runtime> rt = kernels::make_runtime(kernels::Backend::cpu);
   Transformer model;
   size_t step_buffers;
-  // world: the job's ranks; with --tp, the data-parallel replicas ZeRO shards over are world /
-  // tp, and the model is tp rank 0's part (its vocabulary rows are the largest).
-  SizedRun(const TrainOptions& given, int world)
+  // world: the job's ranks; with --tp and --pp, the data-parallel replicas ZeRO shards over are
+  // world / (tp · pp), and the model is tp rank 0's part (its vocabulary rows are the largest)
+  // of pipeline stage `stage`.
+  SizedRun(const TrainOptions& given, int world, int stage = 0)
       : o(with_adapter_config(given)),
-        dp((validate_options(o), grid_shape(world, o.tp, 1).dp)),
+        dp((validate_options(o), grid_shape(world, o.tp, o.pp).dp)),
         r(resolve_run(o, dp, 0)),
         model(r.cfg, r.dtype, o.batch, o.seq, *rt, r.ckpt, kLogitsChunkBytes, dp, r.lora,
-              TensorParallel{o.tp, 0, nullptr, o.sequence_parallel}),
+              TensorParallel{o.tp, 0, nullptr, o.sequence_parallel}, stage_of(o, r.cfg, stage)),
         step_buffers(step_buffer_bytes(o, r, model.units().size())) {
     settle_speculation(o, r.placement, model, r.backend, step_buffers);
+  }
+  // Pipeline stage `stage` of o's split of cfg's layers (sized only: no group).
+  static PipelineStage stage_of(const TrainOptions& o, const ModelConfig& cfg, int stage) {
+    PipelineStage s;
+    if (o.pp < 2) return s;
+    const std::vector<int64_t> layers = pipeline_layers(cfg.n_layers, o.pp, o.pp_layers);
+    s.size = o.pp;
+    s.rank = stage;
+    for (int k = 0; k < stage; ++k) s.first += layers[static_cast<size_t>(k)];
+    s.end = s.first + layers[static_cast<size_t>(stage)];
+    s.slots = static_cast<int>(std::min<int64_t>(o.pp - stage, o.grad_accum));
+    return s;
   }
 };
 }  // namespace
@@ -314,6 +338,25 @@ RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
   const SizedRun run(o, world);
   RunPlan p;
   p.memory = TieredMemory::plan(run.model, run.r.backend, run.r.placement, o.grad_accum, run.step_buffers, minimums);
+  if (o.pp > 1) {  // every stage planned; the tiers shown are the one that holds the most
+    p.pp = o.pp;
+    p.pp_layers = pipeline_layers(run.r.cfg.n_layers, o.pp, o.pp_layers);
+    p.pp_bubble = static_cast<double>(o.pp - 1) / static_cast<double>(o.grad_accum + o.pp - 1);
+    uint64_t most = 0;
+    for (int s = 0; s < o.pp; ++s) {
+      const SizedRun st(o, world, s);
+      p.stage_memory.push_back(
+          TieredMemory::plan(st.model, st.r.backend, st.r.placement, o.grad_accum, st.step_buffers, minimums));
+      p.stage_params.push_back(st.model.n_trainable_params());
+      p.pp_comm_bytes = std::max(p.pp_comm_bytes, pp_comm_bytes_per_step(st.model, o.grad_accum));
+      const auto& b = p.stage_memory.back().budget;
+      if (s == 0 || b[0] + b[1] + b[2] > most) {
+        most = b[0] + b[1] + b[2];
+        p.stage = s;
+      }
+    }
+    p.memory = p.stage_memory[static_cast<size_t>(p.stage)];
+  }
   if (minimums && run.r.placement.speculate && run.o.speculate == "auto") {
     // Below what speculation needs, auto runs without it: the minimums are those of that run.
     Placement plain = run.r.placement;

@@ -307,9 +307,11 @@ StepStats Trainer::step() {
     for (float l : m.host_losses) sum += l;
   // A tied head's copy on the last stage has the first stage's gradient: counted there only.
   if (m.pp().on() && m.model->tied_head() && !m.pp().first_stage()) m.host_norm2[0] = 0;
-  // Pipeline parallel, the measured bubble: the time this stage's schedule waited in its
-  // point-to-point sends and receives (moving bytes, and idle until the neighbour got there),
-  // over the schedule's span, summed over every rank.
+  // Pipeline parallel, the measured bubble: 1 − the ranks' mean busy time in the schedule over
+  // the longest schedule's span (the first stage's: it starts first and ends last), where a
+  // rank's busy time is its schedule's span less what it waited in its point-to-point sends and
+  // receives (moving bytes, and idle until the neighbour got there). Durations only: no clock is
+  // compared across ranks. Equal stages: Megatron's (p−1)/(m+p−1).
   double waited = 0, span = 0;
   if (m.pp().on()) {
     waited = m.groups->pp().busy_ms() - p2p_ms0;
@@ -326,17 +328,18 @@ StepStats Trainer::step() {
     mine[2] = span;
     std::copy(m.host_norm2.begin(), m.host_norm2.end(), mine.begin() + 3);
     m.comm->host_all_gather(mine.data(), all.data(), k * sizeof(double));
-    sum = waited = span = 0;
+    sum = 0;
+    double busy = 0, longest = 0;
     std::fill(m.host_norm2.begin(), m.host_norm2.end(), 0.0);
     for (int r = 0; r < world; ++r) {
       const double* row = all.data() + static_cast<size_t>(r) * k;
       sum += row[0];
-      waited += row[1];
-      span += row[2];
+      busy += row[2] - row[1];
+      longest = std::max(longest, row[2]);
       for (size_t u = 0; u < nu; ++u) m.host_norm2[u] += row[3 + u];
     }
+    if (m.pp().on() && longest > 0) st.pp_bubble = 1 - busy / world / longest;
   }
-  if (m.pp().on()) st.pp_bubble = span > 0 ? waited / span : 0;
   st.loss = sum / static_cast<double>(trained);
   // The global norm: the units' sums of squares, added in unit order (a fixed order, whatever
   // the placement), then unscaled.

@@ -58,8 +58,9 @@ struct StepStats {
   // micro-batch's activations forward and their gradients back) and, with a tied head, the
   // embedding's gradient summed between the first and last stage, measured; the time those ran
   // on the compute stream (moving bytes and waiting for the neighbour; not in compute_ms); and
-  // the measured bubble: the time every rank's schedule waited in its point-to-point sends and
-  // receives over the schedule's span, all ranks together (ideally (p−1)/(m+p−1)).
+  // the measured bubble: 1 − the ranks' mean busy time in the 1F1B schedule (its span less its
+  // waits in point-to-point sends and receives) over the longest schedule's span (ideally
+  // (p−1)/(m+p−1)).
   uint64_t pp_comm_bytes = 0;
   double pp_comm_ms = 0;
   double pp_bubble = 0;
@@ -81,6 +82,18 @@ struct RunPlan {
   uint64_t comm_bytes = 0;      // sent per step by each rank over its data-parallel group (as many received)
   int tp = 1;                   // --tp: the tiers are tp rank 0's part
   uint64_t tp_comm_bytes = 0;   // sent per step by each rank over its tp group
+  // --pp: the stages' layers; the tiers (memory) are those of stage `stage`, the one that holds
+  // the most; each stage's own below. Sent per step by the rank that sends the most to its
+  // neighbour stages (each micro-batch's activations forward and their gradients back, 2·B·T·h
+  // per micro-batch per boundary, and a tied head's embedding gradient between the first and
+  // last stage), and Megatron-LM's ideal bubble (p−1)/(m+p−1).
+  int pp = 1;
+  std::vector<int64_t> pp_layers;
+  int stage = 0;
+  std::vector<MemoryPlan> stage_memory;
+  std::vector<int64_t> stage_params;  // trainable parameters per stage
+  uint64_t pp_comm_bytes = 0;
+  double pp_bubble = 0;
 };
 // world: plan one rank of a job of that many ranks (--zero-stage decides what is sharded over its
 // data-parallel replicas, world / --tp).
@@ -101,6 +114,11 @@ uint64_t comm_bytes_per_step(const Transformer& model, const Sharding& sh, int64
 // cross-entropy's 3 floats a row; with sequence parallelism the same as all-gathers and
 // reduce-scatters, plus the norms' grads.
 uint64_t tp_comm_bytes_per_step(const Transformer& model, int64_t grad_accum);
+// Bytes a pipeline stage sends per step (0 without pipeline parallelism), by sent_bytes' count:
+// each micro-batch's (res_rows, C) activations to the next stage and their gradients to the one
+// before, and with a tied head the embedding's gradient all-reduced between the first and last
+// stage (2·(2−1)/2 of it sent).
+uint64_t pp_comm_bytes_per_step(const Transformer& model, int64_t grad_accum);
 
 class Trainer {
  public:

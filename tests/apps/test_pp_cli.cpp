@@ -161,6 +161,36 @@ TEST_F(PpCli, CheckpointResumesOnAnotherGrid) {
 // naming the rank, as with ZeRO and tp.
 TEST_F(PpCli, AKilledStageStopsTheJob) { expect_killed_rank_stops_the_job(2, train("llama", 2, "kill", 50) + "--pp 2"); }
 
+// `strata plan --pp 2 --world 2` plans every stage: what a run measures its busiest rank sends
+// to its neighbours, the ideal bubble, each stage's layers and pools (together about the 1-rank
+// run's, the last stage's copy of the tied embedding aside), the tiers of the largest.
+TEST_F(PpCli, PlanCountsWhatAStageHoldsAndSends) {
+  CliResult t = run(2, train("gpt2", 2, "t", 2) + "--pp 2", "t");
+  ASSERT_EQ(t.status, 0) << t.err;
+  const std::string plan = "plan --model " + (dir_ / "gpt2").string() +
+                           " --seq 32 --batch 2 --grad-accum 4 --threads 1 --probe-seconds 0.05 --json ";
+  CliResult p2 = run(0, plan + "--pp 2 --world 2", "p2");
+  ASSERT_EQ(p2.status, 0) << p2.err;
+  CliResult p1 = run(0, plan, "p1");
+  ASSERT_EQ(p1.status, 0) << p1.err;
+  const auto j2 = nlohmann::json::parse(p2.out), j1 = nlohmann::json::parse(p1.out);
+  EXPECT_EQ(j2["pp_comm_bytes_sent_per_rank"].get<uint64_t>(), metrics("t")[0]["pp_comm_bytes_sent"].get<uint64_t>());
+  EXPECT_DOUBLE_EQ(j2["pp_bubble"].get<double>(), 0.2);
+  EXPECT_EQ(j2["pp_layers"], nlohmann::json::array({2, 2}));
+  EXPECT_EQ(j1["pp"].get<int>(), 1);
+  EXPECT_FALSE(j1.contains("pp_stages"));
+  EXPECT_EQ(j2["params"], j1["params"]);  // the model's, not a stage's
+  ASSERT_EQ(j2["pp_stages"].size(), 2u);
+  int64_t trained = 0;
+  for (const auto& s : j2["pp_stages"]) trained += s["trainable_params"].get<int64_t>();
+  // gpt2 tiny: 4 layers of 49,984, the embedding 20,480 (on both ends), the final norm 128.
+  EXPECT_EQ(trained, j1["params"].get<int64_t>() + (256 + 64) * 64);
+  const uint64_t device = j2["device_budget_bytes"].get<uint64_t>();
+  for (const auto& s : j2["pp_stages"]) EXPECT_LE(s["device_budget_bytes"].get<uint64_t>(), device);
+  EXPECT_LT(device, j1["device_budget_bytes"].get<uint64_t>());
+  EXPECT_GT(j2["predicted_step_ms"].get<double>(), 0.0);
+}
+
 // What the pipeline cannot take is refused before anything runs, naming the flag and numbers.
 TEST_F(PpCli, WhatThePipelineCannotTakeIsRefused) {
   const std::vector<std::tuple<int, std::string, std::string>> cases = {
