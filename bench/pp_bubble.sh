@@ -4,7 +4,7 @@
 # The model has equal stages (8 llama layers, a vocabulary of 256 so the head and embedding are
 # a small part of the first and last stage). Measured: --metrics pp_bubble (1 − the ranks' mean
 # busy time in the schedule over the longest schedule's span; a rank's busy time is its span less
-# its waits in point-to-point sends and receives), the mean of steps 2..N; step_ms, and what
+# compute's waits for the point-to-point transfers), the mean of steps 2..N; step_ms, and what
 # stage 0 sent per step (pp_comm_bytes_sent).
 #   bench/pp_bubble.sh BIN [STEPS] [P:M ...]      (default 6 steps; 2:4 2:8 4:4 4:8)
 # Needs P cores for P ranks to mean what it says: oversubscribed, a waiting rank's MPI polling

@@ -19,6 +19,13 @@ StepDriver::StepDriver(Transformer& model, RunMemory& mem, Sharding sh, Communic
                            std::to_string(sh.rank) + " of " + std::to_string(sh.world) +
                            ") is not the memory's (stage " + std::to_string(t.stage) + ", rank " +
                            std::to_string(t.rank) + " of " + std::to_string(t.world) + ")");
+  kernels::Runtime* rt = mem_.runtime(Side::compute);
+  if (model_.pipeline().on() && !mem_.dry() && rt && &mem_.stream(Side::comm) != &mem_.stream(Side::compute)) {
+    pipe_ev_ = std::make_unique<PipeEvents>();
+    for (auto* e : {&pipe_ev_->compute_done, &pipe_ev_->in_ready, &pipe_ev_->grad_ready, &pipe_ev_->out_free,
+                    &pipe_ev_->grad_free, &pipe_ev_->comm_done})
+      *e = rt->create_event();
+  }
 }
 
 void StepDriver::embed_and_blocks_forward(const int32_t* ids, bool embed_spent) {
@@ -56,6 +63,7 @@ void StepDriver::forward(const int32_t* ids, const int32_t* targets) {
     pipe_recv_forward(0);
     stage_forward(0, in);
     pipe_send_forward(-1);
+    pipe_drain();
     if (!pp.last_stage()) return;
     units_.begin_pass({});
   } else {
@@ -172,20 +180,53 @@ void StepDriver::pipeline_step(const PipelineInputs& in, float grad_scale, doubl
     pipe_recv_backward();
     stage_backward(b, M, in, grad_scale, norm2, /*send_grad=*/true);
   }
+  pipe_drain();
 }
 
 size_t StepDriver::pipe_elems() const {
   return static_cast<size_t>(model_.dims().res_rows * model_.dims().C);
 }
 
+void StepDriver::comm_after_compute() {
+  if (!pipe_events()) return;
+  mem_.stream(Side::compute).record(*pipe_ev_->compute_done);
+  pipe_stream().wait(*pipe_ev_->compute_done);
+}
+
+void StepDriver::record_on_comm(kernels::Event* ev) {
+  if (pipe_events()) pipe_stream().record(*ev);
+}
+
+void StepDriver::compute_waits(kernels::Event* ev) {
+  if (!pipe_events()) return;
+  const kernels::Runtime* rt = mem_.runtime(Side::compute);
+  wait_on_stream(mem_.stream(Side::compute), *ev, rt && rt->info().backend == kernels::Backend::cpu, pipe_wait_ns_);
+}
+
+// Compute waits for everything the comm stream has enqueued: synchronising compute covers the
+// transfers too.
+void StepDriver::pipe_drain() {
+  compute([&] {
+    record_on_comm(pipe_ev_ ? pipe_ev_->comm_done.get() : nullptr);
+    compute_waits(pipe_ev_ ? pipe_ev_->comm_done.get() : nullptr);
+  });
+}
+
+// The comm stream runs the transfers in the order the host enqueues them (every stage the same
+// pairs as its neighbours); each first waits for compute's work so far, which covers every
+// earlier reader and writer of the buffers it touches.
 void StepDriver::pipe_recv_forward(int64_t mb) {
   Transformer& m = model_;
   const PipelineStage& pp = m.pipeline();
   if (pp.first_stage()) return;  // (its input is the embedding's)
   m.select_slot(static_cast<int>(mb % pp.slots));
   const int li = m.activation_index(pp.first);
-  void* x0 = mem_.acquire(Role::activations, li, Mode::write, Side::compute);
-  compute([&] { pp.comm->recv(x0, pipe_elems(), m.dtype(), pp.rank - 1, mem_.stream(Side::compute)); });
+  compute([&] { comm_after_compute(); });  // (the slot's previous micro-batch's backward has read it)
+  void* x0 = mem_.acquire(Role::activations, li, Mode::write, Side::comm);
+  compute([&] {
+    pp.comm->recv(x0, pipe_elems(), m.dtype(), pp.rank - 1, pipe_stream());
+    record_on_comm(pipe_ev_ ? pipe_ev_->in_ready.get() : nullptr);
+  });
   mem_.release(Role::activations, li);
 }
 
@@ -194,12 +235,16 @@ void StepDriver::pipe_send_forward(int64_t recv_grad_of) {
   const PipelineStage& pp = m.pipeline();
   if (pp.last_stage()) return;  // (its output is the head's input)
   compute([&] {
-    kernels::Stream& s = mem_.stream(Side::compute);
-    if (recv_grad_of < 0)
-      pp.comm->send(m.final_residual(), pipe_elems(), m.dtype(), pp.rank + 1, s);
-    else
+    comm_after_compute();
+    if (recv_grad_of < 0) {
+      pp.comm->send(m.final_residual(), pipe_elems(), m.dtype(), pp.rank + 1, pipe_stream());
+    } else {
+      // (the residual gradient's last reader, the previous backward, is in compute's work so far)
       pp.comm->send_recv(m.final_residual(), pipe_elems(), pp.rank + 1, m.residual_grad(), pipe_elems(), pp.rank + 1,
-                         m.dtype(), s);
+                         m.dtype(), pipe_stream());
+      record_on_comm(pipe_ev_ ? pipe_ev_->grad_ready.get() : nullptr);
+    }
+    record_on_comm(pipe_ev_ ? pipe_ev_->out_free.get() : nullptr);
   });
 }
 
@@ -207,7 +252,11 @@ void StepDriver::pipe_recv_backward() {
   Transformer& m = model_;
   const PipelineStage& pp = m.pipeline();
   if (pp.last_stage()) return;  // (the head phase makes it)
-  compute([&] { pp.comm->recv(m.residual_grad(), pipe_elems(), m.dtype(), pp.rank + 1, mem_.stream(Side::compute)); });
+  compute([&] {
+    comm_after_compute();
+    pp.comm->recv(m.residual_grad(), pipe_elems(), m.dtype(), pp.rank + 1, pipe_stream());
+    record_on_comm(pipe_ev_ ? pipe_ev_->grad_ready.get() : nullptr);
+  });
 }
 
 void StepDriver::pipe_send_backward_recv_forward(int64_t next) {
@@ -216,10 +265,13 @@ void StepDriver::pipe_send_backward_recv_forward(int64_t next) {
   if (pp.first_stage()) return;
   m.select_slot(static_cast<int>(next % pp.slots));
   const int li = m.activation_index(pp.first);
-  void* x0 = mem_.acquire(Role::activations, li, Mode::write, Side::compute);
+  compute([&] { comm_after_compute(); });
+  void* x0 = mem_.acquire(Role::activations, li, Mode::write, Side::comm);
   compute([&] {
     pp.comm->send_recv(m.residual_grad(), pipe_elems(), pp.rank - 1, x0, pipe_elems(), pp.rank - 1, m.dtype(),
-                       mem_.stream(Side::compute));
+                       pipe_stream());
+    record_on_comm(pipe_ev_ ? pipe_ev_->grad_free.get() : nullptr);
+    record_on_comm(pipe_ev_ ? pipe_ev_->in_ready.get() : nullptr);
   });
   mem_.release(Role::activations, li);
 }
@@ -238,6 +290,7 @@ void StepDriver::stage_forward(int64_t mb, const PipelineInputs& in) {
     units_.drop_weights(m.embed_unit());
     mem_.release(Role::activations, li);
   }
+  if (!pp.first_stage()) compute([&] { compute_waits(pipe_ev_ ? pipe_ev_->in_ready.get() : nullptr); });
   for (int64_t l = pp.first; l < pp.end; ++l) {
     const void* w = units_.use_weights(m.block_unit(l));
     const int lu = m.lora_unit(l);
@@ -245,6 +298,8 @@ void StepDriver::stage_forward(int64_t mb, const PipelineInputs& in) {
     const int li = m.activation_index(l);
     const void* x = mem_.acquire(Role::activations, li, Mode::read, Side::compute);
     const bool out = l + 1 == pp.end;  // the stage's output: the head's input, or sent on
+    // (its previous send still reading it: compute waits)
+    if (out && !pp.last_stage()) compute([&] { compute_waits(pipe_ev_ ? pipe_ev_->out_free.get() : nullptr); });
     void* y = out ? m.final_residual() : mem_.acquire(Role::activations, li + 1, Mode::write, Side::compute);
     compute([&] { m.block_forward(mem_.stream(Side::compute), l, w, x, y, wl); });
     if (!out) mem_.release(Role::activations, li + 1);
@@ -267,13 +322,22 @@ void StepDriver::stage_backward(int64_t mb, int64_t micro_batches, const Pipelin
   const bool first = mb == 0, last = mb + 1 == micro_batches;
   units_.begin_pass({.backward = true, .first = first, .last = last, .norm2 = norm2});
   if (pp.last_stage()) {
+    // (the head writes the residual gradient: its previous send must have read it)
+    compute([&] { compute_waits(pipe_ev_ ? pipe_ev_->grad_free.get() : nullptr); });
     head_phase(io.second, grad_scale, last);
     if (in.losses && !mem_.dry()) in.losses(mb);
+  } else {
+    compute([&] { compute_waits(pipe_ev_ ? pipe_ev_->grad_ready.get() : nullptr); });
   }
   blocks_backward(pp.first, pp.end, last);
   if (send_grad && !pp.first_stage())
     compute([&] {
-      pp.comm->send(m.residual_grad(), pipe_elems(), m.dtype(), pp.rank - 1, mem_.stream(Side::compute));
+      comm_after_compute();
+      pp.comm->send(m.residual_grad(), pipe_elems(), m.dtype(), pp.rank - 1, pipe_stream());
+      record_on_comm(pipe_ev_ ? pipe_ev_->grad_free.get() : nullptr);
+      // (the tied embedding's sum below runs on compute after this stage's last send has gone:
+      // the first stage's last backward waits for that send)
+      if (last && m.tied_head() && in.embed_group) compute_waits(pipe_ev_ ? pipe_ev_->grad_free.get() : nullptr);
     });
   // The tied embedding's gradient, summed over its two copies (first and last stage) once final,
   // after this stage's last send (the first stage's backward waits for it).

@@ -6,7 +6,9 @@
 // the acquires), and each unit's ZeRO lifecycle (src/zero/unit_lifecycle.h) how its weights
 // and gradients travel between ranks.
 #pragma once
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <functional>
 #include <utility>
 
@@ -38,6 +40,10 @@ class StepDriver {
   // Milliseconds compute has waited for collectives since this driver was made (CPU backend;
   // 0 elsewhere). Read after synchronising the compute stream.
   double exposed_ms() const { return units_.exposed_ms(); }
+  // Pipeline parallel: milliseconds compute has waited for the point-to-point transfers (an
+  // input or a residual gradient not there yet, a send still reading a buffer compute would
+  // overwrite) since this driver was made. Timed on the CPU backend; 0 elsewhere.
+  double pipeline_wait_ms() const { return static_cast<double>(pipe_wait_ns_->load()) / 1e6; }
 
   // Forward and backward of one micro-batch (ids, targets: (N) int32 in compute memory).
   // first: the step's first micro-batch (grads are overwritten, not added to). last: the
@@ -66,7 +72,9 @@ class StepDriver {
   // min(p - s - 1, m) forwards, then alternates one forward and one backward, then the
   // remaining backwards; micro-batch i's activations live in slot i % slots. Activations go to
   // the next stage and their gradients to the one before as point-to-point sends over the
-  // pipeline group, in stream order. grads, norm2 and the first/last micro-batch rules are
+  // pipeline group on the comm stream (Side::comm), ordered against compute by events: compute
+  // waits only for an input or a gradient it needs, or for a send still reading a buffer it is
+  // about to overwrite (pipeline_wait_ms). grads, norm2 and the first/last micro-batch rules are
   // forward_backward's; no update runs inside (the step's update follows it, optimizer()). A
   // tied head's gradient (the last stage's copy of the embedding) is summed with the first
   // stage's over `embed_group` after the last micro-batch, before either is reduced over the
@@ -107,6 +115,22 @@ class StepDriver {
   void pipe_recv_backward();
   void pipe_send_backward_recv_forward(int64_t next);
   size_t pipe_elems() const;  // a residual (res_rows, C) in elements
+  void pipe_drain();          // compute waits for every transfer enqueued
+  // The stream the transfers run on, and the events that order it against compute (none in a
+  // dry run, or where the comm stream is compute's).
+  kernels::Stream& pipe_stream() { return mem_.stream(Side::comm); }
+  bool pipe_events() const { return pipe_ev_ != nullptr; }
+  void comm_after_compute();               // the comm stream waits for what compute has enqueued
+  void compute_waits(kernels::Event* ev);  // compute waits for a transfer (timed on the CPU)
+  void record_on_comm(kernels::Event* ev);
+  struct PipeEvents {
+    // compute_done: compute's work so far; in_ready / grad_ready: a stage input / a residual
+    // gradient received; out_free / grad_free: the send of the stage's output / of the residual
+    // gradient has read it; comm_done: everything the comm stream has enqueued.
+    std::unique_ptr<kernels::Event> compute_done, in_ready, grad_ready, out_free, grad_free, comm_done;
+  };
+  std::unique_ptr<PipeEvents> pipe_ev_;
+  std::shared_ptr<std::atomic<int64_t>> pipe_wait_ns_ = std::make_shared<std::atomic<int64_t>>(0);
   // The head phase of forward_backward (final norm, LM head, cross-entropy, their backward).
   void head_phase(const int32_t* targets, float grad_scale, bool last);
   // Backward of layers [first, end), from the last down.

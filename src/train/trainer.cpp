@@ -114,7 +114,8 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.rt = kernels::make_runtime(m.backend);
   m.stream = m.rt->create_stream();
   // Collectives get a stream of their own, so they overlap compute (StepDriver).
-  if (m.sh.world > 1) m.comm_stream = m.rt->create_stream();
+  // (pipeline parallel: the point-to-point transfers too)
+  if (m.sh.world > 1 || o.pp > 1) m.comm_stream = m.rt->create_stream();
   kernels::Runtime* opt_rt = m.rt.get();
   // AdamW next to its state: on a CPU runtime and stream of its own when the compute device is
   // not the CPU. The separate-optimizer test hook (src/train/faults.h) does the same on the CPU
@@ -208,7 +209,8 @@ StepStats Trainer::step() {
   const auto pp_bytes = [&m] {
     return m.groups->pp().sent_bytes() + (m.embed_group ? m.embed_group->sent_bytes() : 0);
   };
-  const double pp_ms0 = pp_ms(), p2p_ms0 = m.groups->pp().busy_ms();
+  const double pp_ms0 = pp_ms(), pipe_wait0 = m.driver->pipeline_wait_ms();
+  const double tie_ms0 = m.embed_group ? m.embed_group->busy_ms() : 0;
   const uint64_t pp_bytes0 = pp_bytes();
   const int64_t n = m.N();
   StepStats st;
@@ -309,12 +311,12 @@ StepStats Trainer::step() {
   if (m.pp().on() && m.model->tied_head() && !m.pp().first_stage()) m.host_norm2[0] = 0;
   // Pipeline parallel, the measured bubble: 1 − the ranks' mean busy time in the schedule over
   // the longest schedule's span (the first stage's: it starts first and ends last), where a
-  // rank's busy time is its schedule's span less what it waited in its point-to-point sends and
-  // receives (moving bytes, and idle until the neighbour got there). Durations only: no clock is
+  // rank's busy time is its schedule's span less what compute waited for the point-to-point
+  // transfers (idle until the neighbour's input or gradient came). Durations only: no clock is
   // compared across ranks. Equal stages: Megatron's (p−1)/(m+p−1).
   double waited = 0, span = 0;
   if (m.pp().on()) {
-    waited = m.groups->pp().busy_ms() - p2p_ms0;
+    waited = m.driver->pipeline_wait_ms() - pipe_wait0;
     span = std::chrono::duration<double, std::milli>((*pipe_span)[1] - (*pipe_span)[0]).count();
   }
   if (world > 1) {
@@ -413,7 +415,11 @@ StepStats Trainer::step() {
   st.tp_comm_bytes = m.groups->tp().sent_bytes() - tp_bytes0;
   st.pp_comm_ms = pp_ms() - pp_ms0;
   st.pp_comm_bytes = pp_bytes() - pp_bytes0;
-  st.compute_ms = m.busy_ms() - busy0 - (m.driver->exposed_ms() - waited0) - st.tp_comm_ms - st.pp_comm_ms;
+  // (pipeline parallel: compute's waits for the transfers, and the tied embedding's sum on compute)
+  const double pipe_ms = m.pp().on() ? m.driver->pipeline_wait_ms() - pipe_wait0 +
+                                           (m.embed_group ? m.embed_group->busy_ms() - tie_ms0 : 0)
+                                     : 0;
+  st.compute_ms = m.busy_ms() - busy0 - (m.driver->exposed_ms() - waited0) - st.tp_comm_ms - pipe_ms;
   st.comm_bytes = comm_bytes_per_step(*m.model, m.sh, o.grad_accum);
   st.comm_ms = m.comm_ms() - comm0;  // every stream is synchronised above
   st.comm_exposed_ms = m.exposed_ms() - exposed0;

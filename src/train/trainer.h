@@ -57,9 +57,9 @@ struct StepStats {
   // Pipeline parallelism (--pp): sent by this rank to its neighbour stages this step (each
   // micro-batch's activations forward and their gradients back) and, with a tied head, the
   // embedding's gradient summed between the first and last stage, measured; the time those ran
-  // on the compute stream (moving bytes and waiting for the neighbour; not in compute_ms); and
-  // the measured bubble: 1 − the ranks' mean busy time in the 1F1B schedule (its span less its
-  // waits in point-to-point sends and receives) over the longest schedule's span (ideally
+  // (the transfers on the comm stream, moving bytes and waiting for the neighbour; the sum on
+  // compute); and the measured bubble: 1 − the ranks' mean busy time in the 1F1B schedule (its
+  // span less compute's waits for transfers) over the longest schedule's span (ideally
   // (p−1)/(m+p−1)).
   uint64_t pp_comm_bytes = 0;
   double pp_comm_ms = 0;

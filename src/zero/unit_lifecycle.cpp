@@ -409,20 +409,24 @@ void UnitLifecycle::order(Side from, Side to) {
 
 // On the CPU backend a stream's wait blocks its worker, so doing it in a host function instead
 // is the same wait, timed. A CUDA stream waits on the device (not timed here).
-void UnitLifecycle::await_on_compute(kernels::Event& ev) {
-  kernels::Stream& c = mem_.stream(Side::compute);
-  if (!timed_waits_) {
-    c.wait(ev);
+void wait_on_stream(kernels::Stream& stream, kernels::Event& ev, bool timed,
+                    const std::shared_ptr<std::atomic<int64_t>>& waited_ns) {
+  if (!timed) {
+    stream.wait(ev);
     return;
   }
   std::shared_ptr<kernels::EventPoint> p = ev.point();
   if (!p) return;  // never recorded: nothing to wait for
-  c.host_fn([p, acc = exposed_ns_] {
+  stream.host_fn([p, acc = waited_ns] {
     const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr err = p->wait_host();
     acc->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-    if (err) std::rethrow_exception(err);  // the collective failed: so does compute
+    if (err) std::rethrow_exception(err);  // the awaited work (a collective, a transfer) failed: so does this
   });
+}
+
+void UnitLifecycle::await_on_compute(kernels::Event& ev) {
+  wait_on_stream(mem_.stream(Side::compute), ev, timed_waits_, exposed_ns_);
 }
 
 void UnitLifecycle::reduce_grads_async(int u, float* g, double* norm2) {

@@ -46,6 +46,12 @@ struct UnitPass {
   const AdamWStep* update_now = nullptr;   // this step's, as each unit's gradient is final
 };
 
+// Work enqueued on `stream` from now on waits for `ev`. timed (a CPU stream): the wait is a host
+// function on the stream that adds the nanoseconds it waited to *waited_ns and rethrows what the
+// awaited work failed with; otherwise the stream's own wait (not timed).
+void wait_on_stream(kernels::Stream& stream, kernels::Event& ev, bool timed,
+                    const std::shared_ptr<std::atomic<int64_t>>& waited_ns);
+
 class UnitLifecycle {
  public:
   // Weights: resting (in their block, nothing computing with them) -> in_use (a phase computes
