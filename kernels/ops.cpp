@@ -288,6 +288,16 @@ void validate(const ScaleArgs& a) {
   need_pos(a.n, "scale", "n");
   need_ptr(a.x, "scale", "x");
 }
+void validate(const RankOrderSumArgs& a) {
+  need_pos(a.n, "rank_order_sum", "n");
+  need_ptr(a.mine, "rank_order_sum", "mine");
+  need_ptr(a.out, "rank_order_sum", "out");
+  need(a.world >= 1 && a.me >= 0 && a.me < a.world, "rank_order_sum", "me outside [0, world)");
+  if (a.world > 1) {
+    need_ptr(a.others, "rank_order_sum", "others");
+    need(a.others_stride >= a.n, "rank_order_sum", "others_stride shorter than n");
+  }
+}
 void validate(const CastArgs& a) {
   need_pos(a.n, "cast", "n");
   need_ptr(a.src, "cast", "src");
@@ -348,6 +358,7 @@ STRATA_OP(scale, ScaleArgs)
 STRATA_OP(cast, CastArgs)
 STRATA_OP(dequantize, DequantizeArgs)
 STRATA_OP(dropout, DropoutArgs)
+STRATA_OP(rank_order_sum, RankOrderSumArgs)
 #undef STRATA_OP
 
 }  // namespace strata::kernels

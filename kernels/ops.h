@@ -347,6 +347,21 @@ struct ScaleArgs {
   float s = 1.f;
 };
 
+// The fixed-order sum of a reduction over `world` ranks (src/comm/communicator.h): out[i] =
+// dtype(((f32(x_0[i]) + f32(x_1[i])) + ...) + f32(x_{world-1}[i])), rounded once, where x_me is
+// `mine` and the others' contributions sit in rank order in `others`, one every others_stride
+// elements (x_r at others + (r < me ? r : r - 1) · others_stride). out may be mine (in place);
+// no other overlap. The NCCL communicator's reduce-scatter and all-reduce finish with it.
+struct RankOrderSumArgs {
+  DType dtype = DType::f32;
+  int64_t n = 0;
+  const void* mine = nullptr;
+  int me = 0, world = 1;
+  const void* others = nullptr;  // (world - 1) contributions; null when world is 1
+  int64_t others_stride = 0;     // elements, >= n
+  void* out = nullptr;
+};
+
 // dst[i] = convert(src[i]) with round-to-nearest-even; same dtype is a copy.
 struct CastArgs {
   int64_t n = 0;
@@ -432,6 +447,7 @@ class Ops {
   void cast(Stream& s, const CastArgs& a);
   void dequantize(Stream& s, const DequantizeArgs& a);
   void dropout(Stream& s, const DropoutArgs& a);
+  void rank_order_sum(Stream& s, const RankOrderSumArgs& a);
 
  protected:
   // Backend hooks: called with validated arguments.
@@ -461,6 +477,7 @@ class Ops {
   virtual void do_cast(Stream& s, const CastArgs& a) = 0;
   virtual void do_dequantize(Stream& s, const DequantizeArgs& a) = 0;
   virtual void do_dropout(Stream& s, const DropoutArgs& a) = 0;
+  virtual void do_rank_order_sum(Stream& s, const RankOrderSumArgs& a) = 0;
 };
 
 // Argument validation shared by all backends (throws std::invalid_argument "op: field ...").
@@ -488,5 +505,6 @@ void validate(const ScaleArgs& a);
 void validate(const CastArgs& a);
 void validate(const DequantizeArgs& a);
 void validate(const DropoutArgs& a);
+void validate(const RankOrderSumArgs& a);
 
 }  // namespace strata::kernels

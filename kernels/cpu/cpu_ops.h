@@ -34,6 +34,7 @@ void cross_entropy_finish(const CrossEntropyFinishArgs& a);
 void adamw(const AdamWArgs& a);
 void sum_squares(const SumSquaresArgs& a);
 void scale(const ScaleArgs& a);
+void rank_order_sum(const RankOrderSumArgs& a);
 void cast(const CastArgs& a);
 void dequantize(const DequantizeArgs& a);
 void dropout(const DropoutArgs& a);
@@ -87,6 +88,7 @@ class CpuOps final : public Ops {
   STRATA_CPU_OP(cast, CastArgs)
   STRATA_CPU_OP(dequantize, DequantizeArgs)
   STRATA_CPU_OP(dropout, DropoutArgs)
+  STRATA_CPU_OP(rank_order_sum, RankOrderSumArgs)
 #undef STRATA_CPU_OP
 };
 

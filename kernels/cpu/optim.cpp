@@ -280,6 +280,22 @@ void scale(const ScaleArgs& a) {
   });
 }
 
+void rank_order_sum(const RankOrderSumArgs& a) {
+  const size_t es = dtype_size(a.dtype);
+  const auto* others = static_cast<const char*>(a.others);
+  for_chunks(a.n, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      float acc = 0;
+      for (int r = 0; r < a.world; ++r) {
+        const void* src = r == a.me ? a.mine
+                                    : others + static_cast<size_t>((r < a.me ? r : r - 1) * a.others_stride) * es;
+        acc = r == 0 ? load_as_f32(src, a.dtype, static_cast<size_t>(i)) : acc + load_as_f32(src, a.dtype, static_cast<size_t>(i));
+      }
+      store_from_f32(a.out, a.dtype, static_cast<size_t>(i), acc);
+    }
+  });
+}
+
 void cast(const CastArgs& a) {
   if (a.src_dtype == a.dst_dtype) {
     const size_t es = dtype_size(a.src_dtype);

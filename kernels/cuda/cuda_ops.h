@@ -125,6 +125,7 @@ class CudaOps final : public Ops {
   void do_cast(Stream& s, const CastArgs& a) override;
   void do_dequantize(Stream& s, const DequantizeArgs& a) override;
   void do_dropout(Stream& s, const DropoutArgs& a) override;
+  void do_rank_order_sum(Stream& s, const RankOrderSumArgs& a) override;
 
  private:
   int device_;

@@ -88,6 +88,20 @@ __global__ void scale_kernel(T* x, int64_t n, float s) {
     x[i] = from_f32<T>(to_f32(x[i]) * s);
 }
 
+// The fixed-order sum (RankOrderSumArgs): fp32 in rank order, rounded once.
+template <class T>
+__global__ void rank_order_sum_kernel(const T* mine, int me, int world, const T* others, int64_t stride, T* out,
+                                      int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    float acc = 0.f;
+    for (int r = 0; r < world; ++r) {
+      const T v = r == me ? mine[i] : others[static_cast<int64_t>(r < me ? r : r - 1) * stride + i];
+      acc = r == 0 ? to_f32(v) : __fadd_rn(acc, to_f32(v));
+    }
+    out[i] = from_f32<T>(acc);
+  }
+}
+
 template <class S, class D>
 __global__ void cast_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
@@ -138,6 +152,17 @@ void CudaOps::do_scale(Stream& s, const ScaleArgs& a) {
   dispatch_dtype(a.dtype, [&](auto tag) {
     using T = decltype(tag);
     scale_kernel<T><<<grid_for(a.n, kThreads * 8), kThreads, 0, ctx.stream()>>>(static_cast<T*>(a.x), a.n, a.s);
+    STRATA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CudaOps::do_rank_order_sum(Stream& s, const RankOrderSumArgs& a) {
+  StreamContext& ctx = context(s);
+  dispatch_dtype(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    rank_order_sum_kernel<T><<<grid_for(a.n, kThreads * 8), kThreads, 0, ctx.stream()>>>(
+        static_cast<const T*>(a.mine), a.me, a.world, static_cast<const T*>(a.others), a.others_stride,
+        static_cast<T*>(a.out), a.n);
     STRATA_CUDA_CHECK_LAUNCH();
   });
 }

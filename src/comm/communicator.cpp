@@ -265,10 +265,13 @@ std::unique_ptr<Communicator> make_communicator(kernels::Backend device, const C
   if (!l.by_launcher) return make_local_communicator();
   if (device == kernels::Backend::cuda) {
     if (l.world == 1) return make_local_communicator();
-    throw std::runtime_error("started by a launcher (" + l.source + ") as rank " + std::to_string(l.rank) + " of " +
-                             std::to_string(l.world) +
-                             " on the cuda backend, which needs the NCCL communicator; it is not written yet. "
-                             "Run multi-rank jobs with --backend cpu");
+    if (!comm_detail::nccl_built())
+      throw std::runtime_error("started by a launcher (" + l.source + ") as rank " + std::to_string(l.rank) + " of " +
+                               std::to_string(l.world) +
+                               " on the cuda backend, which needs the NCCL communicator, and this strata was built "
+                               "without it: build it with the CUDA toolkit (which ships NCCL) and MPI "
+                               "(libopenmpi-dev), or run multi-rank jobs with --backend cpu");
+    return comm_detail::make_nccl(make_mpi_communicator(options), options);
   }
   if (!comm_detail::mpi_built() && l.world == 1) return make_local_communicator();
   return make_mpi_communicator(options);

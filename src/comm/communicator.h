@@ -60,12 +60,13 @@ std::string_view comm_backend_name(CommBackend b);
 // Failure. A rank that fails must take the job down (abort_all / report_fatal_error below), and
 // must not MPI_Finalize: the other ranks may be waiting in a collective for it.
 //
-// NCCL fits as a third subclass without changing this interface: ncclAllGather /
+// NCCL is the third subclass (src/comm/nccl.cpp), behind this interface: ncclAllGather /
 // ncclSend+ncclRecv take a cudaStream_t as these take a Stream; its communicator is made from
 // an mpi one (rank 0 calls ncclGetUniqueId, host_broadcast()s its 128 bytes, every rank calls
 // ncclCommInitRank(world, id, rank) on GPU local_rank()); split() is ncclCommSplit. Its sums
-// must keep the fixed order: exchange shards with grouped ncclSend/ncclRecv, then a kernel that
-// sums the N contributions in rank order, as the mpi implementation does on the host.
+// keep the fixed order: shards exchanged with grouped ncclSend/ncclRecv, then a kernel that
+// sums the N contributions in rank order (Ops::rank_order_sum), as the mpi implementation does
+// on the host.
 // ---------------------------------------------------------------------------------------------
 class Communicator {
  public:
@@ -197,7 +198,8 @@ struct CommOptions {
 // The world communicator for this process: `mpi` when started by mpirun (detect_launch()), and
 // `local` otherwise, so a plain `strata ...` never calls MPI_Init. `device` is the runtime's
 // backend: the mpi communicator needs host-addressable buffers (cpu); cuda with more than one
-// rank needs the nccl communicator, which is not written yet (throws saying so). mpi initialises
+// rank gets the nccl communicator (src/comm/nccl.cpp: NCCL over an mpi control plane, one GPU
+// per rank; a build without NCCL throws saying so). mpi initialises
 // MPI with MPI_THREAD_MULTIPLE (collectives run on stream worker threads) and throws if the
 // library cannot provide it. Create it once per process, on the main thread, and destroy it
 // there on the normal path: destroying the last mpi communicator calls MPI_Finalize (skipped

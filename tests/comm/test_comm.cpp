@@ -27,6 +27,7 @@
 
 #include "kernels/dtype.h"
 #include "kernels/runtime.h"
+#include "src/comm/comm_internal.h"
 #include "src/comm/communicator.h"
 #include "src/comm/grid.h"
 #include "src/comm/reduce.h"
@@ -343,7 +344,10 @@ TEST(CommLaunch, PlainProcessGetsLocalAndNeverInitialisesMpi) {
   });
 }
 
+// A build without NCCL refuses a multi-rank cuda job before touching MPI. (With NCCL such a job
+// makes its NCCL communicator over MPI: tests/comm/test_nccl.cpp, on a GPU.)
 TEST(CommLaunch, CudaWithSeveralRanksNeedsNccl) {
+  if (comm_detail::nccl_built()) GTEST_SKIP() << "this strata has NCCL: a multi-rank cuda job uses it";
   without_launcher([] {
     ScopedEnv w("OMPI_COMM_WORLD_SIZE", "2"), r("OMPI_COMM_WORLD_RANK", "1");
     try {

@@ -5,6 +5,7 @@
 // bad-id report. Attention is in test_cuda_attention.cpp. All skip without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -626,6 +627,32 @@ TEST_P(CudaOpsTest, SumSquaresAddsIntoOutAndIsDeterministic) {
     gpu.stream().memcpy_async(&again, dout2.data(), sizeof(double));
     gpu.stream().synchronize();
     EXPECT_EQ(std::memcmp(&got, &again, sizeof(double)), 0) << "sum_squares is not bitwise reproducible";
+  }
+}
+
+// The communicators' fixed-order sum on the GPU is the CPU's, bit for bit (the NCCL
+// communicator's reduce-scatter and all-reduce end with it; the mpi one sums on the host).
+TEST_P(CudaOpsTest, RankOrderSumIsTheCpuSumBitForBit) {
+  STRATA_SKIP_WITHOUT_CUDA();
+  Gpu gpu;
+  const int64_t n = 100003, stride = n + 13;
+  for (int world : {1, 2, 4}) {
+    for (int me = 0; me < world; ++me) {
+      HostBuf mine = HostBuf::random(dtype(), static_cast<size_t>(n), 70 + static_cast<uint32_t>(me));
+      HostBuf others = HostBuf::random(dtype(), static_cast<size_t>(std::max<int64_t>(1, (world - 1) * stride)), 80);
+      HostBuf want(dtype(), static_cast<size_t>(n));
+      RankOrderSumArgs a{.dtype = dtype(), .n = n, .mine = mine.data(), .me = me, .world = world,
+                         .others = world > 1 ? others.data() : nullptr, .others_stride = stride, .out = want.data()};
+      cpu::rank_order_sum(a);
+      DeviceBuffer dm = gpu.up(mine), dothers = gpu.up(others);
+      DeviceBuffer dout = gpu.up(HostBuf(dtype(), static_cast<size_t>(n)));
+      a.mine = dm.data();
+      a.others = world > 1 ? dothers.data() : nullptr;
+      a.out = dout.data();
+      gpu.ops().rank_order_sum(gpu.stream(), a);
+      const HostBuf got = gpu.down(dout, want);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size_bytes()), 0) << "world " << world << " me " << me;
+    }
   }
 }
 
