@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU check for a lent device machine (H200, ~15 minutes of device time for all tries), in one
 # call, printing ONE short table. In order of what it can find wrong:
-#  1. the CUDA op tests (test_kernels' Cuda* suites: each op against the CPU backend);
+#  1. the CUDA op tests (test_kernels' Cuda* suites: each op against the CPU backend), and the
+#     NCCL communicator's one-rank tests (test_comm's Nccl* suites; where test_comm was built);
 #  2. the offload invariants on the GPU: a small model trained with --backend cuda under several
 #     placements (optimizer in pinned host RAM, everything on NVMe with checkpointing, a tight
 #     device budget, grad accumulation 2) must give losses and grad norms BITWISE equal to the
@@ -66,12 +67,13 @@ else
   step install 120 bash -c 'source scripts/common.sh; strata_install_deps'
   step configure 120 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DSTRATA_BUILD_BENCH=OFF -DSTRATA_WERROR=OFF
-  step build 330 cmake --build "$BUILD_DIR" -j "$(nproc)" --target test_kernels strata
+  step build 330 cmake --build "$BUILD_DIR" -j "$(nproc)" --target test_kernels test_comm strata
 fi
 S="$BIN/strata"
 
 # 1. The CUDA op tests.
 has tests && step test_cuda 100 "$BIN/test_kernels" --gtest_brief=1 --gtest_filter='*Cuda*'
+has tests && [ -x "$BIN/test_comm" ] && step test_nccl 60 "$BIN/test_comm" --gtest_brief=1 --gtest_filter='Nccl*'
 
 # 2. Offload invariants on the GPU (small model, seconds each).
 SWAP=/tmp/strata-swap

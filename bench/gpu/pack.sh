@@ -13,6 +13,7 @@ STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/sg/bin" "$STAGE/sg/lib" "$(dirname "$TAR")"
 cp "$BUILD/bin/strata" "$BUILD/bin/test_kernels" "$STAGE/sg/bin/"
+[ -x "$BUILD/bin/test_comm" ] && cp "$BUILD/bin/test_comm" "$STAGE/sg/bin/"  # (the NCCL tests)
 ldd "$BUILD/bin/strata" "$BUILD/bin/test_kernels" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
   while read -r name path; do
     case "$name" in
