@@ -86,7 +86,8 @@ TEST_F(PpCli, StagesMatchOneRank) {
 }
 
 // A grid with pipelines: dp 2 × pp 2 with ZeRO stage 0 and 1 over the data-parallel pairs (the
-// same bits as each other), and tp 2 × pp 2, each the 1-rank run with the same global batch.
+// same bits as each other), tp 2 × pp 2, and all three axes at once, each the 1-rank run with the
+// same global batch.
 TEST_F(PpCli, PipelinesComposeWithDataAndTensorParallelism) {
   CliResult one = run(0, train("gpt2", 2, "one"), "one");
   ASSERT_EQ(one.status, 0) << one.err;
@@ -102,6 +103,11 @@ TEST_F(PpCli, PipelinesComposeWithDataAndTensorParallelism) {
   ASSERT_EQ(t.status, 0) << t.out << t.err;
   EXPECT_NE(t.out.find("dp 1 × pp 2 × tp 2"), std::string::npos) << t.out;
   expect_close("one", "tp");
+  // 3D: dp 2 × pp 2 × tp 2 with ZeRO-1 over the data-parallel pairs (8 ranks on 2 cores).
+  CliResult d = run(8, train("gpt2", 1, "3d") + "--pp 2 --tp 2 --zero-stage 1", "3d");
+  ASSERT_EQ(d.status, 0) << d.out << d.err;
+  EXPECT_NE(d.out.find("dp 2 × pp 2 × tp 2"), std::string::npos) << d.out;
+  expect_close("one", "3d");
 }
 
 // A pipeline's run is a fixed function of its inputs: the same bits twice, with every stream
