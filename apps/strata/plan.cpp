@@ -588,6 +588,10 @@ int run_plan(const PlanOptions& po) {
       j["pp_stage_shown"] = p.stage;
       j["pp_comm_bytes_sent_per_rank"] = p.pp_comm_bytes;
       j["pp_bubble"] = p.pp_bubble;
+      const std::vector<int64_t> balanced =
+          balanced_pipeline_layers(phases, model.checkpointing(), model.dims().L, p.pp);
+      j["pp_layers_balanced"] = balanced;
+      j["pp_compute_ms_balanced"] = pipeline_compute_ms(phases, model.checkpointing(), balanced, o.grad_accum);
       nlohmann::json stages = nlohmann::json::array();
       for (size_t s = 0; s < p.stage_memory.size(); ++s) {
         nlohmann::json st = {{"layers", p.pp_layers[s]}, {"trainable_params", p.stage_params[s]}};
@@ -612,18 +616,27 @@ int run_plan(const PlanOptions& po) {
              : p.update_in_backward ? "in the backward (no clipping)"
                                     : "in the next step's forward");
   if (p.pp > 1) {
+    // The split the probed phase times balance best (the head's stage takes fewer layers).
+    const std::vector<int64_t> balanced = balanced_pipeline_layers(phases, model.checkpointing(), model.dims().L, p.pp);
+    std::string split;
+    for (size_t s = 0; s < balanced.size(); ++s) split += (s ? "," : "") + std::to_string(balanced[s]);
+    const std::string better =
+        balanced == p.pp_layers
+            ? std::string(" (the balanced split for these phase times)")
+            : fmt::format(" (--pp-layers {} balances the stages better: compute {:.0f} ms instead of {:.0f})", split,
+                          pipeline_compute_ms(phases, model.checkpointing(), balanced, o.grad_accum), f.compute_ms);
     std::string layers, pools;
     for (size_t s = 0; s < p.pp_layers.size(); ++s) {
       layers += (s ? "," : "") + std::to_string(p.pp_layers[s]);
       pools += fmt::format("{}stage {}: {}", s ? "; " : "", s,
                            gib(p.stage_memory[s].budget[0] + p.stage_memory[s].budget[1] + p.stage_memory[s].budget[2]));
     }
-    fmt::print("pipeline: {} stages of {} layers, {} micro-batches in 1F1B: ideal bubble (p-1)/(m+p-1) = {:.1f}%, in "
+    fmt::print("pipeline: {} stages of {} layers{}, {} micro-batches in 1F1B: ideal bubble (p-1)/(m+p-1) = {:.1f}%, in "
                "the compute below ((m-1) x the slowest stage's micro-batch + every stage's one). The tiers below are "
                "stage {}'s, the one that holds the most (all tiers: {}). Per step the busiest rank sends {} to its "
                "neighbour stages (2 x B x T x hidden per micro-batch per boundary; its time is not in the "
                "prediction: --metrics pp_comm_ms measures it)\n",
-               p.pp, layers, o.grad_accum, 100 * p.pp_bubble, p.stage, pools, gib(p.pp_comm_bytes));
+               p.pp, layers, better, o.grad_accum, 100 * p.pp_bubble, p.stage, pools, gib(p.pp_comm_bytes));
   }
   if (p.world > 1 && p.tp == 1 && p.pp == 1)
     fmt::print("ranks: {}, ZeRO stage {}: the tiers below are per rank; each rank sends {} and receives {} per step\n",

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -369,6 +370,56 @@ double pipeline_compute_ms(const PhaseTimes& t, const Checkpointing& ckpt, const
     }
   }
   return static_cast<double>(grad_accum - 1) * most + sum + most_sq;
+}
+
+std::vector<int64_t> balanced_pipeline_layers(const PhaseTimes& t, const Checkpointing& ckpt, int64_t L, int stages) {
+  if (stages < 1 || L < stages) return {};
+  const auto S = static_cast<size_t>(stages), N = static_cast<size_t>(L);
+  std::vector<double> prefix(N + 1, 0);
+  for (size_t l = 0; l < N; ++l)
+    prefix[l + 1] = prefix[l] + t.block_forward_ms * (ckpt.at(static_cast<int64_t>(l)) ? 2 : 1) + t.block_backward_ms;
+  const auto cost = [&](size_t s, size_t a, size_t n) {  // stage s (of S, from 1) holding layers [a, n)
+    return prefix[n] - prefix[a] + (s == S ? t.edge_ms : 0);
+  };
+  // Over contiguous splits, dynamic programming twice: the least slowest stage M, then among the
+  // splits whose every stage is within M, the least Σ stage² (the most even, so a stage that
+  // could take a layer more or less does not).
+  const double inf = std::numeric_limits<double>::infinity();
+  const auto solve = [&](const auto& value, const auto& combine, double bound) {
+    std::vector<std::vector<double>> best(S + 1, std::vector<double>(N + 1, inf));
+    std::vector<std::vector<size_t>> cut(S + 1, std::vector<size_t>(N + 1, 0));
+    best[0][0] = 0;
+    for (size_t s = 1; s <= S; ++s)
+      for (size_t n = s; n + (S - s) <= N; ++n)
+        for (size_t a = s - 1; a < n; ++a) {
+          const double c = cost(s, a, n);
+          if (c > bound || best[s - 1][a] == inf) continue;
+          const double v = combine(best[s - 1][a], value(c));
+          if (v < best[s][n]) {
+            best[s][n] = v;
+            cut[s][n] = a;
+          }
+        }
+    std::vector<int64_t> out(S);
+    for (size_t s = S, n = N; s > 0; --s) {
+      out[s - 1] = static_cast<int64_t>(n - cut[s][n]);
+      n = cut[s][n];
+    }
+    return std::pair{best[S][N], out};
+  };
+  const double most = solve([](double c) { return c; }, [](double x, double y) { return std::max(x, y); }, inf).first;
+  return solve([](double c) { return c * c; }, [](double x, double y) { return x + y; }, most * (1 + 1e-12)).second;
+}
+
+std::vector<int64_t> pipeline_split(const ModelConfig& cfg, int64_t batch, int64_t seq, const TensorParallel& tp,
+                                    const Checkpointing& ckpt, int stages, const std::string& given) {
+  if (!given.empty() || stages < 2 || cfg.n_layers < stages) return pipeline_layers(cfg.n_layers, stages, given);
+  const ModelDims d = model_dims(cfg, batch, seq, tp);
+  PhaseTimes flops;  // (FLOPs in place of milliseconds: only their ratios count)
+  flops.block_forward_ms = block_forward_flops(d);
+  flops.block_backward_ms = block_backward_flops(d, false);
+  flops.edge_ms = 3.0 * head_flops(d);
+  return balanced_pipeline_layers(flops, ckpt, d.L, stages);
 }
 
 }  // namespace strata

@@ -6,6 +6,8 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "kernels/runtime.h"
 #include "src/model/transformer.h"
@@ -73,6 +75,18 @@ double step_compute_ms(const PhaseTimes& t, const Transformer& model, int grad_a
 // stages), plus the slowest stage's Σ g². The point-to-point sends are not in it.
 double pipeline_compute_ms(const PhaseTimes& t, const Checkpointing& ckpt, const std::vector<int64_t>& layers,
                            int grad_accum);
+// The split of L layers over `stages` (each at least one) with the least pipeline_compute_ms:
+// the slowest stage's micro-batch as short as it can be (the sum over stages is the same for
+// every split), and among those the most even. The last stage carries the head, so where the
+// head is costly it takes fewer layers (gpt2-124m over 2 stages: 9,3).
+std::vector<int64_t> balanced_pipeline_layers(const PhaseTimes& t, const Checkpointing& ckpt, int64_t L, int stages);
+// The layers of each of `stages` pipeline stages (--pp): `given` (--pp-layers) when set, else the
+// split balanced by FLOPs a micro-batch (balanced_pipeline_layers over each layer's forward,
+// recompute and backward and the head's 3 × its logits matmul on the last stage): the same split
+// on every rank and in every plan, from the config alone. Throws naming the numbers where the
+// stages cannot each get a layer.
+std::vector<int64_t> pipeline_split(const ModelConfig& cfg, int64_t batch, int64_t seq, const TensorParallel& tp,
+                                    const Checkpointing& ckpt, int stages, const std::string& given);
 
 struct StepFloor {
   double compute_ms = 0;  // the model's phases as probed (step_compute_ms)

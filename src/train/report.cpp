@@ -298,7 +298,7 @@ void Trainer::print_header(std::FILE* out) const {
   if (m.pp().on()) {
     const PipelineStage& pp = m.pp();
     std::string layers;
-    for (int64_t n : pipeline_layers(m.cfg.n_layers, pp.size, o.pp_layers)) {
+    for (int64_t n : m.pp_layers) {
       if (!layers.empty()) layers += ',';
       layers += std::to_string(n);
     }

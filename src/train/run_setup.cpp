@@ -17,6 +17,7 @@
 #include "src/data/doc_rows.h"
 #include "src/data/doc_shards.h"
 #include "src/data/token_shards.h"
+#include "src/train/perf_model.h"
 #include "src/train/trainer.h"
 
 namespace strata {
@@ -322,7 +323,8 @@ struct SizedRun {
   static PipelineStage stage_of(const TrainOptions& o, const ModelConfig& cfg, int stage) {
     PipelineStage s;
     if (o.pp < 2) return s;
-    const std::vector<int64_t> layers = pipeline_layers(cfg.n_layers, o.pp, o.pp_layers);
+    const std::vector<int64_t> layers = pipeline_split(cfg, o.batch, o.seq, TensorParallel{o.tp, 0, nullptr, o.sequence_parallel},
+                                                       parse_checkpointing(o.checkpoint_activations), o.pp, o.pp_layers);
     s.size = o.pp;
     s.rank = stage;
     for (int k = 0; k < stage; ++k) s.first += layers[static_cast<size_t>(k)];
@@ -340,7 +342,8 @@ RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
   p.memory = TieredMemory::plan(run.model, run.r.backend, run.r.placement, o.grad_accum, run.step_buffers, minimums);
   if (o.pp > 1) {  // every stage planned; the tiers shown are the one that holds the most
     p.pp = o.pp;
-    p.pp_layers = pipeline_layers(run.r.cfg.n_layers, o.pp, o.pp_layers);
+    p.pp_layers = pipeline_split(run.r.cfg, o.batch, o.seq, TensorParallel{o.tp, 0, nullptr, o.sequence_parallel},
+                                 run.r.ckpt, o.pp, o.pp_layers);
     p.pp_bubble = static_cast<double>(o.pp - 1) / static_cast<double>(o.grad_accum + o.pp - 1);
     uint64_t most = 0;
     for (int s = 0; s < o.pp; ++s) {

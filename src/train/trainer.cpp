@@ -20,6 +20,7 @@
 #include "kernels/cpu/parallel.h"
 #include "src/checkpoint/train_checkpoint.h"
 #include "src/train/faults.h"
+#include "src/train/perf_model.h"
 #include "src/train/run_setup.h"
 #include "src/train/stop_signal.h"
 #include "src/train/trainer_impl.h"
@@ -132,7 +133,8 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   const TensorParallel tp{o.tp, m.groups->coord().tp, &m.groups->tp(), o.sequence_parallel};
   PipelineStage stage;
   if (o.pp > 1) {
-    const std::vector<int64_t> layers = pipeline_layers(m.cfg.n_layers, o.pp, o.pp_layers);
+    const std::vector<int64_t> layers = pipeline_split(m.cfg, o.batch, o.seq, tp, r.ckpt, o.pp, o.pp_layers);
+    m.pp_layers = layers;
     stage.size = o.pp;
     stage.rank = m.groups->coord().pp;
     for (int s = 0; s < stage.rank; ++s) stage.first += layers[static_cast<size_t>(s)];

@@ -43,6 +43,7 @@ struct Trainer::Impl {
   // Pipeline parallel with a tied head: the first and last stage of this rank's (dp, tp)
   // position, which hold the embedding's two copies (null elsewhere).
   std::unique_ptr<Communicator> embed_group;
+  std::vector<int64_t> pp_layers;  // --pp: each stage's layers
   Sharding sh;                         // this rank's part of every unit over the data-parallel group (ZeRO stage)
   std::unique_ptr<kernels::Runtime> rt;
   std::unique_ptr<kernels::Stream> stream;

@@ -429,6 +429,40 @@ TEST(PerfModel, StepComputeAddsThePhasesOfEveryBlock) {
   EXPECT_DOUBLE_EQ(step_compute_ms(t, none, 1), 10 + 16 + 2 + 2.0);
 }
 
+// A pipeline's compute: (m − 1) × the slowest stage's micro-batch + every stage's one, plus the
+// slowest stage's Σ g²; the head (edge) on the last stage.
+TEST(PerfModel, PipelineComputeIsTheSlowestStageTimesMPlusTheFill) {
+  PhaseTimes t;
+  t.block_forward_ms = 1, t.block_backward_ms = 3, t.edge_ms = 10, t.sum_squares_ms = 0.5, t.edge_sum_squares_ms = 2;
+  // 6 layers as 4,2: stage 0 16 ms a micro-batch, stage 1 8 + 10 = 18 (the slowest: 2 × 0.5 + 2 of Σ g²).
+  EXPECT_DOUBLE_EQ(pipeline_compute_ms(t, Checkpointing{}, {4, 2}, 4), 3 * 18.0 + (16 + 18) + 3.0);
+  // Recomputed layers count their forward twice: every layer 5 ms; 3,3 -> 15 and 25.
+  EXPECT_DOUBLE_EQ(pipeline_compute_ms(t, Checkpointing{1}, {3, 3}, 1), 15.0 + 25.0 + 1.5 + 2.0);
+}
+
+// The balanced split: the slowest stage as fast as it can be, then the most even. Without a head
+// it is the even split; a costly head moves layers off the last stage; the default --pp split
+// is the FLOP-balanced one (gpt2-124m, whose 50,257-row head weighs 5.4 layers: 9,3, measured
+// 1.52x one rank against 1.31x at 6,6), and --pp-layers wins when given.
+TEST(PerfModel, BalancedPipelineSplitTakesTheHeadIntoAccount) {
+  PhaseTimes t;
+  t.block_forward_ms = 1, t.block_backward_ms = 3;
+  EXPECT_EQ(balanced_pipeline_layers(t, Checkpointing{}, 12, 2), (std::vector<int64_t>{6, 6}));
+  EXPECT_EQ(balanced_pipeline_layers(t, Checkpointing{}, 4, 4), (std::vector<int64_t>{1, 1, 1, 1}));
+  const std::vector<int64_t> seven = balanced_pipeline_layers(t, Checkpointing{}, 7, 3);
+  EXPECT_EQ(*std::max_element(seven.begin(), seven.end()), 3);
+  EXPECT_EQ(seven[0] + seven[1] + seven[2], 7);
+  t.edge_ms = 4 * 5.4;  // the head: 5.4 layers
+  EXPECT_EQ(balanced_pipeline_layers(t, Checkpointing{}, 12, 2), (std::vector<int64_t>{9, 3}));
+  EXPECT_TRUE(balanced_pipeline_layers(t, Checkpointing{}, 3, 4).empty());  // fewer layers than stages
+  const ModelConfig gpt2 = preset_model_config("gpt2-124m");
+  EXPECT_EQ(pipeline_split(gpt2, 2, 64, {}, {}, 2, ""), (std::vector<int64_t>{9, 3}));
+  EXPECT_EQ(pipeline_split(gpt2, 2, 64, {}, {}, 2, "6,6"), (std::vector<int64_t>{6, 6}));
+  EXPECT_EQ(pipeline_split(tiny_byte_llama(), 2, 16, {}, {}, 1, ""), (std::vector<int64_t>{tiny_byte_llama().n_layers}));
+  EXPECT_THROW(pipeline_split(gpt2, 2, 64, {}, {}, 13, ""), std::invalid_argument);  // 12 layers
+  EXPECT_THROW(pipeline_split(gpt2, 2, 64, {}, {}, 2, "6,5"), std::invalid_argument);
+}
+
 // The probe runs the model's own phases on a one-block copy, for llama and gpt2 (tied head) in
 // every dtype: each time is finite and positive, and the runtime is usable afterwards.
 TEST(PerfModel, ProbePhasesTimesEachPhaseOfAOneBlockCopy) {
