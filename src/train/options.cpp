@@ -266,8 +266,9 @@ void validate_options(const TrainOptions& o) {
     if (o.zero_stage >= 2)
       throw std::invalid_argument(fmt::format(
           "--zero-stage {} with --pp: a stage's gradients are reduce-scattered and its weights gathered per unit in "
-          "a step that runs one micro-batch at a time; the 1F1B schedule interleaves them, so use --zero-stage 0 or "
-          "1 with --pp (the optimizer state is sharded over the data-parallel ranks at stage 1)",
+          "a step that runs one micro-batch at a time; the 1F1B schedule interleaves them (DeepSpeed's pipeline "
+          "engine refuses them too), so use --zero-stage 0 or 1 with --pp (the optimizer state is sharded over the "
+          "data-parallel ranks at stage 1)",
           o.zero_stage));
     if (o.lora_rank > 0 || !o.adapter.empty())
       throw std::invalid_argument("--lora-rank/--adapter with --pp: adapters are not split into pipeline stages "
