@@ -617,21 +617,23 @@ std::vector<int64_t> parse_pp_layers(const std::string& text) {
 
 std::vector<int64_t> pipeline_layers(int64_t L, int size, const std::string& text) {
   const std::vector<int64_t> layers = parse_pp_layers(text);
-  if (size < 1) throw std::invalid_argument("--pp must be >= 1, got " + std::to_string(size));
-  if (layers.empty()) {
-    if (L < size)
-      throw std::invalid_argument("--pp " + std::to_string(size) + " needs at least one layer per stage: the model has " +
-                                  std::to_string(L) + " layers");
-    std::vector<int64_t> out(static_cast<size_t>(size), L / size);
-    for (int64_t s = 0; s < L % size; ++s) ++out[static_cast<size_t>(s)];
-    return out;
-  }
   int64_t sum = 0;
   for (int64_t n : layers) sum += n;  // (each >= 1)
   if (static_cast<int>(layers.size()) != size || sum != L)
     throw std::invalid_argument("--pp-layers " + text + ": give " + std::to_string(size) +
                                 " counts (one per --pp stage) that sum to the model's " + std::to_string(L) + " layers");
   return layers;
+}
+
+PipelineStage pipeline_stage(const std::vector<int64_t>& layers, int rank, int64_t micro_batches, Communicator* comm) {
+  PipelineStage s;
+  s.size = static_cast<int>(layers.size());
+  s.rank = rank;
+  for (int k = 0; k < rank; ++k) s.first += layers[static_cast<size_t>(k)];
+  s.end = s.first + layers.at(static_cast<size_t>(rank));
+  s.slots = static_cast<int>(std::min<int64_t>(s.size - rank, micro_batches));
+  s.comm = comm;
+  return s;
 }
 
 void Transformer::need_group() const {

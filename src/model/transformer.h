@@ -62,10 +62,15 @@ struct PipelineStage {
   bool first_stage() const { return rank == 0; }
   bool last_stage() const { return rank == size - 1; }
 };
-// The layers of each of `size` stages: the even split of L (the first stages one more where it
-// does not divide), or `layers` ("5,7": --pp-layers, one count per stage summing to L); throws
-// naming the numbers and the flag.
-std::vector<int64_t> pipeline_layers(int64_t L, int size, const std::string& layers = "");
+// --pp-layers ("5,7"): the layers of each of `size` stages, one count each, summing to L; throws
+// naming the text and the numbers otherwise. (The default split is src/train/perf_model.h's
+// pipeline_split.)
+std::vector<int64_t> pipeline_layers(int64_t L, int size, const std::string& layers);
+// Stage `rank` of a pipeline whose stages hold `layers` each: its layer range, and activation
+// slots for the micro-batches it has in flight at once in 1F1B (size − rank, at most
+// micro_batches). comm: its pipeline group (null: sized only, for a plan).
+PipelineStage pipeline_stage(const std::vector<int64_t>& layers, int rank, int64_t micro_batches,
+                             Communicator* comm = nullptr);
 
 // One named parameter tensor (HF name and HF shape; gpt2's Conv1D weights stay [in, out]).
 // Under tensor parallelism `shape` is this rank's part of the HF tensor: `full_shape` and

@@ -134,7 +134,10 @@ const std::vector<OptionSpec>& option_table() {
        "micro-batches flowing through them in the 1F1B schedule; the job's ranks are --tp × --pp × data-parallel "
        "replicas",
        &O::pp, all},
-      {"--pp-layers", "with --pp: the layers of each stage, e.g. 5,7 (empty: an even split)", &O::pp_layers, all},
+      {"--pp-layers",
+       "with --pp: the layers of each stage, e.g. 9,3 (empty: the split that balances the stages' FLOPs, the head "
+       "counted on the last)",
+       &O::pp_layers, all},
       {"--lora-rank", "LoRA: train rank-R adapters on a frozen base (0 = full fine-tuning)", &O::lora_rank, all},
       {"--lora-alpha", "LoRA: the adapters' scale is alpha / rank", &O::lora_alpha, all},
       {"--lora-rslora", "LoRA: scale alpha / sqrt(rank) (rsLoRA)", &O::lora_rslora, all},

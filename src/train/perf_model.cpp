@@ -413,7 +413,12 @@ std::vector<int64_t> balanced_pipeline_layers(const PhaseTimes& t, const Checkpo
 
 std::vector<int64_t> pipeline_split(const ModelConfig& cfg, int64_t batch, int64_t seq, const TensorParallel& tp,
                                     const Checkpointing& ckpt, int stages, const std::string& given) {
-  if (!given.empty() || stages < 2 || cfg.n_layers < stages) return pipeline_layers(cfg.n_layers, stages, given);
+  if (stages < 1) throw std::invalid_argument("--pp must be >= 1, got " + std::to_string(stages));
+  if (cfg.n_layers < stages)
+    throw std::invalid_argument("--pp " + std::to_string(stages) + " needs at least one layer per stage: the model has " +
+                                std::to_string(cfg.n_layers) + " layers");
+  if (!given.empty()) return pipeline_layers(cfg.n_layers, stages, given);
+  if (stages == 1) return {cfg.n_layers};
   const ModelDims d = model_dims(cfg, batch, seq, tp);
   PhaseTimes flops;  // (FLOPs in place of milliseconds: only their ratios count)
   flops.block_forward_ms = block_forward_flops(d);

@@ -321,16 +321,10 @@ struct SizedRun {
   }
   // Pipeline stage `stage` of o's split of cfg's layers (sized only: no group).
   static PipelineStage stage_of(const TrainOptions& o, const ModelConfig& cfg, int stage) {
-    PipelineStage s;
-    if (o.pp < 2) return s;
-    const std::vector<int64_t> layers = pipeline_split(cfg, o.batch, o.seq, TensorParallel{o.tp, 0, nullptr, o.sequence_parallel},
-                                                       parse_checkpointing(o.checkpoint_activations), o.pp, o.pp_layers);
-    s.size = o.pp;
-    s.rank = stage;
-    for (int k = 0; k < stage; ++k) s.first += layers[static_cast<size_t>(k)];
-    s.end = s.first + layers[static_cast<size_t>(stage)];
-    s.slots = static_cast<int>(std::min<int64_t>(o.pp - stage, o.grad_accum));
-    return s;
+    if (o.pp < 2) return {};
+    return pipeline_stage(pipeline_split(cfg, o.batch, o.seq, TensorParallel{o.tp, 0, nullptr, o.sequence_parallel},
+                                         parse_checkpointing(o.checkpoint_activations), o.pp, o.pp_layers),
+                          stage, o.grad_accum);
   }
 };
 }  // namespace
@@ -340,23 +334,26 @@ RunPlan plan_run(const TrainOptions& o, bool minimums, int world) {
   const SizedRun run(o, world);
   RunPlan p;
   p.memory = TieredMemory::plan(run.model, run.r.backend, run.r.placement, o.grad_accum, run.step_buffers, minimums);
-  if (o.pp > 1) {  // every stage planned; the tiers shown are the one that holds the most
+  if (o.pp > 1) {  // every stage planned (stage 0 is `run`); the tiers shown are the one that holds the most
     p.pp = o.pp;
     p.pp_layers = pipeline_split(run.r.cfg, o.batch, o.seq, TensorParallel{o.tp, 0, nullptr, o.sequence_parallel},
                                  run.r.ckpt, o.pp, o.pp_layers);
     p.pp_bubble = static_cast<double>(o.pp - 1) / static_cast<double>(o.grad_accum + o.pp - 1);
     uint64_t most = 0;
-    for (int s = 0; s < o.pp; ++s) {
-      const SizedRun st(o, world, s);
-      p.stage_memory.push_back(
-          TieredMemory::plan(st.model, st.r.backend, st.r.placement, o.grad_accum, st.step_buffers, minimums));
+    const auto add_stage = [&](int s, const SizedRun& st, MemoryPlan plan) {
       p.stage_params.push_back(st.model.n_trainable_params());
       p.pp_comm_bytes = std::max(p.pp_comm_bytes, pp_comm_bytes_per_step(st.model, o.grad_accum));
-      const auto& b = p.stage_memory.back().budget;
+      const auto& b = plan.budget;
       if (s == 0 || b[0] + b[1] + b[2] > most) {
         most = b[0] + b[1] + b[2];
         p.stage = s;
       }
+      p.stage_memory.push_back(std::move(plan));
+    };
+    add_stage(0, run, p.memory);
+    for (int s = 1; s < o.pp; ++s) {
+      const SizedRun st(o, world, s);
+      add_stage(s, st, TieredMemory::plan(st.model, st.r.backend, st.r.placement, o.grad_accum, st.step_buffers, minimums));
     }
     p.memory = p.stage_memory[static_cast<size_t>(p.stage)];
   }

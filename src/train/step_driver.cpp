@@ -38,16 +38,25 @@ void StepDriver::embed_and_blocks_forward(const int32_t* ids, bool embed_spent) 
     if (L > 0) mem_.release(Role::activations, 0);
     units_.drop_weights(m.embed_unit(), embed_spent);
   }
-  for (int64_t l = 0; l < L; ++l) {
-    const int li = static_cast<int>(l);
+  blocks_forward(0, L);
+}
+
+// Forward of layers [first, end): each reads its kept input and writes the next layer's, the
+// last one the final residual (pipeline parallel: the stage's output, sent on or the head's).
+void StepDriver::blocks_forward(int64_t first, int64_t end) {
+  Transformer& m = model_;
+  for (int64_t l = first; l < end; ++l) {
     const void* w = units_.use_weights(m.block_unit(l));
     const int lu = m.lora_unit(l);  // LoRA: the layer's adapters
     const void* wl = lu >= 0 ? units_.use_weights(lu) : nullptr;
+    const int li = m.activation_index(l);
     const void* x = mem_.acquire(Role::activations, li, Mode::read, Side::compute);
-    const bool last = l + 1 == L;
-    void* y = last ? m.final_residual() : mem_.acquire(Role::activations, li + 1, Mode::write, Side::compute);
+    const bool out = l + 1 == end;
+    // (pipeline parallel: the previous micro-batch's send may still be reading the output)
+    if (out && !m.pipeline().last_stage()) compute_waits(&PipeEvents::out_free);
+    void* y = out ? m.final_residual() : mem_.acquire(Role::activations, li + 1, Mode::write, Side::compute);
     compute([&] { m.block_forward(mem_.stream(Side::compute), l, w, x, y, wl); });
-    if (!last) mem_.release(Role::activations, li + 1);
+    if (!out) mem_.release(Role::activations, li + 1);
     mem_.release(Role::activations, li);
     if (lu >= 0) units_.drop_weights(lu);
     units_.drop_weights(m.block_unit(l));
@@ -193,23 +202,22 @@ void StepDriver::comm_after_compute() {
   pipe_stream().wait(*pipe_ev_->compute_done);
 }
 
-void StepDriver::record_on_comm(kernels::Event* ev) {
-  if (pipe_events()) pipe_stream().record(*ev);
+void StepDriver::record_on_comm(PipeEvent ev) {
+  if (pipe_events()) pipe_stream().record(*(*pipe_ev_.*ev));
 }
 
-void StepDriver::compute_waits(kernels::Event* ev) {
+void StepDriver::compute_waits(PipeEvent ev) {
   if (!pipe_events()) return;
   const kernels::Runtime* rt = mem_.runtime(Side::compute);
-  wait_on_stream(mem_.stream(Side::compute), *ev, rt && rt->info().backend == kernels::Backend::cpu, pipe_wait_ns_);
+  wait_on_stream(mem_.stream(Side::compute), *(*pipe_ev_.*ev), rt && rt->info().backend == kernels::Backend::cpu,
+                 pipe_wait_ns_);
 }
 
 // Compute waits for everything the comm stream has enqueued: synchronising compute covers the
 // transfers too.
 void StepDriver::pipe_drain() {
-  compute([&] {
-    record_on_comm(pipe_ev_ ? pipe_ev_->comm_done.get() : nullptr);
-    compute_waits(pipe_ev_ ? pipe_ev_->comm_done.get() : nullptr);
-  });
+  record_on_comm(&PipeEvents::comm_done);
+  compute_waits(&PipeEvents::comm_done);
 }
 
 // The comm stream runs the transfers in the order the host enqueues them (every stage the same
@@ -221,11 +229,11 @@ void StepDriver::pipe_recv_forward(int64_t mb) {
   if (pp.first_stage()) return;  // (its input is the embedding's)
   m.select_slot(static_cast<int>(mb % pp.slots));
   const int li = m.activation_index(pp.first);
-  compute([&] { comm_after_compute(); });  // (the slot's previous micro-batch's backward has read it)
+  comm_after_compute();  // (the slot's previous micro-batch's backward has read it)
   void* x0 = mem_.acquire(Role::activations, li, Mode::write, Side::comm);
   compute([&] {
     pp.comm->recv(x0, pipe_elems(), m.dtype(), pp.rank - 1, pipe_stream());
-    record_on_comm(pipe_ev_ ? pipe_ev_->in_ready.get() : nullptr);
+    record_on_comm(&PipeEvents::in_ready);
   });
   mem_.release(Role::activations, li);
 }
@@ -242,9 +250,9 @@ void StepDriver::pipe_send_forward(int64_t recv_grad_of) {
       // (the residual gradient's last reader, the previous backward, is in compute's work so far)
       pp.comm->send_recv(m.final_residual(), pipe_elems(), pp.rank + 1, m.residual_grad(), pipe_elems(), pp.rank + 1,
                          m.dtype(), pipe_stream());
-      record_on_comm(pipe_ev_ ? pipe_ev_->grad_ready.get() : nullptr);
+      record_on_comm(&PipeEvents::grad_ready);
     }
-    record_on_comm(pipe_ev_ ? pipe_ev_->out_free.get() : nullptr);
+    record_on_comm(&PipeEvents::out_free);
   });
 }
 
@@ -255,7 +263,7 @@ void StepDriver::pipe_recv_backward() {
   compute([&] {
     comm_after_compute();
     pp.comm->recv(m.residual_grad(), pipe_elems(), m.dtype(), pp.rank + 1, pipe_stream());
-    record_on_comm(pipe_ev_ ? pipe_ev_->grad_ready.get() : nullptr);
+    record_on_comm(&PipeEvents::grad_ready);
   });
 }
 
@@ -265,13 +273,13 @@ void StepDriver::pipe_send_backward_recv_forward(int64_t next) {
   if (pp.first_stage()) return;
   m.select_slot(static_cast<int>(next % pp.slots));
   const int li = m.activation_index(pp.first);
-  compute([&] { comm_after_compute(); });
+  comm_after_compute();
   void* x0 = mem_.acquire(Role::activations, li, Mode::write, Side::comm);
   compute([&] {
     pp.comm->send_recv(m.residual_grad(), pipe_elems(), pp.rank - 1, x0, pipe_elems(), pp.rank - 1, m.dtype(),
                        pipe_stream());
-    record_on_comm(pipe_ev_ ? pipe_ev_->grad_free.get() : nullptr);
-    record_on_comm(pipe_ev_ ? pipe_ev_->in_ready.get() : nullptr);
+    record_on_comm(&PipeEvents::grad_free);
+    record_on_comm(&PipeEvents::in_ready);
   });
   mem_.release(Role::activations, li);
 }
@@ -290,23 +298,8 @@ void StepDriver::stage_forward(int64_t mb, const PipelineInputs& in) {
     units_.drop_weights(m.embed_unit());
     mem_.release(Role::activations, li);
   }
-  if (!pp.first_stage()) compute([&] { compute_waits(pipe_ev_ ? pipe_ev_->in_ready.get() : nullptr); });
-  for (int64_t l = pp.first; l < pp.end; ++l) {
-    const void* w = units_.use_weights(m.block_unit(l));
-    const int lu = m.lora_unit(l);
-    const void* wl = lu >= 0 ? units_.use_weights(lu) : nullptr;
-    const int li = m.activation_index(l);
-    const void* x = mem_.acquire(Role::activations, li, Mode::read, Side::compute);
-    const bool out = l + 1 == pp.end;  // the stage's output: the head's input, or sent on
-    // (its previous send still reading it: compute waits)
-    if (out && !pp.last_stage()) compute([&] { compute_waits(pipe_ev_ ? pipe_ev_->out_free.get() : nullptr); });
-    void* y = out ? m.final_residual() : mem_.acquire(Role::activations, li + 1, Mode::write, Side::compute);
-    compute([&] { m.block_forward(mem_.stream(Side::compute), l, w, x, y, wl); });
-    if (!out) mem_.release(Role::activations, li + 1);
-    mem_.release(Role::activations, li);
-    if (lu >= 0) units_.drop_weights(lu);
-    units_.drop_weights(m.block_unit(l));
-  }
+  if (!pp.first_stage()) compute_waits(&PipeEvents::in_ready);
+  blocks_forward(pp.first, pp.end);
   units_.end_pass();
 }
 
@@ -323,21 +316,21 @@ void StepDriver::stage_backward(int64_t mb, int64_t micro_batches, const Pipelin
   units_.begin_pass({.backward = true, .first = first, .last = last, .norm2 = norm2});
   if (pp.last_stage()) {
     // (the head writes the residual gradient: its previous send must have read it)
-    compute([&] { compute_waits(pipe_ev_ ? pipe_ev_->grad_free.get() : nullptr); });
+    compute_waits(&PipeEvents::grad_free);
     head_phase(io.second, grad_scale, last);
     if (in.losses && !mem_.dry()) in.losses(mb);
   } else {
-    compute([&] { compute_waits(pipe_ev_ ? pipe_ev_->grad_ready.get() : nullptr); });
+    compute_waits(&PipeEvents::grad_ready);
   }
   blocks_backward(pp.first, pp.end, last);
   if (send_grad && !pp.first_stage())
     compute([&] {
       comm_after_compute();
       pp.comm->send(m.residual_grad(), pipe_elems(), m.dtype(), pp.rank - 1, pipe_stream());
-      record_on_comm(pipe_ev_ ? pipe_ev_->grad_free.get() : nullptr);
+      record_on_comm(&PipeEvents::grad_free);
       // (the tied embedding's sum below runs on compute after this stage's last send has gone:
       // the first stage's last backward waits for that send)
-      if (last && m.tied_head() && in.embed_group) compute_waits(pipe_ev_ ? pipe_ev_->grad_free.get() : nullptr);
+      if (last && m.tied_head() && in.embed_group) compute_waits(&PipeEvents::grad_free);
     });
   // The tied embedding's gradient, summed over its two copies (first and last stage) once final,
   // after this stage's last send (the first stage's backward waits for it).

@@ -102,6 +102,7 @@ class StepDriver {
   }
   // spent: this pass is the step's last use of the embedding's weights.
   void embed_and_blocks_forward(const int32_t* ids, bool embed_spent);
+  void blocks_forward(int64_t first, int64_t end);
   // Pipeline parallel: one micro-batch's forward, and backward, through this stage.
   void stage_forward(int64_t mb, const PipelineInputs& in);
   void stage_backward(int64_t mb, int64_t micro_batches, const PipelineInputs& in, float grad_scale, double* norm2,
@@ -120,9 +121,11 @@ class StepDriver {
   // dry run, or where the comm stream is compute's).
   kernels::Stream& pipe_stream() { return mem_.stream(Side::comm); }
   bool pipe_events() const { return pipe_ev_ != nullptr; }
-  void comm_after_compute();               // the comm stream waits for what compute has enqueued
-  void compute_waits(kernels::Event* ev);  // compute waits for a transfer (timed on the CPU)
-  void record_on_comm(kernels::Event* ev);
+  void comm_after_compute();  // the comm stream waits for what compute has enqueued
+  struct PipeEvents;
+  using PipeEvent = std::unique_ptr<kernels::Event> PipeEvents::*;
+  void compute_waits(PipeEvent ev);  // compute waits for a transfer (timed on the CPU)
+  void record_on_comm(PipeEvent ev);
   struct PipeEvents {
     // compute_done: compute's work so far; in_ready / grad_ready: a stage input / a residual
     // gradient received; out_free / grad_free: the send of the stage's output / of the residual

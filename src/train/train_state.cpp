@@ -296,8 +296,8 @@ std::vector<std::vector<float>> Trainer::Impl::gather_tensors(Role role, const s
     for (int pi : unit.params) out[static_cast<size_t>(pi)] = whole_tensor(model->params()[static_cast<size_t>(pi)], part.data());
   }
   mem->end_step();
-  // Pipeline parallel: each tensor from the first stage that holds it, over the pipeline group
-  // of data-parallel and tensor-parallel rank 0 (the one with rank 0), one tensor at a time.
+  // Pipeline parallel: each tensor sent to stage 0 by the first stage that holds it, over the
+  // pipeline group of data-parallel and tensor-parallel rank 0 (the one with rank 0).
   if (pp().on() && sh.rank == 0 && tp().rank == 0) {
     Communicator& g = groups->pp();
     const std::vector<ParamInfo>& ps = model->params();
@@ -308,13 +308,16 @@ std::vector<std::vector<float>> Trainer::Impl::gather_tensors(Role role, const s
       int owner = -1;
       for (int r = 0; r < g.world() && owner < 0; ++r)
         if (all[static_cast<size_t>(r) * ps.size() + pi]) owner = r;
-      if (owner < 0) continue;  // (frozen: not gathered)
+      if (owner <= 0) continue;  // stage 0's own, or frozen (not gathered)
       int64_t numel = 1;
       for (int64_t x : ps[pi].full_shape) numel *= x;
-      out[pi].resize(static_cast<size_t>(numel));
-      g.host_broadcast(out[pi].data(), static_cast<size_t>(numel) * sizeof(float), owner);
-      if (g.rank() != 0) std::vector<float>().swap(out[pi]);
+      if (g.rank() == owner) g.send(out[pi].data(), static_cast<size_t>(numel), DType::f32, 0, *stream);
+      if (g.rank() == 0) {
+        out[pi].resize(static_cast<size_t>(numel));
+        g.recv(out[pi].data(), static_cast<size_t>(numel), DType::f32, owner, *stream);
+      }
     }
+    stream->synchronize();
   }
   if (!rank0()) out.assign(out.size(), {});
   return out;
@@ -386,9 +389,8 @@ void Trainer::save(const std::string& out_dir) const {
   m.flush();  // a pending update belongs to the weights being saved
   m.stream->synchronize();
   m.opt_stream().synchronize();
-  // Sharded (ZeRO stage >= 1) or tensor parallel: every tensor whole on rank 0 first (its parts
-  // gathered from the data-parallel and tensor-parallel ranks); else streamed from its block.
-  const bool gathered = m.sh.sharded_optimizer() || m.tp().on() || m.pp().on();
+  // Every tensor whole on rank 0 first (saves_gathered), or streamed from its block.
+  const bool gathered = m.saves_gathered();
   std::vector<std::vector<float>> whole;  // [param] (gathered, rank 0)
   if (gathered) whole = m.gather_tensors(Role::master, [](int) { return int64_t{0}; });
   if (m.tp().on() && m.o.merge_adapter) m.gather_base(whole);
@@ -438,8 +440,8 @@ std::string Trainer::save_checkpoint() {
   Impl& m = *impl_;
   if (m.o.checkpoint_dir.empty()) throw std::logic_error("save_checkpoint without --checkpoint-dir");
   m.flush();
-  // Sharded or tensor parallel: master, m and v of every tensor whole on rank 0 first (as save).
-  const bool gathered = m.sh.sharded_optimizer() || m.tp().on() || m.pp().on();
+  // Master, m and v of every tensor whole on rank 0 first where save gathers too.
+  const bool gathered = m.saves_gathered();
   std::array<std::vector<std::vector<float>>, 3> whole;  // {master, m, v} [param] (gathered, rank 0)
   if (gathered) {
     const auto adam_at = [&m](bool v) {

@@ -133,14 +133,8 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   const TensorParallel tp{o.tp, m.groups->coord().tp, &m.groups->tp(), o.sequence_parallel};
   PipelineStage stage;
   if (o.pp > 1) {
-    const std::vector<int64_t> layers = pipeline_split(m.cfg, o.batch, o.seq, tp, r.ckpt, o.pp, o.pp_layers);
-    m.pp_layers = layers;
-    stage.size = o.pp;
-    stage.rank = m.groups->coord().pp;
-    for (int s = 0; s < stage.rank; ++s) stage.first += layers[static_cast<size_t>(s)];
-    stage.end = stage.first + layers[static_cast<size_t>(stage.rank)];
-    stage.slots = static_cast<int>(std::min<int64_t>(o.pp - stage.rank, o.grad_accum));
-    stage.comm = &m.groups->pp();
+    m.pp_layers = pipeline_split(m.cfg, o.batch, o.seq, tp, r.ckpt, o.pp, o.pp_layers);
+    stage = pipeline_stage(m.pp_layers, m.groups->coord().pp, o.grad_accum, &m.groups->pp());
     // A tied head: the first and last stage of each (dp, tp) position sum the embedding's grads.
     const GridCoord c = m.groups->coord();
     const bool ends = stage.first_stage() || stage.last_stage();
@@ -207,13 +201,13 @@ StepStats Trainer::step() {
   const double comm0 = m.comm_ms(), exposed0 = m.exposed_ms(), waited0 = m.driver->exposed_ms();
   const double tp_ms0 = m.groups->tp().busy_ms();
   const uint64_t tp_bytes0 = m.groups->tp().sent_bytes();
-  // Pipeline parallel: the point-to-point sends and the tied embedding's sum (both on compute).
-  const auto pp_ms = [&m] { return m.groups->pp().busy_ms() + (m.embed_group ? m.embed_group->busy_ms() : 0); };
+  // Pipeline parallel: the point-to-point transfers (comm stream) and the tied embedding's sum
+  // (compute stream).
+  const auto tie_ms = [&m] { return m.embed_group ? m.embed_group->busy_ms() : 0.0; };
   const auto pp_bytes = [&m] {
     return m.groups->pp().sent_bytes() + (m.embed_group ? m.embed_group->sent_bytes() : 0);
   };
-  const double pp_ms0 = pp_ms(), pipe_wait0 = m.driver->pipeline_wait_ms();
-  const double tie_ms0 = m.embed_group ? m.embed_group->busy_ms() : 0;
+  const double p2p_ms0 = m.groups->pp().busy_ms(), tie_ms0 = tie_ms(), pipe_wait0 = m.driver->pipeline_wait_ms();
   const uint64_t pp_bytes0 = pp_bytes();
   const int64_t n = m.N();
   StepStats st;
@@ -416,12 +410,11 @@ StepStats Trainer::step() {
   // (the compute stream's timed waits for collectives are not compute)
   st.tp_comm_ms = m.groups->tp().busy_ms() - tp_ms0;
   st.tp_comm_bytes = m.groups->tp().sent_bytes() - tp_bytes0;
-  st.pp_comm_ms = pp_ms() - pp_ms0;
+  const double tie = tie_ms() - tie_ms0;
+  st.pp_comm_ms = m.groups->pp().busy_ms() - p2p_ms0 + tie;
   st.pp_comm_bytes = pp_bytes() - pp_bytes0;
   // (pipeline parallel: compute's waits for the transfers, and the tied embedding's sum on compute)
-  const double pipe_ms = m.pp().on() ? m.driver->pipeline_wait_ms() - pipe_wait0 +
-                                           (m.embed_group ? m.embed_group->busy_ms() - tie_ms0 : 0)
-                                     : 0;
+  const double pipe_ms = m.driver->pipeline_wait_ms() - pipe_wait0 + tie;
   st.compute_ms = m.busy_ms() - busy0 - (m.driver->exposed_ms() - waited0) - st.tp_comm_ms - pipe_ms;
   st.comm_bytes = comm_bytes_per_step(*m.model, m.sh, o.grad_accum);
   st.comm_ms = m.comm_ms() - comm0;  // every stream is synchronised above

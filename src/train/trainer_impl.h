@@ -93,6 +93,9 @@ struct Trainer::Impl {
   bool rank0() const { return comm->rank() == 0; }
   const TensorParallel& tp() const { return model->tensor_parallel(); }
   const PipelineStage& pp() const { return model->pipeline(); }
+  // Saves gather every tensor whole to rank 0 first (from the ZeRO shards, the tp parts, the
+  // pipeline stages); else each streams from its block.
+  bool saves_gathered() const { return sh.sharded_optimizer() || tp().on() || pp().on(); }
   kernels::Stream& opt_stream() { return cpu_stream ? *cpu_stream : *stream; }
   double busy_ms() const { return stream->busy_ms() + (cpu_stream ? cpu_stream->busy_ms() : 0); }
   // Communication: all the comm stream ran (collectives, and the sums and copies that finish a
