@@ -43,6 +43,10 @@ void apply_offload_auto(const CLI::App& cmd, TrainOptions& o);
 // `strata train` with an "auto" placement flag: the plan's search (plan.cpp) run on o, its pick
 // applied to o; returns the header's line naming the pick and the runner-up.
 std::string resolve_offload_auto(TrainOptions& o);
+// `strata train --optimizer-on-device auto`: the fraction the plan predicts fastest within the
+// device budget (0 on the CPU backend or with --offload-optimizer none) applied to o; returns
+// the header's line naming it.
+std::string resolve_optimizer_on_device(TrainOptions& o);
 // `strata plan`: what a train command would hold and move, and its predicted step time.
 void register_plan(CLI::App& app, Run& run);
 // `strata inspect PATH`: a model directory, training checkpoint or .safetensors file summarised.

@@ -32,6 +32,7 @@
 #include "src/train/gpu_specs.h"
 #include "src/train/perf_model.h"
 #include "src/train/trainer.h"
+#include "src/zero/unit_table.h"
 
 namespace strata::app {
 namespace {
@@ -208,12 +209,28 @@ io::Bandwidth probe_nvme(const std::vector<std::string>& paths) {
 struct Prediction {
   StepFloor f;
   double adam_rate = 0, gflops = 0, pcie_ms = 0, window_ms = 0, compute_and_update = 0;
+  // Twin-Flow (--optimizer-on-device): AdamW's parts on the CPU and on the device.
+  double adamw_cpu_ms = 0, adamw_device_ms = 0;
+  bool twin = false;
   std::array<double, offload::kNumLinks> link_gbs{};  // GB/s per link (0: not known)
   io::Bandwidth bw{};
   bool split = false, replayed = false, has_barrier = false, barred = false;
   offload::StepTimeline tl;
   BarrierBound barrier;
 };
+
+// Twin-Flow: the parameters of the units --optimizer-on-device keeps on the device (UnitTable's
+// rule: the trainable units in forward order within the fraction; "auto" not yet chosen: none).
+double twin_device_params(const Transformer& model, const TrainOptions& o) {
+  if (o.optimizer_on_device == "auto") return 0;
+  std::vector<bool> trains;
+  for (const Unit& u : model.units()) trains.push_back(u.trainable);
+  const std::vector<bool> on = twin_device_units(model.units(), trains, parse_optimizer_on_device(o.optimizer_on_device));
+  double n = 0;
+  for (size_t u = 0; u < on.size(); ++u)
+    if (on[u]) n += static_cast<double>(model.units()[u].n_real);
+  return n;
+}
 
 // The rates every placement of a plan is predicted from, measured once: the model's phases (or a
 // modeled GPU's), AdamW where it runs (the CPU's or the device's, each probed when first needed)
@@ -258,10 +275,17 @@ class Predictor {
 
   Prediction predict(const TrainOptions& o, const RunPlan& p, const Transformer& model) {
     const MemoryPlan& mp = p.memory;
-    const bool adam_on_cpu = backend_ == kernels::Backend::cpu || o.offload_optimizer != "none";
-    if (gpu_ && !adam_on_cpu && gpu_->hbm_gbs <= 0)
-      throw std::invalid_argument("plan --gpu-tflops: AdamW runs on the modeled GPU (--offload-optimizer none), "
-                                  "which needs its memory bandwidth: give --gpu-hbm-gbs GB/s, or name a GPU with --gpu");
+    // The parameters AdamW updates on the device: none on the CPU backend, all where the optimizer
+    // is not offloaded, else Twin-Flow's units (--optimizer-on-device).
+    const auto n_train = static_cast<double>(model.n_trainable_params());
+    const double n_dev = backend_ == kernels::Backend::cpu ? 0
+                         : o.offload_optimizer == "none" ? n_train
+                                                         : twin_device_params(model, o);
+    const bool adam_on_cpu = n_dev < n_train;
+    if (gpu_ && n_dev > 0 && gpu_->hbm_gbs <= 0)
+      throw std::invalid_argument("plan --gpu-tflops: AdamW runs on the modeled GPU (--offload-optimizer none or "
+                                  "--optimizer-on-device), which needs its memory bandwidth: give --gpu-hbm-gbs GB/s, "
+                                  "or name a GPU with --gpu");
     Prediction r;
     r.adam_rate = adam_rate(adam_on_cpu, model);
     const uint64_t nvme_moved = mp.link_bytes[2] + mp.link_bytes[3];
@@ -272,7 +296,11 @@ class Predictor {
     StepFloor& f = r.f;
     f.compute_ms = step_compute_ms(phases_, model, o.grad_accum);
     r.gflops = step_flops(model) * static_cast<double>(o.grad_accum) / (f.compute_ms * 1e6);  // effective
-    f.adamw_ms = static_cast<double>(model.n_trainable_params()) / r.adam_rate * 1e3;  // LoRA: the adapters
+    // (LoRA: the adapters.) Twin-Flow: the CPU's part at its rate, the device's at its.
+    r.adamw_device_ms = adam_on_cpu && n_dev > 0 ? n_dev / adam_rate(false, model) * 1e3 : 0;
+    r.adamw_cpu_ms = adam_on_cpu ? (n_train - n_dev) / r.adam_rate * 1e3 : 0;
+    r.twin = r.adamw_device_ms > 0;
+    f.adamw_ms = adam_on_cpu ? r.adamw_cpu_ms + r.adamw_device_ms : n_train / r.adam_rate * 1e3;
     for (size_t l = 0; l < r.link_gbs.size(); ++l)
       f.link_ms[l] = r.link_gbs[l] > 0 ? static_cast<double>(mp.link_bytes[l]) / (r.link_gbs[l] * 1e9) * 1e3 : 0;
     f.nvme_ms = f.link_ms[2] + f.link_ms[3];
@@ -287,7 +315,9 @@ class Predictor {
     r.split = backend_ != kernels::Backend::cpu && adam_on_cpu;
     const double first_forward_ms = phases_.block_forward_ms * static_cast<double>(model.dims().L);
     // The first forward with the updates inside it; the rest of the compute follows.
-    r.window_ms = r.split ? std::max(f.adamw_ms, first_forward_ms) : first_forward_ms + f.adamw_ms;
+    // Twin-Flow: the device's share runs on the compute stream (the first units, before their
+    // forward), the CPU's beside it.
+    r.window_ms = r.split ? std::max(r.adamw_cpu_ms, first_forward_ms + r.adamw_device_ms) : first_forward_ms + f.adamw_ms;
     r.compute_and_update = r.window_ms + f.compute_ms - first_forward_ms;
     if (p.pp > 1) {
       // Pipeline parallel: the stages in 1F1B, then each stage's update after its last backward
@@ -473,6 +503,91 @@ void print_auto_table(const AutoPick& a, const TrainOptions& given) {
   fmt::print("chose rank 1; its plan:\n\n");
 }
 
+// `--optimizer-on-device auto` (Twin-Flow): each split of the trainable units at a unit boundary
+// predicted from the one probe, the fastest whose pools fit the device budget picked (ties: fewer
+// parameters on the device). On the CPU backend, or with the optimizer on the device, nothing to
+// choose.
+struct TwinRow {
+  std::string fraction;   // the --optimizer-on-device value that selects this split
+  double share = 0;       // of the trainable parameters, on the device
+  uint64_t device_bytes = 0;
+  double predicted_ms = 0;
+  bool fits = false;
+};
+struct TwinPick {
+  std::vector<TwinRow> rows;
+  size_t best = 0;
+  uint64_t budget = 0;
+  std::string fixed;  // why nothing was searched ("" when it was)
+};
+
+// Why there is nothing to choose ("" where there is).
+std::string twin_fixed(const TrainOptions& o, kernels::Backend backend) {
+  if (o.offload_optimizer == "none") return "the optimizer is on the device already (--offload-optimizer none)";
+  if (backend == kernels::Backend::cpu) return "on the CPU backend AdamW runs on the same cores wherever its state lives";
+  return "";
+}
+
+TwinPick choose_twin(const PlanOptions& po, Predictor& pred, TrainOptions& o) {
+  TwinPick t;
+  t.fixed = twin_fixed(o, pred.backend());
+  if (!t.fixed.empty()) {
+    o.optimizer_on_device = "0";
+    return t;
+  }
+  t.budget = o.device_mem.empty() ? auto_budget(pred.device_bytes()) : offload::parse_size(o.device_mem);
+  const Transformer model = pred.model_of(o);
+  int64_t total = 0;
+  std::vector<int64_t> prefix{0};
+  for (const Unit& u : model.units())
+    if (u.trainable) prefix.push_back(prefix.back() + u.numel), total += u.numel;
+  const double params = std::max(1.0, static_cast<double>(model.n_trainable_params()));
+  for (size_t k = 0; k < prefix.size(); ++k) {
+    // The shortest value between boundaries k and k + 1: the prefix rule takes exactly k units.
+    TwinRow row;
+    row.fraction = k == 0 ? "0" : k + 1 == prefix.size() ? "1" : "";
+    const auto n = static_cast<double>(total);
+    for (int digits = 2; row.fraction.empty(); ++digits) {
+      const double mid = (static_cast<double>(prefix[k]) + static_cast<double>(prefix[k + 1])) / 2 / n;
+      const std::string v = fmt::format("{:.{}g}", mid, digits);
+      const double limit = std::stod(v) * n;
+      if ((static_cast<double>(prefix[k]) <= limit && limit < static_cast<double>(prefix[k + 1])) || digits >= 17)
+        row.fraction = v;
+    }
+    TrainOptions oc = o;
+    oc.optimizer_on_device = row.fraction;
+    row.share = twin_device_params(model, oc) / params;
+    try {
+      const RunPlan p = plan_run(oc, /*minimums=*/false, po.world);
+      row.device_bytes = p.memory.budget[0];
+      row.predicted_ms = pred.predict(oc, p, model).f.predicted_ms;
+      row.fits = row.device_bytes <= t.budget;
+    } catch (const offload::BudgetError&) {
+      row.fits = false;
+    }
+    t.rows.push_back(row);
+  }
+  t.best = t.rows.size();
+  for (size_t k = 0; k < t.rows.size(); ++k)
+    if (t.rows[k].fits && (t.best == t.rows.size() || t.rows[k].predicted_ms < t.rows[t.best].predicted_ms)) t.best = k;
+  if (t.best == t.rows.size())
+    throw std::runtime_error(fmt::format("--optimizer-on-device auto: not even the whole optimizer on --offload-optimizer "
+                                         "{} fits the device budget of {}; raise --device-mem or offload more",
+                                         o.offload_optimizer, offload::format_size(t.budget)));
+  o.optimizer_on_device = t.rows[t.best].fraction;
+  return t;
+}
+
+std::string twin_line(const TwinPick& t) {
+  if (!t.fixed.empty()) return "optimizer on device auto: 0 (" + t.fixed + ")";
+  const TwinRow& b = t.rows[t.best];
+  const TwinRow& none = t.rows.front();
+  return fmt::format("optimizer on device auto: {:.1f}% of the parameters (--optimizer-on-device {}), predicted {:.0f} "
+                     "ms/step against {:.0f} ms with all of AdamW on the CPU; device pool {} of the {} budget",
+                     100 * b.share, b.fraction, b.predicted_ms, none.predicted_ms, offload::format_size(b.device_bytes),
+                     offload::format_size(t.budget));
+}
+
 int run_plan(const PlanOptions& po) {
   check_plan_flags(po);
   const std::optional<GpuSpec> gpu = modeled_gpu(po);
@@ -493,7 +608,12 @@ int run_plan(const PlanOptions& po) {
     pick = choose_placement(po, pred);
     p = plan_run(pick->resolved, /*minimums=*/true, po.world);
   }
-  const TrainOptions& o = pick ? pick->resolved : po.train;
+  TrainOptions o = pick ? pick->resolved : po.train;
+  std::optional<TwinPick> twin;
+  if (o.optimizer_on_device == "auto") {
+    twin = choose_twin(po, pred, o);
+    p = plan_run(o, /*minimums=*/true, po.world);
+  }
   const MemoryPlan& mp = p.memory;
   const DType dt = kernels::parse_dtype(o.dtype);
   const Transformer model = pred.model_of(o);
@@ -603,12 +723,34 @@ int run_plan(const PlanOptions& po) {
       j["pp_stages"] = stages;
     }
     if (pick) j["auto"] = auto_json(*pick);
+    j["optimizer_on_device"] = o.optimizer_on_device;
+    j["adamw_cpu_ms"] = r.adamw_cpu_ms;
+    j["adamw_device_ms"] = r.adamw_device_ms;
+    if (twin) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const TwinRow& t : twin->rows)
+        rows.push_back({{"optimizer_on_device", t.fraction},
+                        {"share", t.share},
+                        {"device_bytes", t.device_bytes},
+                        {"predicted_step_ms", t.predicted_ms},
+                        {"fits", t.fits}});
+      j["twin"] = {{"rows", rows}, {"device_budget_bytes", twin->budget}, {"fixed", twin->fixed}};
+    }
     fmt::print("{}\n", j.dump());
     return 0;
   }
   fmt::print("strata plan: {} params, {} tokens/step ({} x {} x {} micro-batches), {} on {}\n", p.n_params,
              p.tokens_per_step, o.batch, o.seq, o.grad_accum, o.dtype, o.backend);
   if (pick) print_auto_table(*pick, po.train);
+  if (twin) {
+    if (twin->fixed.empty()) {
+      fmt::print("{:<24}{:>10}{:>12}{:>12}\n", "--optimizer-on-device", "on device", "device", "step");
+      for (const TwinRow& t : twin->rows)
+        fmt::print("{:<24}{:>9.1f}%{:>12}{:>12}\n", t.fraction, 100 * t.share, gib(t.device_bytes),
+                   t.fits ? fmt::format("{:.0f} ms", t.predicted_ms) : std::string("over budget"));
+    }
+    fmt::print("{}\n", twin_line(*twin));
+  }
   fmt::print("placement: params {}, grads {}, optimizer {}, activations {} (checkpointing {}); AdamW {}\n",
              o.offload_params, o.offload_grads, o.offload_optimizer, o.offload_activations, o.checkpoint_activations,
              p.pp > 1               ? "after each stage's last backward (pipeline parallel)"
@@ -660,7 +802,9 @@ int run_plan(const PlanOptions& po) {
                peak_flops * kModeledMfu / 1e12, gpu->mem_gib, gpu->pcie_gbs,
                gpu->hbm_gbs > 0 ? fmt::format("{:.4g} GB/s x {:.0f}%", gpu->hbm_gbs, kModeledHbmEfficiency * 100)
                                 : std::string("not given"),
-               adam_on_cpu ? "AdamW runs on the CPU: its rate, and the disk's, are this machine's."
+               r.twin ? "AdamW runs partly on the GPU (--optimizer-on-device), modeled at its memory bandwidth, "
+                        "and partly on the CPU: the CPU's rate, and the disk's, are this machine's."
+               : adam_on_cpu ? "AdamW runs on the CPU: its rate, and the disk's, are this machine's."
                            : "AdamW runs on the GPU, modeled at its memory bandwidth; the disk's rate is this machine's.");
   else if (shape.scaled())
     fmt::print("compute: extrapolated: the phases timed on a scaled one-block copy (batch {}, seq {}, width 1/{}, "
@@ -693,8 +837,16 @@ int run_plan(const PlanOptions& po) {
              fmt::format("{:.0f} GFLOP/s", gflops), fmt::format("{:.0f} ms", f.compute_ms));
   const int64_t updated = p.pp > 1 ? *std::max_element(p.stage_params.begin(), p.stage_params.end())  // the largest stage's
                                    : model.n_trainable_params();
-  fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "adamw", fmt::format("{} params", updated),
-             fmt::format("{:.3g} G/s", adam_rate / 1e9), fmt::format("{:.0f} ms", f.adamw_ms));
+  if (r.twin) {  // Twin-Flow: the two parts side by side
+    const double on_dev = twin_device_params(model, o);
+    fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "adamw cpu", fmt::format("{:.0f} params", static_cast<double>(updated) - on_dev),
+               fmt::format("{:.3g} G/s", adam_rate / 1e9), fmt::format("{:.0f} ms", r.adamw_cpu_ms));
+    fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "adamw device", fmt::format("{:.0f} params", on_dev),
+               fmt::format("{:.3g} G/s", on_dev / r.adamw_device_ms / 1e6), fmt::format("{:.0f} ms", r.adamw_device_ms));
+  } else {
+    fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "adamw", fmt::format("{} params", updated),
+               fmt::format("{:.3g} G/s", adam_rate / 1e9), fmt::format("{:.0f} ms", f.adamw_ms));
+  }
   const auto print_barrier = [&] {
     if (!barred) return;
     fmt::print("norm barrier: no schedule runs this step in under {:.0f} ms with these budgets. The update reads {} "
@@ -725,6 +877,23 @@ int run_plan(const PlanOptions& po) {
 }
 
 }  // namespace
+
+std::string resolve_optimizer_on_device(TrainOptions& o) {
+  validate_options(o);
+  PlanOptions po;
+  po.train = o;
+  po.probe_s = kTrainAutoProbeS;
+  TwinPick t;
+  t.fixed = twin_fixed(o, kernels::parse_backend(o.backend));
+  if (!t.fixed.empty()) {  // nothing to choose: no probe
+    o.optimizer_on_device = "0";
+    return twin_line(t);
+  }
+  const RunPlan p = plan_run(o, /*minimums=*/false, 1);
+  Predictor pred(po, p.cfg, p.lora);
+  t = choose_twin(po, pred, o);
+  return twin_line(t) + fmt::format(" (from a {:g} s probe)", kTrainAutoProbeS);
+}
 
 std::string resolve_offload_auto(TrainOptions& o) {
   validate_options(o);

@@ -98,6 +98,16 @@ void register_train(CLI::App& app, Run& run) {
                 launch.world, launch.world));
           fmt::print("{}\n", resolve_offload_auto(*opts));
         }
+        if (opts->optimizer_on_device == "auto") {
+          // (The same refusal: a probe per rank could pick different splits.)
+          if (const Launch launch = detect_launch();
+              launch.world > 1 && opts->offload_optimizer != "none" && opts->backend != "cpu")
+            throw std::invalid_argument(fmt::format(
+                "--optimizer-on-device auto in a job of {} ranks: each rank would pick on its own probe; run `strata "
+                "plan --optimizer-on-device auto --world {}` with the same flags and pass the fraction it picks",
+                launch.world, launch.world));
+          fmt::print("{}\n", resolve_optimizer_on_device(*opts));
+        }
         trainer = std::make_unique<Trainer>(*opts);
         return trainer->run(stdout);
       } catch (const std::exception& e) {

@@ -9,8 +9,9 @@
 #     resident GPU run, in bf16 and fp32; a resume from a step-2 checkpoint must too; and the GPU
 #     run is compared with the CPU backend's (close, not bitwise: different kernels);
 #  3. `strata bench ops --backend cuda`;
-#  4. the 1B model resident and under a 24 GiB device budget (optimizer and weights in pinned host
-#     RAM, checkpointing), and `strata plan` for the 8B model under 24 GiB.
+#  4. the 1B model resident, with the optimizer in host RAM, split by Twin-Flow
+#     (--optimizer-on-device auto under 34 GiB), and under a 24 GiB device budget (optimizer and
+#     weights in pinned host RAM, checkpointing), and `strata plan` for the 8B model under 24 GiB.
 # Every step runs under `timeout` and the script carries on past failures. Logs go to $OUT.
 #
 # Usage (repository root, on the GPU machine):
@@ -115,6 +116,11 @@ for dt in bf16 fp32; do
     --offload-activations nvme "${NV[@]}"
   inv $dt tight_device opt_cpu --grad-accum 2 --offload-params cpu --offload-grads cpu --offload-optimizer cpu \
     --checkpoint-activations full --device-mem 48M
+  # Twin-Flow: part of AdamW on the GPU, the rest on the CPU: bitwise both ends (the two AdamW
+  # kernels round alike, which opt_cpu_vs_gpu checks too).
+  inv $dt twin_half opt_cpu --grad-accum 2 --offload-optimizer cpu --optimizer-on-device 0.5
+  inv $dt twin_half_vs_gpu resident --grad-accum 2 --offload-optimizer cpu --optimizer-on-device 0.5
+  inv $dt twin_nvme opt_cpu --grad-accum 2 --offload-optimizer nvme --optimizer-on-device 0.3 "${NV[@]}"
 done
 # Without clipping each unit updates in the backward (AdamW on the CPU beside the GPU's backward):
 # placements must still agree bit for bit.
@@ -150,6 +156,12 @@ if has train; then
   step plan_1b_opt_cpu 40 "$S" plan --backend "$GB" --dtype bf16 "${B1[@]}" --offload-optimizer cpu
   step train_1b_opt_cpu_clip0 90 "${TRAIN[@]}" "${B1[@]}" --steps 4 --offload-optimizer cpu --grad-clip 0 \
     --metrics "$OUT/train_1b_opt_cpu_clip0.jsonl"
+  # Twin-Flow: the split the plan picks under a device budget that cannot hold the whole optimizer
+  # (the resident 1B needs ~40 GiB; issue 28: step <= 1.3x the resident one).
+  step train_1b_twin 90 "${TRAIN[@]}" "${B1[@]}" --steps 4 --offload-optimizer cpu --optimizer-on-device auto \
+    --device-mem 34G --metrics "$OUT/train_1b_twin.jsonl"
+  step plan_1b_twin 40 "$S" plan --backend "$GB" --dtype bf16 "${B1[@]}" --offload-optimizer cpu \
+    --optimizer-on-device auto --device-mem 34G
   step train_1b_24g 90 "${TRAIN[@]}" "${B1[@]}" --steps 4 --device-mem 24G \
     --offload-optimizer cpu --offload-params cpu --checkpoint-activations full --metrics "$OUT/train_1b_24g.jsonl"
   step plan_1b_24g 40 "$S" plan --backend "$GB" --dtype bf16 "${B1[@]}" --device-mem 24G \
@@ -157,7 +169,7 @@ if has train; then
   step plan_8b 40 "$S" plan --backend "$GB" --dtype bf16 --preset llama-8b --batch 1 --seq 2048 \
     --device-mem 24G --offload-optimizer cpu --offload-grads cpu --offload-params nvme --checkpoint-activations full \
     --nvme-path "$SWAP"
-  PLANS+=(train_1b_opt_cpu:plan_1b_opt_cpu train_1b_24g:plan_1b_24g)
+  PLANS+=(train_1b_opt_cpu:plan_1b_opt_cpu train_1b_twin:plan_1b_twin train_1b_24g:plan_1b_24g)
 fi
 # 5. The optimizer state on this machine's disk: the io bench right before, the run, its plan.
 if has nvme; then
@@ -207,7 +219,7 @@ echo "== strata train --backend cuda (median of the steps after the first; MFU =
 echo "   989 TFLOP/s, the H200's dense bf16 peak, attention FLOPs not counted)"
 printf '%-22s %9s %6s %8s %8s %8s %8s %s\n' run tokens/s MFU step_ms plan_ms h2d_GB nvme_GB start-up
 med() { sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
-for run in train_1b train_1b_opt_cpu train_1b_opt_cpu_clip0 train_1b_24g train_1b_opt_nvme; do
+for run in train_1b train_1b_opt_cpu train_1b_opt_cpu_clip0 train_1b_twin train_1b_24g train_1b_opt_nvme; do
   [ -f "$OUT/$run.log" ] || continue
   if [ -s "$OUT/$run.jsonl" ]; then
     tps=$(grep -o '"tokens_per_s":[0-9.eE+-]*' "$OUT/$run.jsonl" | tail -n +2 | cut -d: -f2 | med)
@@ -227,8 +239,9 @@ for run in train_1b train_1b_opt_cpu train_1b_opt_cpu_clip0 train_1b_24g train_1
   fi
 done
 for b in bench_io_w bench_io_r; do [ -s "$OUT/$b.log" ] && echo "$b: $(grep -o '"mb_per_s":[0-9.]*' "$OUT/$b.log" | head -1)"; done
-for p in plan_1b_opt_cpu plan_1b_24g plan_1b_opt_nvme plan_8b; do
-  grep -E "^predicted|^adamw|^compute|^host_to|^nvme_to|error" "$OUT/$p.log" 2>/dev/null | head -6 | sed "s/^/$p: /"
+for p in plan_1b_opt_cpu plan_1b_twin plan_1b_24g plan_1b_opt_nvme plan_8b; do
+  grep -E "^predicted|^adamw|^compute|^host_to|^nvme_to|^optimizer on device|error" "$OUT/$p.log" 2>/dev/null | head -7 |
+    sed "s/^/$p: /"
 done
 echo
 echo "total: $(( $(date +%s) - T0 ))s"

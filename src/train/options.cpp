@@ -87,6 +87,11 @@ const std::vector<OptionSpec>& option_table() {
       {"--offload-optimizer",
        "where the fp32 master weights and AdamW state live (AdamW runs next to them): none | cpu | nvme | auto",
        &O::offload_optimizer, all},
+      {"--optimizer-on-device",
+       "with --offload-optimizer cpu|nvme: this fraction of the parameters (the first units in forward order, 0 to "
+       "1) keeps its master and AdamW state on the device and updates there while the CPU updates the rest "
+       "(DeepSpeed's Twin-Flow); auto: the fraction the planner predicts fastest within --device-mem",
+       &O::optimizer_on_device, OptionSpec::cli | OptionSpec::agreed},
       {"--offload-activations", "where checkpointed blocks' kept inputs live: none | cpu | nvme | auto",
        &O::offload_activations, all},
       {"--checkpoint-activations",
@@ -198,6 +203,21 @@ std::string flag_value(double v) { return fmt::format("{:g}", v); }
 
 // Non-finite, negative or absurd values are one-line errors naming the flag (a NaN learning rate
 // trains to NaN weights; a product of sizes that overflows divides by zero later).
+double parse_optimizer_on_device(const std::string& v) {
+  size_t used = 0;
+  double f = -1;
+  try {
+    f = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || !(f >= 0 && f <= 1))
+    throw std::invalid_argument("--optimizer-on-device " + v +
+                                ": must be auto or a fraction from 0 (all of the optimizer on --offload-optimizer's "
+                                "tier) to 1 (all on the device), e.g. 0.25");
+  return f;
+}
+
 void validate_options(const TrainOptions& o) {
   auto positive = [](int64_t v, const char* flag) {
     if (v <= 0) throw std::invalid_argument(std::string(flag) + " must be positive, got " + std::to_string(v));
@@ -308,6 +328,7 @@ void validate_options(const TrainOptions& o) {
   if (!o.offload.empty() && o.offload != "auto")
     throw std::invalid_argument("--offload " + o.offload + ": the one value is auto (the planner picks the placement "
                                 "flags not given); or give --offload-params/-grads/-optimizer/-activations by hand");
+  if (o.optimizer_on_device != "auto") parse_optimizer_on_device(o.optimizer_on_device);
   if (o.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 0 (0 = only at the end)");
   if (o.keep < 1) throw std::invalid_argument("--keep must be at least 1");
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())

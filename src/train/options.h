@@ -67,6 +67,10 @@ struct TrainOptions {
   std::string offload_params = "none";      // working weights (compute dtype)
   std::string offload_grads = "none";       // fp32 gradients
   std::string offload_optimizer = "none";   // fp32 master + AdamW m, v
+  // With --offload-optimizer cpu|nvme: the fraction of the trainable parameters whose master and
+  // AdamW state stay on the device and update there (Twin-Flow, DeepSpeed ZeRO-Offload++): the
+  // first units in forward order (Placement::optimizer_on_device). "auto": the planner's pick.
+  std::string optimizer_on_device = "0";
   std::string offload_activations = "none"; // kept inputs of checkpointed blocks
   std::string checkpoint_activations = "none";  // none | full | every:N
   // "auto": every --offload-* flag and --checkpoint-activations not given is chosen by the planner
@@ -135,5 +139,8 @@ std::vector<std::pair<std::string, std::string>> option_values(const TrainOption
 // Every numeric flag and every choice, before anything is read or allocated: one line naming the
 // flag and what it accepts.
 void validate_options(const TrainOptions& o);
+// --optimizer-on-device as a fraction in [0, 1] (not "auto": that is the planner's, resolved
+// before a run is sized); throws naming the flag otherwise.
+double parse_optimizer_on_device(const std::string& v);
 
 }  // namespace strata

@@ -27,6 +27,13 @@ struct Placement {
   // known the copies are made current (commit), or the step is rerun from the first copies and
   // its true update left pending (rollback: Trainer::step). Whole gradients only (ZeRO 0-1).
   bool speculate = false;
+  // Twin-Flow (--optimizer-on-device): with the optimizer's home off the device, this fraction
+  // of the trainable parameters keeps its master and AdamW state on the device and updates there
+  // (on the compute stream), the rest next to the optimizer's home on the CPU: the trainable
+  // units in forward order (embedding, layers, head; adapters by layer) while their parameters
+  // stay within the fraction (UnitTable). 0: none; 1: all. The same math: AdamW's kernels round
+  // alike on either side.
+  double optimizer_on_device = 0;
   bool uses_nvme() const;
   // Each unit's AdamW runs in the backward, right after its last gradient of the step, instead
   // of inside the next step's forward (StepDriver::forward_backward): where nothing waits for

@@ -335,6 +335,23 @@ void Trainer::print_header(std::FILE* out) const {
              m.dtype == DType::f16 ? ", dynamic loss scaling" : "");
   fmt::print(out, "  backend    {} ({} threads); activation checkpointing {}\n", kernels::backend_name(m.backend),
              m.rt->info().n_threads, checkpointing_name(m.model->checkpointing()));
+  if (const UnitTable& ut = m.mem->units(); m.placement.optimizer_on_device > 0 && m.placement.optimizer != offload::Tier::device) {
+    int64_t on = 0, all = 0;
+    std::string first, last;
+    for (const UnitEntry& e : ut) {
+      if (!e.trainable) continue;
+      all += e.numel;
+      if (!e.twin_on_device) continue;
+      on += e.numel;
+      (first.empty() ? first : last) = e.name;
+    }
+    fmt::print(out, "  twin-flow  --optimizer-on-device {:g}: AdamW state of {:.1f}% of the parameters ({}) on the "
+                    "device, updated there; the rest on {}, updated by the CPU\n",
+               m.placement.optimizer_on_device, all ? 100.0 * static_cast<double>(on) / static_cast<double>(all) : 0.0,
+               on == 0 ? std::string("no unit fits the fraction")
+                       : last.empty() ? first : first + " .. " + last,
+               m.placement.optimizer == offload::Tier::nvme ? "NVMe" : "host RAM");
+  }
   print_placement(out, m.mem->memory_plan(), m.backend, m.startup_s, m.weights_s);
   // Copy-pasteable: every flag that is set, each value a shell word.
   std::string flags;

@@ -121,6 +121,13 @@ ResolvedRun resolve_run(const TrainOptions& o, int world, int rank) {
   pl.grads = parse_offload(o.offload_grads, "--offload-grads");
   pl.optimizer = parse_offload(o.offload_optimizer, "--offload-optimizer");
   pl.activations = parse_offload(o.offload_activations, "--offload-activations");
+  // ("auto" not resolved yet by the planner (strata train, plan) counts as none on the device.)
+  pl.optimizer_on_device = o.optimizer_on_device == "auto" ? 0 : parse_optimizer_on_device(o.optimizer_on_device);
+  if (pl.optimizer == offload::Tier::device && pl.optimizer_on_device > 0 && pl.optimizer_on_device < 1)
+    throw std::invalid_argument("--optimizer-on-device " + o.optimizer_on_device +
+                                " splits the optimizer state between the device and --offload-optimizer's tier, but "
+                                "--offload-optimizer is none (all of it on the device already): give "
+                                "--offload-optimizer cpu or nvme");
   if (pl.activations != offload::Tier::device && !r.ckpt.any())
     throw std::invalid_argument("--offload-activations " + o.offload_activations +
                                 " moves the kept inputs of checkpointed blocks: it needs --checkpoint-activations "

@@ -492,21 +492,24 @@ kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool appl
   if (restore && (!mem_.units().two_copies() || aliased))
     throw std::logic_error("UnitLifecycle: a restore needs the master apart from the weights (speculation)");
   const int next = u + static_cast<int>(mem_.units().size());
-  const float* master_now = two ? static_cast<const float*>(mem_.acquire(Role::master, u, Mode::read, Side::optimizer)) : nullptr;
-  const float* adam_now = two ? static_cast<const float*>(mem_.acquire(Role::adam, u, Mode::read, Side::optimizer)) : nullptr;
+  // AdamW next to the state: on the CPU's optimizer side, or (Twin-Flow) on the device's compute
+  // stream, in order with the kernels that read the weights.
+  const Side side = e.twin_on_device ? Side::compute : Side::optimizer;
+  const float* master_now = two ? static_cast<const float*>(mem_.acquire(Role::master, u, Mode::read, side)) : nullptr;
+  const float* adam_now = two ? static_cast<const float*>(mem_.acquire(Role::adam, u, Mode::read, side)) : nullptr;
   const Mode own = restore ? Mode::read : two ? Mode::write : Mode::read_write;
-  float* master = static_cast<float*>(mem_.acquire(Role::master, two ? next : u, own, Side::optimizer));
-  float* adam = restore ? nullptr : static_cast<float*>(mem_.acquire(Role::adam, two ? next : u, own, Side::optimizer));
+  float* master = static_cast<float*>(mem_.acquire(Role::master, two ? next : u, own, side));
+  float* adam = restore ? nullptr : static_cast<float*>(mem_.acquire(Role::adam, two ? next : u, own, side));
   const float* g =
-      restore ? nullptr : static_cast<const float*>(mem_.acquire(Role::grads, u, Mode::read, Side::optimizer));
+      restore ? nullptr : static_cast<const float*>(mem_.acquire(Role::grads, u, Mode::read, side));
   // The new working weights: written whole (parameters by AdamW, padding zeroed here, the
   // other ranks' shards by the all-gather; stage 3: the block is this rank's shard).
-  void* w = aliased ? nullptr : mem_.acquire(Role::params, u, Mode::write, Side::optimizer);
+  void* w = aliased ? nullptr : mem_.acquire(Role::params, u, Mode::write, side);
   // ws: element lo of the unit's working weights
   char* ws = w ? static_cast<char*>(w) + static_cast<size_t>(lo - e.params.lo) * esz : nullptr;
   compute([&] {
-    kernels::Stream& s = mem_.stream(Side::optimizer);
-    kernels::Ops& ops = mem_.ops(Side::optimizer);
+    kernels::Stream& s = mem_.stream(side);
+    kernels::Ops& ops = mem_.ops(side);
     const AdamLayout al = e.adam_layout();
     float* mm = adam ? adam + al.m_offset() : nullptr;
     float* vv = adam ? adam + al.v_offset() : nullptr;
@@ -550,7 +553,7 @@ kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool appl
   });
   kernels::Event* ready = nullptr;
   if (gather) {  // the other ranks' new shards, on the comm stream once this shard is written
-    order(Side::optimizer, Side::comm);
+    order(side, Side::comm);
     mem_.handoff(Role::params, u, Side::comm);
     compute([&] {
       kernels::Stream& c = mem_.stream(Side::comm);

@@ -29,15 +29,21 @@ UnitTable::UnitTable(const Transformer& model, const Placement& pl, const std::v
   // gathered from the shards when used, so the master shard can be the weights shard).
   // (Not with speculation: the update writes a second master copy, the weights stay one block.)
   two_copies_ = pl.speculate;
-  master_is_weights_ = dtype_ == DType::f32 && pl.params == pl.optimizer && !pl.speculate &&
+  // (Twin-Flow: the units split between two homes, so no one block serves both.)
+  const bool twin = pl.optimizer != offload::Tier::device && pl.optimizer_on_device > 0;
+  master_is_weights_ = dtype_ == DType::f32 && pl.params == pl.optimizer && !pl.speculate && !twin &&
                        (!sh_.sharded_optimizer() || sh_.sharded_weights());
+  std::vector<bool> trains(model.units().size());
+  for (size_t u = 0; u < trains.size(); ++u) trains[u] = trainable.empty() ? model.units()[u].trainable : trainable[u];
+  const std::vector<bool> on_device =
+      twin ? twin_device_units(model.units(), trains, pl.optimizer_on_device) : std::vector<bool>(trains.size());
   for (size_t u = 0; u < model.units().size(); ++u) {
     const Unit& unit = model.units()[u];
     UnitEntry e;
     e.name = unit.name;
     e.numel = unit.numel;
     e.n_real = unit.n_real;
-    e.trainable = trainable.empty() ? unit.trainable : trainable[u];
+    e.trainable = trains[u];
     if (!unit.held) {  // another pipeline stage's
       e.held = e.trainable = false;
       units_.push_back(std::move(e));
@@ -58,12 +64,30 @@ UnitTable::UnitTable(const Transformer& model, const Placement& pl, const std::v
     if (model.stored_unit(static_cast<int>(u))) e.stored_bytes = model.stored_bytes(static_cast<int>(u));
     if (e.trainable) {
       e.master_is_weights = master_is_weights_;
-      e.master = span(sh_.sharded_optimizer(), pl.optimizer);
+      e.twin_on_device = on_device[u];
+      e.master = span(sh_.sharded_optimizer(), e.twin_on_device ? offload::Tier::device : pl.optimizer);
       e.adam = e.master;
       e.grads = span(sh_.sharded_grads(), pl.grads);
     }
     units_.push_back(std::move(e));
   }
+}
+
+std::vector<bool> twin_device_units(const std::vector<Unit>& units, const std::vector<bool>& trainable,
+                                    double fraction) {
+  std::vector<bool> on(units.size());
+  int64_t total = 0;
+  for (size_t u = 0; u < units.size(); ++u)
+    if (trainable[u] && units[u].held) total += units[u].numel;
+  const double limit = fraction * static_cast<double>(total);  // (exact at 0 and 1)
+  int64_t taken = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!trainable[u] || !units[u].held) continue;
+    if (static_cast<double>(taken + units[u].numel) > limit) break;
+    taken += units[u].numel;
+    on[u] = true;
+  }
+  return on;
 }
 
 uint64_t UnitTable::bytes(Role r, int u) const {

@@ -60,6 +60,9 @@ struct UnitEntry {
   // adam covers the master's elements; its block is laid out as adam_layout() says.
   UnitBlock params, master, adam, grads;  // params: the working weights
   bool master_is_weights = false;  // master and weights are one fp32 block (the weights')
+  // Twin-Flow (Placement::optimizer_on_device): the master and AdamW state stay on the device
+  // and AdamW runs there, though the optimizer's home is off it.
+  bool twin_on_device = false;
   // LoRA --base-dtype: the params block holds the weights' stored form, this many bytes
   // (Transformer::stored_unit); 0: the working dtype, params.n elements.
   uint64_t stored_bytes = 0;
@@ -71,6 +74,12 @@ struct UnitEntry {
   // then comes by all-gather (ZeRO stages 1-2).
   bool gathers_after_update() const { return trainable && !master_is_weights && params.n > master.n; }
 };
+
+// Twin-Flow: of the held trainable units (one flag per unit, as Unit::trainable or a LoRA run's
+// adapters), those in forward order whose parameters (Unit::numel) together stay within
+// `fraction` of all of theirs; every one at fraction 1. The same units on every rank.
+std::vector<bool> twin_device_units(const std::vector<Unit>& units, const std::vector<bool>& trainable,
+                                    double fraction);
 
 class UnitTable {
  public:

@@ -194,3 +194,61 @@ TEST_F(PlanAutoCli, NothingFitsIsAnError) {
       << r.err;
   EXPECT_NE(r.err.find("the closest: "), std::string::npos) << r.err;
 }
+
+// `--optimizer-on-device auto` (Twin-Flow) on a modeled GPU: every split at a unit boundary
+// predicted from one probe, from none of AdamW on the device to all of it; the pick is the fastest
+// that fits the device budget, and with a budget between the two ends the splits past it are
+// refused and the pick still fits.
+TEST_F(PlanCli, TwinFlowAutoPicksTheFastestSplitThatFits) {
+  const std::string args = plan("tiny") + "--backend cuda --gpu h100 --dtype bf16 --offload-optimizer cpu "
+                                          "--optimizer-on-device auto";
+  const json all = plan_json(args);
+  ASSERT_TRUE(all.contains("twin")) << all.dump();
+  const json& rows = all["twin"]["rows"];
+  ASSERT_GE(rows.size(), 3u);
+  EXPECT_EQ(rows.front()["optimizer_on_device"], "0");
+  EXPECT_EQ(rows.back()["optimizer_on_device"], "1");
+  EXPECT_DOUBLE_EQ(rows.back()["share"].get<double>(), 1.0);
+  for (size_t k = 1; k < rows.size(); ++k) {
+    EXPECT_GE(rows[k]["share"].get<double>(), rows[k - 1]["share"].get<double>());
+    EXPECT_GE(rows[k]["device_bytes"].get<uint64_t>(), rows[k - 1]["device_bytes"].get<uint64_t>());
+  }
+  const auto check_pick = [](const json& j) {
+    double best = 1e300;
+    for (const json& r : j["twin"]["rows"])
+      if (r["fits"].get<bool>()) best = std::min(best, r["predicted_step_ms"].get<double>());
+    EXPECT_DOUBLE_EQ(j["predicted_step_ms"].get<double>(), best);
+    EXPECT_LE(j["device_budget_bytes"].get<uint64_t>(), j["twin"]["device_budget_bytes"].get<uint64_t>());
+  };
+  check_pick(all);
+  EXPECT_GT(all["adamw_device_ms"].get<double>() + (all["optimizer_on_device"] == "1" ? 1 : 0), 0) << all.dump();
+  // A budget halfway between the two ends.
+  const uint64_t lo = rows.front()["device_bytes"], hi = rows.back()["device_bytes"];
+  ASSERT_GT(hi, lo);
+  const json mid = plan_json(args + " --device-mem " + std::to_string((lo + hi) / 2));
+  ASSERT_TRUE(mid.contains("twin")) << mid.dump();
+  check_pick(mid);
+  EXPECT_FALSE(mid["twin"]["rows"].back()["fits"].get<bool>());
+  EXPECT_NE(mid["optimizer_on_device"], "1");
+  // The fraction picked, given by hand, plans the same pools and bytes (the step is another
+  // probe of this CPU's AdamW rate).
+  const json again = plan_json(plan("tiny") + "--backend cuda --gpu h100 --dtype bf16 --offload-optimizer cpu "
+                                              "--optimizer-on-device " + mid["optimizer_on_device"].get<std::string>() +
+                               " --device-mem " + std::to_string((lo + hi) / 2));
+  for (const char* key : {"device_budget_bytes", "host_budget_bytes", "h2d_bytes", "d2h_bytes"})
+    EXPECT_EQ(again[key], mid[key]) << key;
+}
+
+// On the CPU backend there is nothing to split (AdamW runs on the same cores either way): auto is
+// 0, said so, in a plan and in a run's header.
+TEST_F(PlanCli, TwinFlowAutoIsNoneOnTheCpuBackend) {
+  const std::string flags = " --offload-optimizer cpu --optimizer-on-device auto";
+  const strata::test::CliResult p = strata::test::run_strata(dir_, plan("tiny") + flags);
+  ASSERT_EQ(p.status, 0) << p.err;
+  EXPECT_NE(p.out.find("optimizer on device auto: 0 (on the CPU backend"), std::string::npos) << p.out;
+  const strata::test::CliResult t = strata::test::run_strata(
+      dir_, "train --model " + (dir_ / "tiny").string() + " --threads 1 --seq 16 --batch 1 --steps 1" + flags);
+  ASSERT_EQ(t.status, 0) << t.err;
+  EXPECT_NE(t.out.find("optimizer on device auto: 0 (on the CPU backend"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("--optimizer-on-device 0 "), std::string::npos) << "the flags line holds the pick: " << t.out;
+}

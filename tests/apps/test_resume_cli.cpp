@@ -51,6 +51,7 @@ class ResumeCli : public ::testing::Test {
   std::string placement(const std::string& which) const {
     if (which == "resident") return "";
     if (which == "optimizer-nvme") return "--offload-optimizer nvme --nvme-path " + swap().string() + " ";
+    if (which == "twin") return "--offload-optimizer nvme --optimizer-on-device 0.6 --nvme-path " + swap().string() + " ";
     return "--offload-optimizer nvme --offload-grads nvme --offload-params nvme --checkpoint-activations full "
            "--host-mem 1M --nvme-path " +
            swap().string() + " ";
@@ -92,6 +93,14 @@ TEST_F(ResumeCli, BitExactAcrossPlacements) {
   fs::remove_all(dir_ / "a");
   fs::remove_all(dir_ / "b");
   expect_resume_exact("all-nvme", "optimizer-nvme");
+}
+// Twin-Flow's split (part of the optimizer on the device, the rest on NVMe) checkpoints and
+// resumes bit-exact, into the split and out of it.
+TEST_F(ResumeCli, BitExactAcrossTheTwinFlowSplit) {
+  expect_resume_exact("twin", "resident");
+  fs::remove_all(dir_ / "a");
+  fs::remove_all(dir_ / "b");
+  expect_resume_exact("optimizer-nvme", "twin");
 }
 // fp16 (loss scaling on) resumes bit-exact too. Starting at 2^20 the scaled gradients overflow
 // fp16 in some early steps (1, 2 and 4 here, and 8 after the resume), so the checkpoint at step

@@ -280,6 +280,31 @@ TEST_F(ZeroCli, SpeculationIsBitwiseAcrossStages) {
   }
 }
 
+// Twin-Flow across ranks (--optimizer-on-device): each rank keeps the first units' shards of the
+// master and AdamW state on the device and updates them there, the rest on the CPU's side, on a
+// runtime and stream of its own (STRATA_FAULT=separate-optimizer, as on a GPU): bitwise the stage
+// 0 run at every stage, the rest in RAM or on NVMe, under random stream delays too (an update's
+// all-gather waits for the side that wrote the shard).
+TEST_F(ZeroCli, TwinFlowIsBitwiseAcrossStages) {
+  Outcome ref;
+  for (const std::string variant : {"0", "1", "1nvme", "2", "3", "3nvme", "1j"}) {
+    const std::string stage = variant.substr(0, 1);
+    const std::string tag = "twin" + variant;
+    std::string args = tiny(2) + "--zero-stage " + stage + outputs(tag);
+    if (variant != "0")
+      args += variant.ends_with("nvme") ? " --optimizer-on-device 0.5 --offload-optimizer nvme" + swap_for(tag)
+                                        : std::string(" --optimizer-on-device 0.5 --offload-optimizer cpu");
+    const std::string env = std::string("STRATA_FAULT=separate-optimizer") +
+                            (variant == "1j" ? " STRATA_TEST_STREAM_JITTER_US=300" : "");
+    CliResult r = run(2, args, env, tag);
+    ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
+    if (variant != "0") {
+      EXPECT_NE(r.out.find("twin-flow  --optimizer-on-device 0.5"), std::string::npos) << tag << ": " << r.out;
+    }
+    expect_as_first(tag, outcome(tag), ref, "stage 0 with the optimizer on the device");
+  }
+}
+
 // LoRA across ranks: the frozen base replicated (stages 0-2) or sharded and gathered per layer
 // beside the layer's adapters (3), the adapters' grads all-reduced (stages 0-1) or
 // reduce-scattered (2-3), their AdamW state sharded (1-3): bitwise the same run at every stage,

@@ -19,6 +19,7 @@
 #include "offload/size.h"
 #include "src/checkpoint/hf.h"
 #include "src/train/trainer.h"
+#include "src/zero/unit_table.h"
 
 using namespace strata;
 namespace fs = std::filesystem;
@@ -312,6 +313,121 @@ TEST(Placement, SpeculationIsBitwiseTheUpdateThatWaitsForTheNorm) {
   EXPECT_GT(waited, 0);
   EXPECT_GT(mixed, 0) << "no run had both steps that clip and steps that do not";
   EXPECT_GT(overflows, 0) << "no fp16 step overflowed";
+}
+
+// Twin-Flow (--optimizer-on-device): part of the master and AdamW state stays on the device and
+// updates there, the rest on --offload-optimizer's tier. The math must not move by a bit: every
+// split, with the rest in RAM or on NVMe (at the host minimum too), fp32 and bf16, accumulation 1
+// and 2, with speculation, is bitwise the all-in-memory run. Under STRATA_FAULT=separate-optimizer
+// (ctest two_runtime_placement) the CPU's part runs on a runtime and stream of its own, as on a
+// GPU, while the device's part runs on the compute stream.
+TEST(Placement, TwinFlowIsBitwiseTheOptimizerOnEitherSide) {
+  TempDir dir;
+  write_hf_config(tiny_llama(), dir.path() / "config.json");
+  fs::create_directories(dir.path() / "swap");
+  int n_run = 0;
+  for (const char* dtype : {"fp32", "bf16"}) {
+    for (int64_t accum : {1, 2}) {
+      const TrainOptions base = three_steps(dir.path(), dtype, accum);
+      const Outcome ref = train(base, dir.path() / "ref");
+      for (const char* where : {"cpu", "nvme"}) {
+        for (const char* fraction : {"0", "0.3", "0.7", "1"}) {
+          TrainOptions o = base;
+          o.offload_optimizer = where;
+          o.optimizer_on_device = fraction;
+          const bool low = n_run % 3 == 1;  // some at the host minimum
+          const bool spec = n_run % 4 == 2;  // some speculative, with a clip that binds at step 1
+          if (spec) o.speculate = "on", o.grad_clip = 0.5;
+          SCOPED_TRACE(std::string(dtype) + " accum " + std::to_string(accum) + " optimizer " + where +
+                       " on device " + fraction + (low ? " host minimum" : "") + (spec ? " speculative" : ""));
+          const RunPlan p = plan_run(o, /*minimums=*/true);
+          // The split is real: master and AdamW state on both tiers except at 0 and 1.
+          const auto& homed = p.memory.homed;
+          const uint64_t on_dev = homed[0][static_cast<size_t>(Role::master)];
+          const uint64_t off_dev = homed[1][static_cast<size_t>(Role::master)] + homed[2][static_cast<size_t>(Role::master)];
+          EXPECT_EQ(on_dev > 0, std::string(fraction) != "0");
+          EXPECT_EQ(off_dev > 0, std::string(fraction) != "1");
+          if (low) o.host_mem = std::to_string(std::max<uint64_t>(p.memory.minimum[1], offload::kAlign));
+          const Outcome ref_spec = spec ? [&] {
+            TrainOptions r = base;
+            r.grad_clip = 0.5;
+            return train(r, dir.path() / ("ref_spec" + std::to_string(n_run)));
+          }() : ref;
+          expect_same_run(train(o, dir.path() / ("twin" + std::to_string(n_run++))), ref_spec, dir.path() / "swap");
+        }
+      }
+    }
+  }
+  EXPECT_EQ(n_run, 32);
+}
+
+// The units Twin-Flow keeps on the device: trainable and held ones in forward order, within the
+// fraction; frozen units and another stage's are skipped, not counted.
+TEST(Placement, TwinFlowTakesTheFirstTrainableUnitsWithinTheFraction) {
+  std::vector<Unit> units(5);
+  const int64_t numel[] = {40, 10, 10, 30, 10};
+  for (size_t u = 0; u < units.size(); ++u) units[u].numel = numel[u], units[u].held = true;
+  units[4].held = false;  // another pipeline stage's
+  const std::vector<bool> trains = {true, false, true, true, true};
+  using V = std::vector<bool>;
+  // Trainable and held: 40 + 10 + 30 = 80 elements.
+  EXPECT_EQ(twin_device_units(units, trains, 0), V(5, false));
+  EXPECT_EQ(twin_device_units(units, trains, 0.49), V(5, false));  // 40 > 39.2
+  EXPECT_EQ(twin_device_units(units, trains, 0.5), (V{true, false, false, false, false}));
+  EXPECT_EQ(twin_device_units(units, trains, 0.624), (V{true, false, false, false, false}));
+  EXPECT_EQ(twin_device_units(units, trains, 0.625), (V{true, false, true, false, false}));
+  EXPECT_EQ(twin_device_units(units, trains, 0.99), (V{true, false, true, false, false}));
+  EXPECT_EQ(twin_device_units(units, trains, 1), (V{true, false, true, true, false}));
+}
+
+// On a GPU (planned here, nothing run) the device's part updates where its state is: only the
+// CPU's part crosses PCIe (its gradients down, its new weights up), so the bytes fall with the
+// fraction and are none at 1, as with --offload-optimizer none.
+TEST(Placement, TwinFlowMovesOnlyTheCpuPartOverPcie) {
+  TempDir dir;
+  write_hf_config(tiny_llama(), dir.path() / "config.json");
+  TrainOptions o = three_steps(dir.path(), "bf16", 1);
+  o.backend = "cuda";
+  o.offload_optimizer = "cpu";
+  std::vector<uint64_t> d2h, h2d;
+  for (const char* fraction : {"0", "0.5", "1"}) {
+    o.optimizer_on_device = fraction;
+    const RunPlan p = plan_run(o);
+    d2h.push_back(p.memory.link_bytes[static_cast<size_t>(offload::Link::d2h)]);
+    h2d.push_back(p.memory.link_bytes[static_cast<size_t>(offload::Link::h2d)]);
+  }
+  EXPECT_GT(d2h[0], d2h[1]);
+  EXPECT_GT(d2h[1], 0u);
+  EXPECT_EQ(d2h[2], 0u);
+  EXPECT_GT(h2d[0], h2d[1]);
+  EXPECT_GT(h2d[1], 0u);
+  EXPECT_EQ(h2d[2], 0u);
+}
+
+TEST(Placement, TwinFlowNeedsTheOptimizerOffTheDeviceAndAFraction) {
+  TempDir dir;
+  write_hf_config(tiny_llama(), dir.path() / "config.json");
+  TrainOptions o = three_steps(dir.path(), "fp32", 1);
+  for (const char* bad : {"1.5", "-0.1", "abc", "nan", "", "0.5x", "inf"}) {
+    o.optimizer_on_device = bad;
+    try {
+      validate_options(o);
+      ADD_FAILURE() << "accepted --optimizer-on-device '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("--optimizer-on-device"), std::string::npos) << e.what();
+    }
+  }
+  o.optimizer_on_device = "0.5";  // with --offload-optimizer none: nothing to split
+  try {
+    plan_run(o);
+    ADD_FAILURE() << "accepted a split with --offload-optimizer none";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--offload-optimizer cpu or nvme"), std::string::npos) << e.what();
+  }
+  for (const char* fine : {"0", "1"}) {  // none and all: the optimizer is on the device either way
+    o.optimizer_on_device = fine;
+    EXPECT_NO_THROW(plan_run(o));
+  }
 }
 
 // Speculation needs whole gradients: refused at ZeRO stages 2-3 when asked for, off where
