@@ -211,6 +211,7 @@ struct Prediction {
   double adam_rate = 0, gflops = 0, pcie_ms = 0, window_ms = 0, compute_and_update = 0;
   // Twin-Flow (--optimizer-on-device): AdamW's parts on the CPU and on the device.
   double adamw_cpu_ms = 0, adamw_device_ms = 0;
+  double window_compute_ms = 0;  // the compute AdamW runs beside (the first forward, or the last backward)
   bool twin = false;
   std::array<double, offload::kNumLinks> link_gbs{};  // GB/s per link (0: not known)
   io::Bandwidth bw{};
@@ -313,12 +314,22 @@ class Predictor {
     // (measured on the H200, 1B: 551 vs 574 ms and 637 vs 661 ms; the old max(compute, AdamW)
     // with a cache-resident AdamW probe had said 339 and 415 ms for 589 and 681).
     r.split = backend_ != kernels::Backend::cpu && adam_on_cpu;
-    const double first_forward_ms = phases_.block_forward_ms * static_cast<double>(model.dims().L);
-    // The first forward with the updates inside it; the rest of the compute follows.
-    // Twin-Flow: the device's share runs on the compute stream (the first units, before their
-    // forward), the CPU's beside it.
-    r.window_ms = r.split ? std::max(r.adamw_cpu_ms, first_forward_ms + r.adamw_device_ms) : first_forward_ms + f.adamw_ms;
-    r.compute_and_update = r.window_ms + f.compute_ms - first_forward_ms;
+    // The compute the updates run beside: the next step's first forward (each unit's update just
+    // before it computes), or where each unit updates in the backward as its gradient is final
+    // (no clipping, or speculation), the last micro-batch's backward: its blocks' backward and
+    // recompute, the CPU's AdamW starting with the last layers' while the GPU goes on.
+    r.window_compute_ms = phases_.block_forward_ms * static_cast<double>(model.dims().L);
+    if (p.update_in_backward) {
+      r.window_compute_ms = 0;
+      for (int64_t l = 0; l < model.dims().L; ++l)
+        r.window_compute_ms += phases_.block_backward_ms + (model.checkpointing().at(l) ? phases_.block_forward_ms : 0);
+    }
+    // The window with the updates inside it; the rest of the compute follows. Twin-Flow: the
+    // device's share runs on the compute stream (the first units: just before their forward, or
+    // last in the backward), the CPU's beside it.
+    r.window_ms = r.split ? std::max(r.adamw_cpu_ms, r.window_compute_ms + r.adamw_device_ms)
+                          : r.window_compute_ms + f.adamw_ms;
+    r.compute_and_update = r.window_ms + f.compute_ms - r.window_compute_ms;
     if (p.pp > 1) {
       // Pipeline parallel: the stages in 1F1B, then each stage's update after its last backward
       // (the largest stage's bounds the step).
@@ -726,6 +737,7 @@ int run_plan(const PlanOptions& po) {
     j["optimizer_on_device"] = o.optimizer_on_device;
     j["adamw_cpu_ms"] = r.adamw_cpu_ms;
     j["adamw_device_ms"] = r.adamw_device_ms;
+    j["adamw_window_compute_ms"] = r.window_compute_ms;
     if (twin) {
       nlohmann::json rows = nlohmann::json::array();
       for (const TwinRow& t : twin->rows)
@@ -869,7 +881,8 @@ int run_plan(const PlanOptions& po) {
                  ? "the norm barrier's bound, below"
              : pcie_ms > std::max(compute_and_update, f.nvme_ms) ? "the largest floor: PCIe"
              : f.nvme_ms > compute_and_update ? "the largest floor: NVMe reads + writes"
-             : split ? "the largest floor: AdamW on the CPU beside the first forward, then the rest of compute"
+             : split ? (p.update_in_backward ? "the largest floor: AdamW on the CPU beside the last backward, and the rest of compute"
+                                             : "the largest floor: AdamW on the CPU beside the first forward, then the rest of compute")
                      : "the largest floor: compute + AdamW",
              mp.policy.empty() ? "none" : mp.policy);
   print_barrier();

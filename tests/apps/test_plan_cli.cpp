@@ -252,3 +252,19 @@ TEST_F(PlanCli, TwinFlowAutoIsNoneOnTheCpuBackend) {
   EXPECT_NE(t.out.find("optimizer on device auto: 0 (on the CPU backend"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("--optimizer-on-device 0 "), std::string::npos) << "the flags line holds the pick: " << t.out;
 }
+
+// With the optimizer on the CPU beside a GPU, the update runs beside the next forward when it
+// waits for the norm, and beside the last backward (longer: twice the FLOPs) when each unit
+// updates as its gradient is final (--grad-clip 0): the plan says which, and the window it hides
+// behind is the longer one.
+TEST_F(PlanCli, CpuAdamWHidesBehindTheBackwardWithoutClipping) {
+  const std::string args = plan("tiny") + "--backend cuda --gpu h100 --dtype bf16 --offload-optimizer cpu ";
+  const json clip = plan_json(args + "--grad-clip 1"), free = plan_json(args + "--grad-clip 0");
+  ASSERT_TRUE(clip.contains("adamw_window_compute_ms") && free.contains("adamw_window_compute_ms"));
+  EXPECT_GT(free["adamw_window_compute_ms"].get<double>(), 1.5 * clip["adamw_window_compute_ms"].get<double>());
+  EXPECT_NEAR(clip["adamw_window_compute_ms"].get<double>(), 4 * clip["block_forward_ms"].get<double>(), 1e-9)
+      << "the first forward of the tiny model's 4 layers";
+  const strata::test::CliResult r = strata::test::run_strata(dir_, args + "--grad-clip 0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("AdamW in the backward (no clipping)"), std::string::npos) << r.out;
+}
