@@ -370,6 +370,14 @@ class Predictor {
   const ProbeShape& shape() const { return shape_; }
   double probe_gflop() const { return probe_gflop_; }
   double peak_flops() const { return peak_flops_; }
+  // The dense peak of the device that runs the model, for the dtype: a modeled GPU's, a real
+  // GPU's where the table knows it (match_gpu), else 0 (the CPU backend: not reported).
+  double device_peak_flops() const {
+    if (gpu_) return peak_flops_;
+    if (backend_ != kernels::Backend::cuda) return 0;
+    const GpuSpec* g = match_gpu(rt_->info().name);
+    return g ? (dt_ == DType::f32 ? g->fp32_tflops : g->bf16_tflops) * 1e12 : 0;
+  }
   // What the device has: a modeled GPU's memory, else the runtime's (CPU: physical RAM).
   uint64_t device_bytes() const { return gpu_ ? gpu_->mem_bytes() : rt_->info().total_bytes; }
   uint64_t ram_bytes() const { return cpu_->info().total_bytes; }
@@ -738,6 +746,25 @@ int run_plan(const PlanOptions& po) {
     j["adamw_cpu_ms"] = r.adamw_cpu_ms;
     j["adamw_device_ms"] = r.adamw_device_ms;
     j["adamw_window_compute_ms"] = r.window_compute_ms;
+    {  // each phase's achieved rate, and its share of the device's peak where known
+      const PhaseFlops pf = phase_flops(model);
+      const double peak = pred.device_peak_flops();
+      const std::pair<const char*, std::pair<double, double>> rows[] = {
+          {"block_forward", {pf.block_forward, phases.block_forward_ms}},
+          {"block_backward", {pf.block_backward, phases.block_backward_ms}},
+          {"edge", {pf.edge, phases.edge_ms}}};
+      nlohmann::json rate, share;
+      for (const auto& [name, fm] : rows) {
+        const double flops_per_s = fm.second > 0 ? fm.first / (fm.second * 1e-3) : 0;
+        rate[name] = flops_per_s / 1e12;
+        if (peak > 0) share[name] = flops_per_s / peak;
+      }
+      j["phase_tflops"] = rate;
+      if (peak > 0) {
+        j["phase_peak_fraction"] = share;
+        j["device_peak_tflops"] = peak / 1e12;
+      }
+    }
     if (twin) {
       nlohmann::json rows = nlohmann::json::array();
       for (const TwinRow& t : twin->rows)
@@ -827,6 +854,21 @@ int run_plan(const PlanOptions& po) {
   else
     fmt::print("compute: the phases timed on a one-block copy at the model's shape{} ({:.4g} GFLOP a micro-batch)\n",
                p.tp > 1 ? " (one tp rank's part, its collectives not run)" : "", shape.model_gflop);
+  {  // Per phase: time, achieved rate and, where the device's peak is known, the share of it.
+    const PhaseFlops pf = phase_flops(model);
+    const double peak = pred.device_peak_flops();
+    const auto phase = [&](const char* name, double flops, double ms) {
+      const double rate = ms > 0 ? flops / (ms * 1e-3) : 0;
+      return fmt::format("{} {:.3g} ms ({:.4g} TFLOP/s{})", name, ms, rate / 1e12,
+                         peak > 0 ? fmt::format(", {:.1f}% of peak", 100 * rate / peak) : std::string());
+    };
+    fmt::print("phases: {}; {}; {}{}\n", phase("block forward", pf.block_forward, phases.block_forward_ms),
+               phase("block backward", pf.block_backward, phases.block_backward_ms),
+               phase("head fwd+bwd", pf.edge, phases.edge_ms),
+               peak > 0 ? fmt::format(" (peak {:.4g} TFLOP/s dense {}{})", peak / 1e12, dt == DType::f32 ? "fp32" : "bf16",
+                                      gpu ? ", modeled" : "")
+                        : std::string());
+  }
   fmt::print("\n");
   fmt::print("{:<8}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}\n", "tier", "budget", "minimum", "params",
              "master", "adam", "grads", "activations", "buffers", "no-evict");

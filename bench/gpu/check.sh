@@ -152,6 +152,8 @@ B1=(${B1_ARGS:---preset llama-1b --batch 8 --seq 2048})  # B1_ARGS: another mode
 PLANS=()
 if has train; then
   step train_1b 80 "${TRAIN[@]}" "${B1[@]}" --steps 5 --metrics "$OUT/train_1b.jsonl"
+  # The plan probes the model's phases on this GPU: each phase's TFLOP/s and share of the peak.
+  step plan_1b 40 "$S" plan --backend "$GB" --dtype bf16 "${B1[@]}"
   step train_1b_opt_cpu 90 "${TRAIN[@]}" "${B1[@]}" --steps 4 --offload-optimizer cpu --metrics "$OUT/train_1b_opt_cpu.jsonl"
   step plan_1b_opt_cpu 40 "$S" plan --backend "$GB" --dtype bf16 "${B1[@]}" --offload-optimizer cpu
   step train_1b_opt_cpu_clip0 90 "${TRAIN[@]}" "${B1[@]}" --steps 4 --offload-optimizer cpu --grad-clip 0 \
@@ -169,7 +171,7 @@ if has train; then
   step plan_8b 40 "$S" plan --backend "$GB" --dtype bf16 --preset llama-8b --batch 1 --seq 2048 \
     --device-mem 24G --offload-optimizer cpu --offload-grads cpu --offload-params nvme --checkpoint-activations full \
     --nvme-path "$SWAP"
-  PLANS+=(train_1b_opt_cpu:plan_1b_opt_cpu train_1b_twin:plan_1b_twin train_1b_24g:plan_1b_24g)
+  PLANS+=(train_1b:plan_1b train_1b_opt_cpu:plan_1b_opt_cpu train_1b_twin:plan_1b_twin train_1b_24g:plan_1b_24g)
 fi
 # 5. The optimizer state on this machine's disk: the io bench right before, the run, its plan.
 if has nvme; then
@@ -216,8 +218,9 @@ fi
 fi
 echo
 echo "== strata train --backend cuda (median of the steps after the first; MFU = 6·params·tokens/s over"
-echo "   989 TFLOP/s, the H200's dense bf16 peak, attention FLOPs not counted)"
-printf '%-22s %9s %6s %8s %8s %8s %8s %s\n' run tokens/s MFU step_ms plan_ms h2d_GB nvme_GB start-up
+echo "   989 TFLOP/s, the H200's dense bf16 peak, attention FLOPs not counted; MFU+att: the plan's step FLOPs"
+echo "   (matmuls, causal attention, recompute) over the step time, where the run has a plan)"
+printf '%-22s %9s %6s %7s %8s %8s %8s %8s %s\n' run tokens/s MFU MFU+att step_ms plan_ms h2d_GB nvme_GB start-up
 med() { sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
 for run in train_1b train_1b_opt_cpu train_1b_opt_cpu_clip0 train_1b_twin train_1b_24g train_1b_opt_nvme; do
   [ -f "$OUT/$run.log" ] || continue
@@ -229,9 +232,14 @@ for run in train_1b train_1b_opt_cpu train_1b_opt_cpu_clip0 train_1b_twin train_
     params=$(grep -o 'params  *[0-9.]*[KMB]' "$OUT/$run.log" | head -1 | awk '{ v = $2; u = substr(v, length(v)); v = substr(v, 1, length(v) - 1);
              print v * (u == "B" ? 1e9 : u == "M" ? 1e6 : 1e3) }')
     mfu=$(awk -v t="${tps:-0}" -v p="${params:-0}" 'BEGIN { printf "%.1f%%", 600 * p * t / 989e12 }')
-    plan=-
-    for pr in "${PLANS[@]}"; do [ "${pr%%:*}" = "$run" ] && plan=$(grep -o '^predicted step: [0-9]*' "$OUT/${pr#*:}.log" 2>/dev/null | grep -o '[0-9]*$'); done
-    printf '%-22s %9.0f %6s %8.1f %8s %8.2f %8.2f %s\n' "$run" "${tps:-0}" "$mfu" "${sms:-0}" "${plan:--}" \
+    plan=- mfua=-
+    for pr in "${PLANS[@]}"; do
+      [ "${pr%%:*}" = "$run" ] || continue
+      plan=$(grep -o '^predicted step: [0-9]*' "$OUT/${pr#*:}.log" 2>/dev/null | grep -o '[0-9]*$')
+      tf=$(grep -o '^compute  *[0-9.]* TFLOP' "$OUT/${pr#*:}.log" 2>/dev/null | grep -o '[0-9.]* TFLOP' | cut -d' ' -f1)
+      [ -n "$tf" ] && mfua=$(awk -v f="$tf" -v ms="${sms:-0}" 'BEGIN { if (ms > 0) printf "%.1f%%", 100 * f * 1e12 / (ms / 1e3) / 989e12; else print "-" }')
+    done
+    printf '%-22s %9.0f %6s %7s %8.1f %8s %8.2f %8.2f %s\n' "$run" "${tps:-0}" "$mfu" "$mfua" "${sms:-0}" "${plan:--}" \
       "$(awk -v b="${h2d:-0}" 'BEGIN { print b / 1e9 }')" "$(awk -v b="${nv:-0}" 'BEGIN { print b / 1e9 }')" \
       "$(grep -o 'start-up *[0-9.]* s' "$OUT/$run.log" | head -1 | sed 's/start-up *//')"
   else
@@ -239,8 +247,8 @@ for run in train_1b train_1b_opt_cpu train_1b_opt_cpu_clip0 train_1b_twin train_
   fi
 done
 for b in bench_io_w bench_io_r; do [ -s "$OUT/$b.log" ] && echo "$b: $(grep -o '"mb_per_s":[0-9.]*' "$OUT/$b.log" | head -1)"; done
-for p in plan_1b_opt_cpu plan_1b_twin plan_1b_24g plan_1b_opt_nvme plan_8b; do
-  grep -E "^predicted|^adamw|^compute|^host_to|^nvme_to|^optimizer on device|error" "$OUT/$p.log" 2>/dev/null | head -7 |
+for p in plan_1b plan_1b_opt_cpu plan_1b_twin plan_1b_24g plan_1b_opt_nvme plan_8b; do
+  grep -E "^predicted|^phases|^adamw|^compute|^host_to|^nvme_to|^optimizer on device|error" "$OUT/$p.log" 2>/dev/null | head -8 |
     sed "s/^/$p: /"
 done
 echo

@@ -2,6 +2,8 @@
 #include "src/train/gpu_specs.h"
 
 #include <array>
+#include <cctype>
+#include <utility>
 
 namespace strata {
 namespace {
@@ -32,6 +34,18 @@ std::span<const GpuSpec> known_gpus() { return kGpus; }
 const GpuSpec* find_gpu(std::string_view name) {
   for (const GpuSpec& g : kGpus)
     if (g.name == name) return &g;
+  return nullptr;
+}
+
+const GpuSpec* match_gpu(std::string_view device_name) {
+  std::string n;
+  for (char c : device_name)
+    if (std::isalnum(static_cast<unsigned char>(c))) n += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // The model number as the driver names it (an A100 of 40 GB has the 80 GB one's peak).
+  constexpr std::pair<std::string_view, std::string_view> tokens[] = {
+      {"h200", "h200"}, {"h100", "h100"}, {"a100", "a100-80g"}, {"rtx4090", "rtx4090"}, {"l40s", "l40s"}};
+  for (const auto& [token, name] : tokens)
+    if (n.find(token) != std::string::npos) return find_gpu(name);
   return nullptr;
 }
 

@@ -24,6 +24,9 @@ struct GpuSpec {
 std::span<const GpuSpec> known_gpus();
 // The known GPU of that name, or null.
 const GpuSpec* find_gpu(std::string_view name);
+// The known GPU a CUDA device's name ("NVIDIA H200", "NVIDIA GeForce RTX 4090", ...) is, or null:
+// its peak for the per-phase efficiency `strata plan` reports on a real GPU.
+const GpuSpec* match_gpu(std::string_view device_name);
 // "h100|h200|a100-80g|rtx4090|l40s", for messages and --help.
 std::string known_gpu_names();
 

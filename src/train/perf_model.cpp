@@ -324,10 +324,16 @@ PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t
   return t;
 }
 
-PhaseTimes model_phases(const Transformer& model, double flops_per_s, double mem_bytes_per_s) {
+PhaseFlops phase_flops(const Transformer& model) {
   const ModelDims& d = model.dims();
   const auto unit = [&](int u) -> const Unit& { return model.units()[static_cast<size_t>(u)]; };
   const bool frozen = !unit(model.block_unit(0)).trainable, frozen_head = !unit(model.final_norm_unit()).trainable;
+  // (The head forward and backward; a frozen head: its input gradient only.)
+  return {block_forward_flops(d), block_backward_flops(d, frozen), (frozen_head ? 2.0 : 3.0) * head_flops(d)};
+}
+
+PhaseTimes model_phases(const Transformer& model, double flops_per_s, double mem_bytes_per_s) {
+  const auto unit = [&](int u) -> const Unit& { return model.units()[static_cast<size_t>(u)]; };
   const auto grad_ms = [&](std::initializer_list<int> us) {
     double bytes = 0;
     for (int u : us)
@@ -335,11 +341,11 @@ PhaseTimes model_phases(const Transformer& model, double flops_per_s, double mem
     return mem_bytes_per_s > 0 ? bytes / mem_bytes_per_s * 1e3 : 0.0;
   };
   PhaseTimes t;
-  t.block_forward_ms = block_forward_flops(d) / flops_per_s * 1e3;
-  t.block_backward_ms = block_backward_flops(d, frozen) / flops_per_s * 1e3;
-  // The head forward and backward (a frozen head: its input gradient only); the embedding's gather
-  // and scatter are memory-bound and small beside it.
-  t.edge_ms = (frozen_head ? 2.0 : 3.0) * head_flops(d) / flops_per_s * 1e3;
+  const PhaseFlops f = phase_flops(model);
+  t.block_forward_ms = f.block_forward / flops_per_s * 1e3;
+  t.block_backward_ms = f.block_backward / flops_per_s * 1e3;
+  // (The embedding's gather and scatter are memory-bound and small beside the head.)
+  t.edge_ms = f.edge / flops_per_s * 1e3;
   t.sum_squares_ms = grad_ms({model.lora() ? model.lora_unit(0) : model.block_unit(0)});
   t.edge_sum_squares_ms = model.tied_head() ? grad_ms({model.embed_unit(), model.final_norm_unit()})
                                             : grad_ms({model.embed_unit(), model.final_norm_unit(), model.head_unit()});

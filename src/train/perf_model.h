@@ -65,6 +65,15 @@ PhaseTimes probe_phases(const ModelConfig& cfg, DType dt, int64_t batch, int64_t
 // scaled probe extrapolates by) at flops_per_s, the Σg² passes reading fp32 grads at
 // mem_bytes_per_s (0: not counted).
 PhaseTimes model_phases(const Transformer& model, double flops_per_s, double mem_bytes_per_s);
+// The FLOPs of each phase PhaseTimes times, at the model's shape (those a scaled probe is
+// extrapolated by, and a modeled GPU's phases are): one block's forward (matmuls and causal
+// attention), its backward (input and weight gradients; a frozen block's input gradients only),
+// and the head's forward and backward (the embedding's gather and scatter are memory-bound and
+// not counted). Achieved rate per phase = these over PhaseTimes.
+struct PhaseFlops {
+  double block_forward = 0, block_backward = 0, edge = 0;
+};
+PhaseFlops phase_flops(const Transformer& model);
 // A step's compute from the phases: per micro-batch the edges plus every block's forward and
 // backward (checkpointed blocks' forward twice), times the micro-batches, plus the Σg² pass.
 double step_compute_ms(const PhaseTimes& t, const Transformer& model, int grad_accum);

@@ -268,3 +268,21 @@ TEST_F(PlanCli, CpuAdamWHidesBehindTheBackwardWithoutClipping) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("AdamW in the backward (no clipping)"), std::string::npos) << r.out;
 }
+
+// Each phase's achieved rate, and its share of the device's peak where the peak is known: a
+// modeled GPU runs every phase at the stated efficiency; on the CPU backend no peak is claimed.
+TEST_F(PlanCli, ReportsEachPhasesRateAndShareOfThePeak) {
+  const json g = plan_json(plan("tiny") + "--backend cuda --gpu h200 --dtype bf16");
+  ASSERT_TRUE(g.contains("phase_peak_fraction")) << g.dump();
+  for (const char* phase : {"block_forward", "block_backward", "edge"}) {
+    EXPECT_NEAR(g["phase_peak_fraction"][phase].get<double>(), strata::kModeledMfu, 1e-9) << phase;
+    EXPECT_NEAR(g["phase_tflops"][phase].get<double>(), 989 * strata::kModeledMfu, 1e-6) << phase;
+  }
+  const json c = plan_json(plan("tiny"));
+  EXPECT_FALSE(c.contains("phase_peak_fraction"));
+  for (const char* phase : {"block_forward", "block_backward", "edge"}) EXPECT_GT(c["phase_tflops"][phase].get<double>(), 0);
+  const strata::test::CliResult r = strata::test::run_strata(dir_, plan("tiny") + "--backend cuda --gpu h200 --dtype bf16");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("phases: block forward "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("37.6% of peak"), std::string::npos) << r.out;
+}

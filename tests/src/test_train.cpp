@@ -19,6 +19,7 @@
 #include "src/optim/adamw.h"
 #include "src/optim/schedule.h"
 #include "src/train/corpus.h"
+#include "src/train/gpu_specs.h"
 #include "src/train/perf_model.h"
 #include "src/train/step_driver.h"
 #include "src/train/trainer.h"
@@ -427,6 +428,43 @@ TEST(PerfModel, StepComputeAddsThePhasesOfEveryBlock) {
   EXPECT_DOUBLE_EQ(step_compute_ms(t, every2, 2), 60.0);
   Transformer none(c, DType::f32, 1, 8, *rt);
   EXPECT_DOUBLE_EQ(step_compute_ms(t, none, 1), 10 + 16 + 2 + 2.0);
+}
+
+// The FLOPs each phase is counted at, by hand for a tiny llama (hidden 32, 2 heads x 16 = q
+// width 32, 1 kv head (kv width 16), mlp 64, vocab 256; B 2, T 8: 16 tokens): the block's
+// matmuls are q 32x32, k and v 32x16 each, o 32x32, gate and up 32x64 each, down 64x32 = 9216
+// parameters; causal attention 2 x 2 x T x Q per token halved = 2 x 8 x 32 x 16 per matmul pair.
+TEST(PerfModel, PhaseFlopsCountEveryMatmulAndCausalAttention) {
+  auto rt = kernels::make_runtime(kernels::Backend::cpu);
+  ModelConfig c = tiny_byte_llama();
+  c.hidden_size = 32, c.n_heads = 2, c.n_kv_heads = 1, c.head_dim = 16, c.intermediate_size = 64, c.n_layers = 2;
+  const Transformer m(c, DType::f32, 2, 8, *rt);
+  const double tokens = 16, params = 32 * 32 + 2 * 32 * 16 + 32 * 32 + 2 * 32 * 64 + 64 * 32;
+  const double attention = 2.0 * 2.0 * 8 * 32 * 16 / 2;
+  const PhaseFlops f = phase_flops(m);
+  EXPECT_DOUBLE_EQ(f.block_forward, 2 * params * tokens + attention);
+  EXPECT_DOUBLE_EQ(f.block_backward, 4 * params * tokens + 2 * attention);
+  EXPECT_DOUBLE_EQ(f.edge, 3 * 2 * tokens * 32 * 256);
+  // A modeled GPU's phases are these FLOPs at its rate.
+  const PhaseTimes t = model_phases(m, 1e12, 0);
+  EXPECT_DOUBLE_EQ(t.block_forward_ms, f.block_forward / 1e9);
+  EXPECT_DOUBLE_EQ(t.edge_ms, f.edge / 1e9);
+}
+
+// The GPUs a CUDA device's name matches (the driver's names), and one it does not.
+TEST(PerfModel, DeviceNamesMatchTheKnownGpus) {
+  const std::pair<const char*, const char*> names[] = {{"NVIDIA H200", "h200"},
+                                                       {"NVIDIA H100 80GB HBM3", "h100"},
+                                                       {"NVIDIA A100-SXM4-80GB", "a100-80g"},
+                                                       {"NVIDIA GeForce RTX 4090", "rtx4090"},
+                                                       {"NVIDIA L40S", "l40s"}};
+  for (const auto& [device, name] : names) {
+    const GpuSpec* g = match_gpu(device);
+    ASSERT_NE(g, nullptr) << device;
+    EXPECT_EQ(g->name, name) << device;
+  }
+  EXPECT_EQ(match_gpu("NVIDIA Tesla V100-SXM2-16GB"), nullptr);
+  EXPECT_EQ(match_gpu(""), nullptr);
 }
 
 // A pipeline's compute: (m − 1) × the slowest stage's micro-batch + every stage's one, plus the
