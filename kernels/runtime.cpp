@@ -1,6 +1,7 @@
 // Backend selection: make_runtime picks the CPU or (when built) the CUDA runtime.
 #include "kernels/runtime.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -29,6 +30,35 @@ bool cuda_available() {
 #else
   return false;
 #endif
+}
+
+int cuda_device_count() {
+#ifdef STRATA_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+Stream::~Stream() { release_host_staging(); }
+
+void* Stream::host_staging(size_t bytes) {
+  if (bytes <= staging_bytes_) return staging_;
+  synchronize();  // the old memory's users are done
+  release_host_staging();
+  // Grow to at least 1.5x, in whole MiB: a few growths at warm-up, then none.
+  size_t want = std::max(bytes, staging_bytes_ + staging_bytes_ / 2);
+  want = (want + (size_t{1} << 20) - 1) & ~((size_t{1} << 20) - 1);
+  staging_rt_ = &runtime();
+  staging_ = staging_rt_->alloc_pinned(want);
+  staging_bytes_ = want;
+  return staging_;
+}
+
+void Stream::release_host_staging() noexcept {
+  if (staging_) staging_rt_->free_pinned(staging_);
+  staging_ = nullptr;
+  staging_bytes_ = 0;
 }
 
 // Both backends implement the whole op set (the CUDA one is kernels/cuda/*.cu).

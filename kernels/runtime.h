@@ -73,7 +73,7 @@ class EventPoint {
 // enqueued still runs).
 class Stream {
  public:
-  virtual ~Stream() = default;
+  virtual ~Stream();  // (a backend's destructor ends its work first; then the staging memory goes)
   virtual Runtime& runtime() const = 0;  // the runtime that created it (its events may be recorded here)
   // e completes when all work enqueued so far has; e must come from this stream's runtime (the
   // same Runtime object, not only the same backend: std::invalid_argument otherwise).
@@ -99,6 +99,18 @@ class Stream {
   // Milliseconds this stream has spent running work (not waiting for events or for work to
   // arrive), since it was created: how busy compute was. 0 where the backend does not keep it.
   virtual double busy_ms() const { return 0; }
+  // Page-locked host memory of at least `bytes`, owned by this stream, for copies between the
+  // stream's memory and host code that the stream orders (the mpi communicator stages device
+  // buffers here). Growing it first waits for the stream's work (synchronize, which rethrows a
+  // pending error), so nothing enqueued earlier still uses the old memory. Valid until the next
+  // call that grows it, or the stream's end (streams end before their runtime).
+  void* host_staging(size_t bytes);
+
+ private:
+  void release_host_staging() noexcept;
+  Runtime* staging_rt_ = nullptr;  // what allocated it (runtime() is not callable in ~Stream)
+  void* staging_ = nullptr;
+  size_t staging_bytes_ = 0;
 };
 
 class Runtime {
@@ -112,6 +124,8 @@ class Runtime {
   virtual void free_device(void* p) = 0;
   virtual void* alloc_pinned(size_t bytes) = 0;  // page-locked host memory (CPU: mlock where permitted)
   virtual void free_pinned(void* p) = 0;
+  // Whether p is this runtime's device memory (host code cannot touch it): never on the CPU.
+  virtual bool device_memory(const void* /*p*/) const { return false; }
   virtual std::unique_ptr<Stream> create_stream() = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
   virtual Ops& ops() = 0;  // the op set for this backend
@@ -122,6 +136,8 @@ class Runtime {
 std::unique_ptr<Runtime> make_runtime(Backend b, int device = 0);
 // True when strata was built with CUDA and at least one device is visible.
 bool cuda_available();
+// The CUDA devices visible (0 without CUDA or a driver).
+int cuda_device_count();
 // True when backend b implements the whole op set, so a model can train on it (both do).
 bool backend_trains(Backend b);
 

@@ -6,8 +6,9 @@
 #  2. the offload invariants on the GPU: a small model trained with --backend cuda under several
 #     placements (optimizer in pinned host RAM, everything on NVMe with checkpointing, a tight
 #     device budget, grad accumulation 2) must give losses and grad norms BITWISE equal to the
-#     resident GPU run, in bf16 and fp32; a resume from a step-2 checkpoint must too; and the GPU
-#     run is compared with the CPU backend's (close, not bitwise: different kernels);
+#     resident GPU run, in bf16 and fp32; a resume from a step-2 checkpoint must too; 2 ranks
+#     sharing the GPU (mpirun, where the machine has it) at ZeRO stages 0-3 bitwise equal to each
+#     other; and the GPU run is compared with the CPU backend's (close, not bitwise);
 #  3. `strata bench ops --backend cuda`;
 #  4. the 1B model resident, with the optimizer in host RAM, split by Twin-Flow
 #     (--optimizer-on-device auto under 34 GiB), and under a 24 GiB device budget (optimizer and
@@ -68,13 +69,18 @@ else
   step install 120 bash -c 'source scripts/common.sh; strata_install_deps'
   step configure 120 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DSTRATA_BUILD_BENCH=OFF -DSTRATA_WERROR=OFF
-  step build 330 cmake --build "$BUILD_DIR" -j "$(nproc)" --target test_kernels test_comm strata
+  step build 330 cmake --build "$BUILD_DIR" -j "$(nproc)" --target test_kernels test_comm comm_mpi_test strata
 fi
 S="$BIN/strata"
 
 # 1. The CUDA op tests.
 has tests && step test_cuda 100 "$BIN/test_kernels" --gtest_brief=1 --gtest_filter='*Cuda*'
 has tests && [ -x "$BIN/test_comm" ] && step test_nccl 60 "$BIN/test_comm" --gtest_brief=1 --gtest_filter='Nccl*'
+# 2 ranks on this one GPU through the mpi communicator (device buffers staged through pinned host
+# memory): every collective against the CPU reference, where mpirun is there.
+has tests && [ -x "$BIN/comm_mpi_test" ] && command -v mpirun > /dev/null &&
+  step test_mpi_staged 90 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np 2 "$BIN/comm_mpi_test"
 
 # 2. Offload invariants on the GPU (small model, seconds each).
 SWAP=/tmp/strata-swap
@@ -138,6 +144,25 @@ step inv_resume_b 30 "$S" train --backend "$GB" --dtype bf16 --batch 4 --seq 64 
 if cmp -s <(losses "$OUT/inv_resume_a.jsonl" | tail -2) <(losses "$OUT/inv_resume_b.jsonl" | tail -2) &&
    [ "$(losses "$OUT/inv_resume_b.jsonl" | wc -l)" -eq 2 ]; then INV+=("bf16  resume_from_step2  bitwise equal (steps 3-4)")
 else INV+=("bf16  resume_from_step2  DIFFERS or failed: see inv_resume_*.log"); fi
+# 2 ranks sharing this GPU (the mpi communicator, device buffers staged through pinned host
+# memory): ZeRO stages 0-3 bitwise equal to each other, and close to 1 rank with the double batch.
+if command -v mpirun > /dev/null; then
+  MPI_ENV=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1)
+  step inv_mpi_one 30 "$S" train --backend "$GB" --dtype bf16 --batch 8 --seq 64 --steps 4 --warmup 1 \
+    --metrics "$OUT/inv_mpi_one.jsonl"
+  for z in 0 1 2 3; do
+    step inv_mpi_z$z 60 "${MPI_ENV[@]}" mpirun -np 2 "$S" train --backend "$GB" --dtype bf16 --batch 4 --seq 64 \
+      --steps 4 --warmup 1 --zero-stage $z --metrics "$OUT/inv_mpi_z$z.jsonl"
+    if [ ! -s "$OUT/inv_mpi_z$z.jsonl" ]; then v="FAILED: $(grep -v '^\s*$' "$OUT/inv_mpi_z$z.log" | tail -1 | cut -c1-100)"
+    elif [ "$z" = 0 ]; then v="max |loss - 1 rank x batch 8| $(paste -d' ' <(losses "$OUT/inv_mpi_one.jsonl") <(losses "$OUT/inv_mpi_z0.jsonl") |
+        sed 's/"[a-z_]*"://g' | awk '{ d = $2 - $5; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.3g", m }')"
+    elif cmp -s <(losses "$OUT/inv_mpi_z0.jsonl") <(losses "$OUT/inv_mpi_z$z.jsonl"); then v="bitwise equal to stage 0"
+    else v="DIFFERS from stage 0"; fi
+    INV+=("$(printf '%-5s %-18s %s' bf16 "2ranks_1gpu_z$z" "$v")")
+  done
+else
+  INV+=("bf16  2ranks_1gpu        not run: no mpirun on this machine")
+fi
 # The CPU backend on the same run: close to the GPU's, not bitwise.
 BACKEND=cpu inv bf16 cpu_backend opt_cpu --grad-accum 2 --offload-optimizer cpu
 rm -rf "$SWAP"/* /tmp/strata-ckpt
@@ -197,6 +222,8 @@ has tests && echo "== CUDA op tests"
 has tests && grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$OUT/test_cuda.log" | head -10 || true
 has tests && grep -E "^\[  FAILED  \]" "$OUT/test_cuda.log" | head -20
 has tests && grep -B3 -E "^\[  FAILED  \]" "$OUT/test_cuda.log" | grep -v "^\[" | head -20 || true
+has tests && [ -f "$OUT/test_mpi_staged.log" ] && { echo "== 2 ranks on one GPU, mpi with staged device buffers (comm_mpi_test)";
+  grep -E "device_buffers|error|check failed" "$OUT/test_mpi_staged.log" | head -5; }
 echo
 has inv && echo "== offload invariants on the GPU (4 steps, accum 2; each against the run it names)"
 has inv && printf '%s\n' "${INV[@]}"

@@ -14,6 +14,7 @@ trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/sg/bin" "$STAGE/sg/lib" "$(dirname "$TAR")"
 cp "$BUILD/bin/strata" "$BUILD/bin/test_kernels" "$STAGE/sg/bin/"
 [ -x "$BUILD/bin/test_comm" ] && cp "$BUILD/bin/test_comm" "$STAGE/sg/bin/"  # (the NCCL tests)
+[ -x "$BUILD/bin/comm_mpi_test" ] && cp "$BUILD/bin/comm_mpi_test" "$STAGE/sg/bin/"  # (2 ranks on one GPU, where mpirun is)
 ldd "$BUILD/bin/strata" "$BUILD/bin/test_kernels" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
   while read -r name path; do
     case "$name" in

@@ -504,6 +504,14 @@ class CudaRuntime final : public Runtime {
     report_free_error(cudaHostUnregister(p), "cudaHostUnregister");
     if (munmap(p, registered) != 0) std::fprintf(stderr, "strata: munmap of pinned memory failed: %s\n", std::strerror(errno));
   }
+  bool device_memory(const void* p) const override {
+    cudaPointerAttributes a{};
+    if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();  // (pageable memory on old drivers: an error, and host memory)
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  }
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(info_.index, *this); }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(pool_, *this); }
   Ops& ops() override { return ops_; }

@@ -265,13 +265,21 @@ std::unique_ptr<Communicator> make_communicator(kernels::Backend device, const C
   if (!l.by_launcher) return make_local_communicator();
   if (device == kernels::Backend::cuda) {
     if (l.world == 1) return make_local_communicator();
-    if (!comm_detail::nccl_built())
-      throw std::runtime_error("started by a launcher (" + l.source + ") as rank " + std::to_string(l.rank) + " of " +
-                               std::to_string(l.world) +
-                               " on the cuda backend, which needs the NCCL communicator, and this strata was built "
-                               "without it: build it with the CUDA toolkit (which ships NCCL) and MPI "
-                               "(libopenmpi-dev), or run multi-rank jobs with --backend cpu");
-    return comm_detail::make_nccl(make_mpi_communicator(options), options);
+    const std::string who = "started by a launcher (" + l.source + ") as rank " + std::to_string(l.rank) + " of " +
+                            std::to_string(l.world) + " on the cuda backend";
+    if (kernels::cuda_device_count() == 0)  // (before MPI_Init: the runtime would refuse anyway)
+      throw std::runtime_error(who + ", but no CUDA device is visible here, or this strata was built without CUDA; "
+                               "use --backend cpu");
+    if (!comm_detail::mpi_built())
+      throw std::runtime_error(who + ", and this strata was built without MPI, which both of its multi-rank "
+                               "communicators need: install libopenmpi-dev and rebuild, or run one rank");
+    // NCCL where each rank of a node has a GPU of its own; where ranks share GPUs (2 ranks on
+    // one GPU: the multi-rank paths tested on a one-GPU machine) the mpi communicator, its
+    // device buffers staged through pinned host memory (src/comm/mpi.cpp).
+    auto mpi = make_mpi_communicator(options);
+    if (comm_detail::nccl_built() && mpi->local_world() <= kernels::cuda_device_count())
+      return comm_detail::make_nccl(std::move(mpi), options);
+    return mpi;
   }
   if (!comm_detail::mpi_built() && l.world == 1) return make_local_communicator();
   return make_mpi_communicator(options);

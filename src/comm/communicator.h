@@ -197,9 +197,10 @@ struct CommOptions {
 
 // The world communicator for this process: `mpi` when started by mpirun (detect_launch()), and
 // `local` otherwise, so a plain `strata ...` never calls MPI_Init. `device` is the runtime's
-// backend: the mpi communicator needs host-addressable buffers (cpu); cuda with more than one
-// rank gets the nccl communicator (src/comm/nccl.cpp: NCCL over an mpi control plane, one GPU
-// per rank; a build without NCCL throws saying so). mpi initialises
+// backend: cuda with more than one rank gets the nccl communicator (src/comm/nccl.cpp: NCCL over
+// an mpi control plane, one GPU per rank) where every rank of a node has a GPU of its own, else
+// (ranks sharing GPUs, or a build without NCCL) the mpi one, its device buffers staged through
+// pinned host memory; no GPU visible throws before MPI starts. mpi initialises
 // MPI with MPI_THREAD_MULTIPLE (collectives run on stream worker threads) and throws if the
 // library cannot provide it. Create it once per process, on the main thread, and destroy it
 // there on the normal path: destroying the last mpi communicator calls MPI_Finalize (skipped

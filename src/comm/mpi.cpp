@@ -430,6 +430,56 @@ std::string describe(const char* call, uint64_t issue, const Group& g, size_t by
          std::to_string(g.world) + ", " + std::to_string(bytes) + " bytes " + std::string(kernels::dtype_name(dt)) + ")";
 }
 
+// Device buffers. A collective on a stream of another backend than the CPU's (a CUDA stream)
+// cannot run its MPI calls in that stream's host function: CUDA may run every stream's host
+// functions on one driver thread, and one blocked in MPI until a peer arrives could hold up the
+// work that peer waits for. So it runs on pinned host copies, on a CPU stream of the
+// communicator's own (a worker per user stream), in the user stream's order:
+//   user stream:  copy the inputs to its staging memory; open the gate; wait for `done`; copy
+//                 the results back;
+//   worker:       wait at the gate; the collective, as on a CPU stream; record `done`.
+// The gate is opened by a host function of the user stream that only flags it. A failed user
+// stream skips its host functions, destroying them unrun: the gate then opens as cancelled and
+// the worker fails the collective instead of waiting forever (the job is going down).
+// STRATA_TEST_STAGED_COMM=1 stages CPU streams too, so the CPU tests drive this path.
+bool staging_forced() {
+  static const bool forced = [] {
+    const char* e = std::getenv("STRATA_TEST_STAGED_COMM");
+    return e && *e && std::string(e) != "0";
+  }();
+  return forced;
+}
+
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false, cancelled = false;
+  void wait() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return open; });
+    if (cancelled)
+      throw std::runtime_error("the stream that enqueued this collective failed before its inputs were copied to "
+                               "host memory");
+  }
+};
+// Held only by the user stream's host function: destroyed run (opens the gate) or skipped
+// (opens it cancelled).
+struct GateKey {
+  explicit GateKey(std::shared_ptr<Gate> g) : gate(std::move(g)) {}
+  GateKey(const GateKey&) = delete;
+  GateKey& operator=(const GateKey&) = delete;
+  ~GateKey() {
+    {
+      std::lock_guard lock(gate->mu);
+      gate->open = true;
+      gate->cancelled = !turned;
+    }
+    gate->cv.notify_all();
+  }
+  std::shared_ptr<Gate> gate;
+  bool turned = false;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(std::shared_ptr<Group> g)
@@ -456,80 +506,96 @@ class MpiCommunicator final : public Communicator {
 
  protected:
   void do_all_gather(const void* send, void* recv, size_t n, DType dt, kernels::Stream& s) override {
-    enqueue(s, "all_gather", 1, n * group_->world * kernels::dtype_size(dt), dt,
-            [send, recv, n, dt](Group& g, Workspace& ws, uint64_t issue) {
-              gather_shards(g, ws, static_cast<const std::byte*>(send), static_cast<std::byte*>(recv),
-                            Partition{n * static_cast<size_t>(g.world), g.world}, kernels::dtype_size(dt), g.tag(issue));
-            });
+    const size_t es = kernels::dtype_size(dt), w = static_cast<size_t>(group_->world);
+    staged(s, {send, n * es}, {recv, w * n * es, false}, [&](kernels::Stream& run, const void* in, void* out) {
+      enqueue(run, s, "all_gather", 1, n * w * es, dt, [in, out, n, dt](Group& g, Workspace& ws, uint64_t issue) {
+        gather_shards(g, ws, static_cast<const std::byte*>(in), static_cast<std::byte*>(out),
+                      Partition{n * static_cast<size_t>(g.world), g.world}, kernels::dtype_size(dt), g.tag(issue));
+      });
+    });
   }
   void do_reduce_scatter(const void* send, void* recv, size_t n, DType dt, kernels::Stream& s) override {
-    enqueue(s, "reduce_scatter", 1, n * group_->world * kernels::dtype_size(dt), dt,
-            [send, recv, n, dt](Group& g, Workspace& ws, uint64_t issue) {
-              exchange_and_sum(g, ws, static_cast<const std::byte*>(send), static_cast<std::byte*>(recv),
-                               Partition{n * static_cast<size_t>(g.world), g.world}, dt, g.tag(issue));
-            });
+    const size_t es = kernels::dtype_size(dt), w = static_cast<size_t>(group_->world);
+    staged(s, {send, w * n * es}, {recv, n * es, false}, [&](kernels::Stream& run, const void* in, void* out) {
+      enqueue(run, s, "reduce_scatter", 1, n * w * es, dt, [in, out, n, dt](Group& g, Workspace& ws, uint64_t issue) {
+        exchange_and_sum(g, ws, static_cast<const std::byte*>(in), static_cast<std::byte*>(out),
+                         Partition{n * static_cast<size_t>(g.world), g.world}, dt, g.tag(issue));
+      });
+    });
   }
   // all_reduce = reduce_scatter into this rank's shard of recv, then all_gather of the shards:
   // each element is still the rank-order sum, so the result equals reduce_scatter's bit for bit.
   void do_all_reduce(const void* send, void* recv, size_t n, DType dt, kernels::Stream& s) override {
-    enqueue(s, "all_reduce", 2, n * kernels::dtype_size(dt), dt, [send, recv, n, dt](Group& g, Workspace& ws, uint64_t issue) {
-      const Partition part{n, g.world};
-      const size_t es = kernels::dtype_size(dt);
-      auto* out = static_cast<std::byte*>(recv);
-      std::byte* mine = out + part.offset(g.rank) * es;
-      // Phase 1's sends read all of send; when send == recv, phase 2 overwrites it, so phase 1
-      // is complete (every request waited) before phase 2 posts a receive.
-      exchange_and_sum(g, ws, static_cast<const std::byte*>(send), mine, part, dt, g.tag(issue));
-      gather_shards(g, ws, mine, out, part, es, g.tag(issue + 1));
+    const size_t es = kernels::dtype_size(dt);
+    staged(s, {send, n * es}, {recv, n * es, false}, [&](kernels::Stream& run, const void* in, void* out_buf) {
+      enqueue(run, s, "all_reduce", 2, n * es, dt, [in, out_buf, n, dt](Group& g, Workspace& ws, uint64_t issue) {
+        const Partition part{n, g.world};
+        const size_t es = kernels::dtype_size(dt);
+        auto* out = static_cast<std::byte*>(out_buf);
+        std::byte* mine = out + part.offset(g.rank) * es;
+        // Phase 1's sends read all of send; when send == recv, phase 2 overwrites it, so phase 1
+        // is complete (every request waited) before phase 2 posts a receive.
+        exchange_and_sum(g, ws, static_cast<const std::byte*>(in), mine, part, dt, g.tag(issue));
+        gather_shards(g, ws, mine, out, part, es, g.tag(issue + 1));
+      });
     });
   }
   void do_broadcast(void* buf, size_t n, DType dt, int root, kernels::Stream& s) override {
-    enqueue(s, "broadcast", 1, n * kernels::dtype_size(dt), dt, [buf, n, dt, root](Group& g, Workspace& ws, uint64_t issue) {
-      const size_t bytes = n * kernels::dtype_size(dt);
-      Requests& rq = ws.direct;
-      if (g.rank == root) {
-        for (int j = 1; j < g.world; ++j) rq.send(buf, bytes, (root + j) % g.world, g.tag(issue), g.data.get());
-      } else {
-        rq.recv(buf, bytes, root, g.tag(issue), g.data.get());
-      }
-      rq.wait();
+    const size_t bytes = n * kernels::dtype_size(dt);
+    // (Staged: the root's buffer goes to host memory and comes back unchanged.)
+    staged(s, {nullptr, 0}, {buf, bytes, true}, [&](kernels::Stream& run, const void*, void* out) {
+      enqueue(run, s, "broadcast", 1, bytes, dt, [out, bytes, root](Group& g, Workspace& ws, uint64_t issue) {
+        Requests& rq = ws.direct;
+        if (g.rank == root) {
+          for (int j = 1; j < g.world; ++j) rq.send(out, bytes, (root + j) % g.world, g.tag(issue), g.data.get());
+        } else {
+          rq.recv(out, bytes, root, g.tag(issue), g.data.get());
+        }
+        rq.wait();
+      });
     });
   }
   // Dissemination barrier: in round d a rank signals rank+d and hears from rank-d; after
   // ceil(log2(world)) rounds every rank has (transitively) heard from every other.
   void do_barrier(kernels::Stream& s) override {
-    enqueue(s, "barrier", 1, 0, DType::f32, [](Group& g, Workspace& ws, uint64_t issue) {
-      static char token;
-      for (int d = 1; d < g.world; d *= 2) {
-        ws.direct.recv(&token, 0, (g.rank - d + g.world) % g.world, g.tag(issue), g.data.get());
-        ws.direct.send(&token, 0, (g.rank + d) % g.world, g.tag(issue), g.data.get());
-        ws.direct.wait();
-      }
+    staged(s, {nullptr, 0}, {nullptr, 0, false}, [&](kernels::Stream& run, const void*, void*) {
+      enqueue(run, s, "barrier", 1, 0, DType::f32, [](Group& g, Workspace& ws, uint64_t issue) {
+        static char token;
+        for (int d = 1; d < g.world; d *= 2) {
+          ws.direct.recv(&token, 0, (g.rank - d + g.world) % g.world, g.tag(issue), g.data.get());
+          ws.direct.send(&token, 0, (g.rank + d) % g.world, g.tag(issue), g.data.get());
+          ws.direct.wait();
+        }
+      });
     });
   }
 
   void do_send(const void* buf, size_t count, DType dt, int peer, kernels::Stream& s) override {
     const size_t bytes = count * kernels::dtype_size(dt);
     const int tag = group_->tag(group_->sends_to[static_cast<size_t>(peer)]++);
-    enqueue_p2p(s, "send", peer, bytes, dt, [buf, bytes, peer, tag](Group& g) {
-      const auto* p = static_cast<const std::byte*>(buf);
-      for (size_t done = 0; done < bytes; done += kMaxMessageBytes) {  // pieces keep their order (one tag)
-        const size_t n = std::min(kMaxMessageBytes, bytes - done);
-        check(MPI_Send(p + done, static_cast<int>(n), MPI_BYTE, peer, tag, g.p2p.get()), "MPI_Send",
-              "to rank " + std::to_string(peer) + ", " + std::to_string(n) + " bytes");
-      }
+    staged(s, {buf, bytes}, {nullptr, 0, false}, [&](kernels::Stream& run, const void* in, void*) {
+      enqueue_p2p(run, s, "send", peer, bytes, dt, [in, bytes, peer, tag](Group& g) {
+        const auto* p = static_cast<const std::byte*>(in);
+        for (size_t done = 0; done < bytes; done += kMaxMessageBytes) {  // pieces keep their order (one tag)
+          const size_t n = std::min(kMaxMessageBytes, bytes - done);
+          check(MPI_Send(p + done, static_cast<int>(n), MPI_BYTE, peer, tag, g.p2p.get()), "MPI_Send",
+                "to rank " + std::to_string(peer) + ", " + std::to_string(n) + " bytes");
+        }
+      });
     });
   }
   void do_recv(void* buf, size_t count, DType dt, int peer, kernels::Stream& s) override {
     const size_t bytes = count * kernels::dtype_size(dt);
     const int tag = group_->tag(group_->recvs_from[static_cast<size_t>(peer)]++);
-    enqueue_p2p(s, "recv", peer, bytes, dt, [buf, bytes, peer, tag](Group& g) {
-      auto* p = static_cast<std::byte*>(buf);
-      for (size_t done = 0; done < bytes; done += kMaxMessageBytes) {
-        const size_t n = std::min(kMaxMessageBytes, bytes - done);
-        check(MPI_Recv(p + done, static_cast<int>(n), MPI_BYTE, peer, tag, g.p2p.get(), MPI_STATUS_IGNORE),
-              "MPI_Recv", "from rank " + std::to_string(peer) + ", " + std::to_string(n) + " bytes");
-      }
+    staged(s, {nullptr, 0}, {buf, bytes, false}, [&](kernels::Stream& run, const void*, void* out) {
+      enqueue_p2p(run, s, "recv", peer, bytes, dt, [out, bytes, peer, tag](Group& g) {
+        auto* p = static_cast<std::byte*>(out);
+        for (size_t done = 0; done < bytes; done += kMaxMessageBytes) {
+          const size_t n = std::min(kMaxMessageBytes, bytes - done);
+          check(MPI_Recv(p + done, static_cast<int>(n), MPI_BYTE, peer, tag, g.p2p.get(), MPI_STATUS_IGNORE),
+                "MPI_Recv", "from rank " + std::to_string(peer) + ", " + std::to_string(n) + " bytes");
+        }
+      });
     });
   }
 
@@ -539,26 +605,27 @@ class MpiCommunicator final : public Communicator {
     const size_t es = kernels::dtype_size(dt), sb = send_count * es, rb = recv_count * es;
     const int stag = group_->tag(group_->sends_to[static_cast<size_t>(send_peer)]++);
     const int rtag = group_->tag(group_->recvs_from[static_cast<size_t>(recv_peer)]++);
-    enqueue_p2p(s, "send_recv", send_peer, sb + rb, dt,
-                [send_buf, sb, send_peer, stag, recv_buf, rb, recv_peer, rtag](Group& g) {
-                  std::vector<MPI_Request> rq;
-                  auto* rp = static_cast<std::byte*>(recv_buf);
-                  const auto* sp = static_cast<const std::byte*>(send_buf);
-                  for (size_t done = 0; done < rb; done += kMaxMessageBytes) {
-                    rq.emplace_back();
-                    check(MPI_Irecv(rp + done, static_cast<int>(std::min(kMaxMessageBytes, rb - done)), MPI_BYTE,
-                                    recv_peer, rtag, g.p2p.get(), &rq.back()),
-                          "MPI_Irecv", "from rank " + std::to_string(recv_peer));
-                  }
-                  for (size_t done = 0; done < sb; done += kMaxMessageBytes) {
-                    rq.emplace_back();
-                    check(MPI_Isend(sp + done, static_cast<int>(std::min(kMaxMessageBytes, sb - done)), MPI_BYTE,
-                                    send_peer, stag, g.p2p.get(), &rq.back()),
-                          "MPI_Isend", "to rank " + std::to_string(send_peer));
-                  }
-                  check(MPI_Waitall(static_cast<int>(rq.size()), rq.data(), MPI_STATUSES_IGNORE), "MPI_Waitall",
-                        "send_recv with ranks " + std::to_string(send_peer) + " and " + std::to_string(recv_peer));
-                });
+    staged(s, {send_buf, sb}, {recv_buf, rb, false}, [&](kernels::Stream& run, const void* in, void* out) {
+      enqueue_p2p(run, s, "send_recv", send_peer, sb + rb, dt, [in, sb, send_peer, stag, out, rb, recv_peer, rtag](Group& g) {
+        std::vector<MPI_Request> rq;
+        auto* rp = static_cast<std::byte*>(out);
+        const auto* sp = static_cast<const std::byte*>(in);
+        for (size_t done = 0; done < rb; done += kMaxMessageBytes) {
+          rq.emplace_back();
+          check(MPI_Irecv(rp + done, static_cast<int>(std::min(kMaxMessageBytes, rb - done)), MPI_BYTE, recv_peer,
+                          rtag, g.p2p.get(), &rq.back()),
+                "MPI_Irecv", "from rank " + std::to_string(recv_peer));
+        }
+        for (size_t done = 0; done < sb; done += kMaxMessageBytes) {
+          rq.emplace_back();
+          check(MPI_Isend(sp + done, static_cast<int>(std::min(kMaxMessageBytes, sb - done)), MPI_BYTE, send_peer,
+                          stag, g.p2p.get(), &rq.back()),
+                "MPI_Isend", "to rank " + std::to_string(send_peer));
+        }
+        check(MPI_Waitall(static_cast<int>(rq.size()), rq.data(), MPI_STATUSES_IGNORE), "MPI_Waitall",
+              "send_recv with ranks " + std::to_string(send_peer) + " and " + std::to_string(recv_peer));
+      });
+    });
   }
 
   void do_host_broadcast(void* bytes, size_t n_bytes, int root) override {
@@ -609,11 +676,14 @@ class MpiCommunicator final : public Communicator {
   // Numbers the collective in issue order (host thread), then runs `body` on the stream's
   // worker with a workspace from the pool. A transfer error poisons the workspace, marks the
   // group broken (later collectives fail at once instead of mismatching) and fails the stream.
+  // run: the stream whose worker runs it (the caller's, or its staging worker); s: the caller's,
+  // which its busy time is counted against.
   template <class Fn>
-  void enqueue(kernels::Stream& s, const char* call, int n_tags, size_t bytes, DType dt, Fn body) {
+  void enqueue(kernels::Stream& run, const kernels::Stream& s, const char* call, int n_tags, size_t bytes, DType dt,
+               Fn body) {
     const uint64_t issue = group_->issued.fetch_add(static_cast<uint64_t>(n_tags));
     submit(
-        s,
+        run, s,
         [issue, body](Group& g) {
           WorkspacePool::Lease lease(*g.pool, g.pool->acquire());
           try {
@@ -629,8 +699,9 @@ class MpiCommunicator final : public Communicator {
   // A send or recv on the stream's worker: as enqueue, but outside the collectives' numbering
   // (only two ranks take part) and without a workspace.
   template <class Fn>
-  void enqueue_p2p(kernels::Stream& s, const char* call, int peer, size_t bytes, DType dt, Fn body) {
-    submit(s, body, [call, peer, bytes, dt](const Group& g) {
+  void enqueue_p2p(kernels::Stream& run, const kernels::Stream& s, const char* call, int peer, size_t bytes, DType dt,
+                   Fn body) {
+    submit(run, s, body, [call, peer, bytes, dt](const Group& g) {
       return std::string(call) + " of " + std::to_string(bytes) + " bytes (" + std::string(kernels::dtype_name(dt)) +
              ") with rank " + std::to_string(peer) + " of " + std::to_string(g.world);
     });
@@ -639,11 +710,11 @@ class MpiCommunicator final : public Communicator {
   // Runs body(group) on the stream's worker, timed as the stream's busy time; an error marks the
   // group broken with what(group) and fails the stream.
   template <class Fn, class What>
-  void submit(kernels::Stream& s, Fn body, What what) {
+  void submit(kernels::Stream& run, const kernels::Stream& s, Fn body, What what) {
     group_->fail_fast();
     auto ticket = std::make_shared<Ticket>(group_, tracker_);
     const kernels::Stream* sp = &s;
-    s.host_fn([ticket, body, what, sp] {
+    run.host_fn([ticket, body, what, sp] {
       Group& g = *ticket->group;
       g.fail_fast();
       const auto t0 = std::chrono::steady_clock::now();
@@ -658,8 +729,60 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  // A collective's device memory: `in` is copied to host memory before it runs, `out` back
+  // after (load: its old contents copied in first, as a broadcast's root needs).
+  struct In {
+    const void* p;
+    size_t bytes;
+  };
+  struct Out {
+    void* p;
+    size_t bytes;
+    bool load;
+  };
+  // Enqueues the collective through run(stream, in, out): on s itself with the caller's buffers
+  // where s is a CPU stream, else staged (above).
+  // Host buffers given with a device stream (a save's gathers) are used as they are, on the
+  // worker, in the stream's order: a host-to-host cudaMemcpyAsync would run at once, not in order.
+  template <class Run>
+  void staged(kernels::Stream& s, In in, Out out, Run run) {
+    const bool forced = staging_forced();
+    if (s.runtime().info().backend == kernels::Backend::cpu && !forced) return run(s, in.p, out.p);
+    const auto device = [&](const void* p, size_t bytes) { return bytes > 0 && (forced || s.runtime().device_memory(p)); };
+    const bool stage_in = device(in.p, in.bytes), stage_out = device(out.p, out.bytes);
+    Stager& st = stager(s);
+    const size_t in_at = 0, out_at = stage_in ? (in.bytes + 4095) / 4096 * 4096 : 0;
+    std::byte* host = stage_in || stage_out ? static_cast<std::byte*>(s.host_staging(out_at + (stage_out ? out.bytes : 0)))
+                                            : nullptr;
+    if (stage_in) s.memcpy_async(host + in_at, in.p, in.bytes);
+    if (stage_out && out.load) s.memcpy_async(host + out_at, out.p, out.bytes);
+    auto gate = std::make_shared<Gate>();
+    auto key = std::make_shared<GateKey>(gate);
+    s.host_fn([key] { key->turned = true; });  // (destroyed after: opens the gate)
+    key.reset();
+    st.worker->host_fn([gate] { gate->wait(); });
+    run(*st.worker, stage_in ? host + in_at : in.p, stage_out ? host + out_at : out.p);
+    st.worker->record(*st.done);
+    s.wait(*st.done);
+    if (stage_out) s.memcpy_async(out.p, host + out_at, out.bytes);
+  }
+  struct Stager {
+    std::unique_ptr<kernels::Stream> worker;  // of cpu_
+    std::unique_ptr<kernels::Event> done;     // of cpu_: the collective ran
+  };
+  Stager& stager(const kernels::Stream& s) {
+    if (!cpu_) cpu_ = kernels::make_runtime(kernels::Backend::cpu);
+    Stager& st = stagers_[&s];
+    if (!st.worker) st.worker = cpu_->create_stream(), st.done = cpu_->create_event();
+    return st;
+  }
+
   std::shared_ptr<Group> group_;
   std::shared_ptr<Tracker> tracker_;
+  // Staging workers (declared last: destroyed first, each stream's queue drained, then their
+  // runtime). Keyed by the caller's stream, which must outlive its collectives' completion.
+  std::unique_ptr<kernels::Runtime> cpu_;
+  std::map<const kernels::Stream*, Stager> stagers_;
 };
 
 }  // namespace

@@ -310,7 +310,9 @@ void Trainer::print_header(std::FILE* out) const {
   }
   if (m.sh.world > 1)
     fmt::print(out, "  {}{} ({}), ZeRO stage {}: {}\n", m.tp().on() || m.pp().on() ? "replicas   " : "ranks      ", m.sh.world,
-               comm_backend_name(m.comm->backend()),
+               m.comm->backend() == CommBackend::mpi && m.backend == kernels::Backend::cuda
+                   ? "mpi, GPU buffers staged through pinned host memory"
+                   : std::string(comm_backend_name(m.comm->backend())),
                m.sh.stage,
                m.sh.stage == 0   ? "grads all-reduced, every rank holds everything"
                : m.sh.stage == 1 ? "master weights and AdamW state sharded, grads all-reduced"

@@ -112,8 +112,11 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   // Runtime, model, the tiered memory of its blocks (budgets checked before anything big is
   // allocated), then the weights, written unit by unit to their tiers.
   if (m.backend == kernels::Backend::cpu) kernels::cpu::set_num_threads(o.threads);
-  // (nccl: one GPU per rank, the one its communicator was made on)
-  m.rt = kernels::make_runtime(m.backend, m.comm->backend() == CommBackend::nccl ? m.comm->local_rank() : 0);
+  // (nccl: one GPU per rank, the one its communicator was made on; mpi on cuda: the node's ranks
+  // spread over its GPUs, several to a GPU)
+  const int gpus = m.backend == kernels::Backend::cuda ? std::max(1, kernels::cuda_device_count()) : 1;
+  m.rt = kernels::make_runtime(m.backend, m.comm->backend() == CommBackend::nccl ? m.comm->local_rank()
+                                                                                 : m.comm->local_rank() % gpus);
   m.stream = m.rt->create_stream();
   // Collectives get a stream of their own, so they overlap compute (StepDriver).
   // (pipeline parallel: the point-to-point transfers too)

@@ -305,6 +305,26 @@ TEST_F(ZeroCli, TwinFlowIsBitwiseAcrossStages) {
   }
 }
 
+// Collectives staged through host memory on worker streams, as a GPU's device buffers are when
+// ranks share a GPU (the mpi communicator on --backend cuda; STRATA_TEST_STAGED_COMM stages the
+// CPU backend's streams the same way): every ZeRO stage, the pipeline's point-to-point
+// transfers and tensor parallelism's collectives on the compute stream give bitwise the
+// unstaged runs, under random stream delays too.
+TEST_F(ZeroCli, StagedCollectivesAreBitwiseTheDirectOnes) {
+  for (const std::string grid : {"3", "0", "pp", "tp"}) {
+    Outcome ref;
+    for (const bool stage : {false, true}) {
+      const std::string tag = "staged_" + grid + (stage ? "_on" : "_off");
+      std::string args = tiny(2, 3) + outputs(tag) + " --grad-accum 2";
+      args += grid == "pp" ? " --pp 2" : grid == "tp" ? " --tp 2" : " --zero-stage " + grid;
+      const std::string env = stage ? "STRATA_TEST_STAGED_COMM=1 STRATA_TEST_STREAM_JITTER_US=200" : "";
+      CliResult r = run(2, args, env, tag);
+      ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
+      expect_as_first(tag, outcome(tag), ref, "the direct run");
+    }
+  }
+}
+
 // LoRA across ranks: the frozen base replicated (stages 0-2) or sharded and gathered per layer
 // beside the layer's adapters (3), the adapters' grads all-reduced (stages 0-1) or
 // reduce-scattered (2-3), their AdamW state sharded (1-3): bitwise the same run at every stage,

@@ -530,6 +530,73 @@ int run_failing(Env& e, const std::string& mode, int bad) {
 
 }  // namespace
 
+// Device buffers on a CUDA stream, where a GPU is visible (every rank of the job on it, or the
+// node's GPUs shared): the mpi communicator stages them through pinned host memory and runs the
+// collectives on worker streams of its own (src/comm/mpi.cpp). The same results, bit for bit, as
+// host buffers on a CPU stream; host buffers given with the CUDA stream too. Skipped without a GPU.
+void test_device_buffers(Env& e) {
+  Communicator& c = e.comm;
+  if (!kernels::cuda_available()) {
+    if (c.rank() == 0) std::printf("comm_mpi_test: device_buffers skipped: no CUDA device visible\n");
+    return;
+  }
+  const int world = c.world(), me = c.rank();
+  auto rt = kernels::make_runtime(kernels::Backend::cuda, c.local_rank() % kernels::cuda_device_count());
+  auto s = rt->create_stream();
+  for (DType t : {DType::f32, DType::bf16}) {
+    const size_t n = 70001, es = kernels::dtype_size(t), bytes = n * es;
+    const std::string what = " of device buffers " + dt(t);
+    std::vector<std::byte> host(bytes * world), got(bytes * world);
+    kernels::DeviceBuffer in(*rt, bytes * world), out(*rt, bytes * world);
+    const auto upload = [&](size_t b) {
+      s->memcpy_async(in.data(), host.data(), b);
+      s->synchronize();
+    };
+    const auto download = [&](const void* d, size_t b) {
+      s->memcpy_async(got.data(), d, b);
+      s->synchronize();
+    };
+    // all_reduce, out of place and in place
+    fill(host.data(), t, n, me, 0);
+    upload(bytes);
+    c.all_reduce(in.data(), out.data(), n, t, *s);
+    download(out.data(), bytes);
+    expect_bytes(got.data(), expected_sums(t, 0, n, all_ranks(world)).data(), bytes, "all_reduce" + what);
+    c.all_reduce(in.data(), in.data(), n, t, *s);
+    download(in.data(), bytes);
+    expect_bytes(got.data(), expected_sums(t, 0, n, all_ranks(world)).data(), bytes, "in-place all_reduce" + what);
+    // reduce_scatter: world shards of n, this rank's summed
+    fill(host.data(), t, n * world, me, 0);
+    upload(bytes * world);
+    c.reduce_scatter(in.data(), out.data(), n, t, *s);
+    download(out.data(), bytes);
+    expect_bytes(got.data(), expected_sums(t, static_cast<size_t>(me) * n, n, all_ranks(world)).data(), bytes,
+                 "reduce_scatter" + what);
+    // all_gather
+    fill(host.data(), t, n, me, 0);
+    upload(bytes);
+    c.all_gather(in.data(), out.data(), n, t, *s);
+    download(out.data(), bytes * world);
+    std::vector<std::byte> want(bytes * world);
+    for (int k = 0; k < world; ++k) fill(want.data() + static_cast<size_t>(k) * bytes, t, n, k, 0);
+    expect_bytes(got.data(), want.data(), want.size(), "all_gather" + what);
+    // broadcast from the last rank
+    fill(host.data(), t, n, me, 0);
+    upload(bytes);
+    c.broadcast(in.data(), n, t, world - 1, *s);
+    download(in.data(), bytes);
+    fill(want.data(), t, n, world - 1, 0);
+    expect_bytes(got.data(), want.data(), bytes, "broadcast" + what);
+    // host buffers with the CUDA stream (a save's gathers): used in place, in the stream's order
+    fill(host.data(), t, n, me, 0);
+    c.all_reduce(host.data(), got.data(), n, t, *s);
+    s->synchronize();
+    expect_bytes(got.data(), expected_sums(t, 0, n, all_ranks(world)).data(), bytes, "all_reduce of host buffers " + dt(t));
+  }
+  c.barrier(*s);
+  s->synchronize();
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const int bad = argc > 2 ? std::atoi(argv[2]) : 1;
@@ -562,6 +629,7 @@ int main(int argc, char** argv) {
         {"send_recv", [&] { test_send_recv(e); }},
         {"host_plane", [&] { test_host_plane(e); }},
         {"bad_arguments", [&] { test_bad_arguments(e); }},
+        {"device_buffers", [&] { test_device_buffers(e); }},
     };
     for (const auto& [name, fn] : tests) {
       const auto t0 = Clock::now();

@@ -346,15 +346,18 @@ TEST(CommLaunch, PlainProcessGetsLocalAndNeverInitialisesMpi) {
 
 // A build without NCCL refuses a multi-rank cuda job before touching MPI. (With NCCL such a job
 // makes its NCCL communicator over MPI: tests/comm/test_nccl.cpp, on a GPU.)
-TEST(CommLaunch, CudaWithSeveralRanksNeedsNccl) {
-  if (comm_detail::nccl_built()) GTEST_SKIP() << "this strata has NCCL: a multi-rank cuda job uses it";
+// A multi-rank cuda job where no GPU is visible (or CUDA was not built) is refused before MPI
+// starts, naming the rank and the fix.
+TEST(CommLaunch, CudaWithSeveralRanksNeedsAGpu) {
+  if (kernels::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible: a multi-rank cuda job would start";
   without_launcher([] {
     ScopedEnv w("OMPI_COMM_WORLD_SIZE", "2"), r("OMPI_COMM_WORLD_RANK", "1");
     try {
       make_communicator(kernels::Backend::cuda);
       ADD_FAILURE() << "no error";
     } catch (const std::runtime_error& e) {
-      EXPECT_NE(std::string(e.what()).find("NCCL"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("no CUDA device is visible"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--backend cpu"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("rank 1 of 2"), std::string::npos) << e.what();
     }
     EXPECT_FALSE(comm_mpi_active());
