@@ -32,16 +32,6 @@ bool cuda_available() {
 #endif
 }
 
-int cuda_device_count() {
-#ifdef STRATA_HAVE_CUDA
-  return cuda::device_count();
-#else
-  return 0;
-#endif
-}
-
-Stream::~Stream() { release_host_staging(); }
-
 void* Stream::host_staging(size_t bytes) {
   if (bytes <= staging_bytes_) return staging_;
   synchronize();  // the old memory's users are done
@@ -53,12 +43,6 @@ void* Stream::host_staging(size_t bytes) {
   staging_ = staging_rt_->alloc_pinned(want);
   staging_bytes_ = want;
   return staging_;
-}
-
-void Stream::release_host_staging() noexcept {
-  if (staging_) staging_rt_->free_pinned(staging_);
-  staging_ = nullptr;
-  staging_bytes_ = 0;
 }
 
 // Both backends implement the whole op set (the CUDA one is kernels/cuda/*.cu).

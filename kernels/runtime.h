@@ -73,7 +73,9 @@ class EventPoint {
 // enqueued still runs).
 class Stream {
  public:
-  virtual ~Stream();  // (a backend's destructor ends its work first; then the staging memory goes)
+  // (A backend's destructor ends its work first; then the staging memory goes. Inline: the
+  // class keeps no key function, as the fuzz targets link no runtime.cpp.)
+  virtual ~Stream() { release_host_staging(); }
   virtual Runtime& runtime() const = 0;  // the runtime that created it (its events may be recorded here)
   // e completes when all work enqueued so far has; e must come from this stream's runtime (the
   // same Runtime object, not only the same backend: std::invalid_argument otherwise).
@@ -107,7 +109,7 @@ class Stream {
   void* host_staging(size_t bytes);
 
  private:
-  void release_host_staging() noexcept;
+  inline void release_host_staging() noexcept;
   Runtime* staging_rt_ = nullptr;  // what allocated it (runtime() is not callable in ~Stream)
   void* staging_ = nullptr;
   size_t staging_bytes_ = 0;
@@ -130,6 +132,12 @@ class Runtime {
   virtual std::unique_ptr<Event> create_event() = 0;
   virtual Ops& ops() = 0;  // the op set for this backend
 };
+
+inline void Stream::release_host_staging() noexcept {
+  if (staging_) staging_rt_->free_pinned(staging_);
+  staging_ = nullptr;
+  staging_bytes_ = 0;
+}
 
 // Creates the runtime for backend b, device index `device`. CUDA: throws when strata was built
 // without CUDA or no device is present (message says which).
