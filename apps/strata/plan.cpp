@@ -438,6 +438,7 @@ AutoPick choose_placement(const PlanOptions& po, Predictor& pred) {
   a.search = search_placements(candidates, b, [&](const PlacementChoice& c) {
     TrainOptions oc = o;
     c.apply(oc);
+    if (oc.offload_optimizer == "none") oc.optimizer_on_device = "0";  // (a split needs the optimizer off the device)
     oc.device_mem = std::to_string(b.device);
     oc.host_mem = std::to_string(b.host);
     const RunPlan p = plan_run(oc, /*minimums=*/false, po.world);
@@ -449,6 +450,7 @@ AutoPick choose_placement(const PlanOptions& po, Predictor& pred) {
   const RankedCandidate& best = a.search.fitting.front();
   a.resolved = o;
   best.choice.apply(a.resolved);
+  if (a.resolved.offload_optimizer == "none") a.resolved.optimizer_on_device = "0";
   // The budgets the pick was predicted under: a run without them would size its pools by itself.
   // (An empty pool stays unset: the run sizes it to nothing by itself.)
   if (o.device_mem.empty() && best.cost.device_bytes > 0) a.resolved.device_mem = std::to_string(best.cost.device_bytes);
@@ -473,6 +475,7 @@ std::string choice_line(const RankedCandidate& c) {
 // The model's config and adapters (no placement changes them), from the all-resident plan.
 RunPlan placement_free_plan(TrainOptions o, int world) {
   PlacementChoice{"none", "none", "none", "none", "none"}.apply(o);
+  o.optimizer_on_device = "0";
   o.device_mem.clear();
   o.host_mem.clear();
   return plan_run(o, /*minimums=*/false, world);
