@@ -210,9 +210,9 @@ struct Prediction {
   StepFloor f;
   double adam_rate = 0, gflops = 0, pcie_ms = 0, window_ms = 0, compute_and_update = 0;
   // Twin-Flow (--optimizer-on-device): AdamW's parts on the CPU and on the device.
-  double adamw_cpu_ms = 0, adamw_device_ms = 0;
+  double adamw_cpu_ms = 0, adamw_device_ms = 0, device_params = 0;
   double window_compute_ms = 0;  // the compute AdamW runs beside (the first forward, or the last backward)
-  bool twin = false;
+  bool twin() const { return adamw_device_ms > 0; }
   std::array<double, offload::kNumLinks> link_gbs{};  // GB/s per link (0: not known)
   io::Bandwidth bw{};
   bool split = false, replayed = false, has_barrier = false, barred = false;
@@ -300,7 +300,7 @@ class Predictor {
     // (LoRA: the adapters.) Twin-Flow: the CPU's part at its rate, the device's at its.
     r.adamw_device_ms = adam_on_cpu && n_dev > 0 ? n_dev / adam_rate(false, model) * 1e3 : 0;
     r.adamw_cpu_ms = adam_on_cpu ? (n_train - n_dev) / r.adam_rate * 1e3 : 0;
-    r.twin = r.adamw_device_ms > 0;
+    r.device_params = n_dev;
     f.adamw_ms = adam_on_cpu ? r.adamw_cpu_ms + r.adamw_device_ms : n_train / r.adam_rate * 1e3;
     for (size_t l = 0; l < r.link_gbs.size(); ++l)
       f.link_ms[l] = r.link_gbs[l] > 0 ? static_cast<double>(mp.link_bytes[l]) / (r.link_gbs[l] * 1e9) * 1e3 : 0;
@@ -652,6 +652,20 @@ int run_plan(const PlanOptions& po) {
   const bool split = r.split, replayed = r.replayed, has_barrier = r.has_barrier, barred = r.barred;
   const offload::StepTimeline& tl = r.tl;
   const BarrierBound& barrier = r.barrier;
+  // Each phase's achieved rate (its FLOPs over its probed or modeled time), for --json and the
+  // phases line; its share of the device's peak where that is known.
+  struct PhaseRate {
+    const char* key;
+    const char* label;
+    double ms, flops_per_s;
+  };
+  const PhaseFlops pf = phase_flops(model);
+  const auto at = [](double flops, double ms) { return ms > 0 ? flops / (ms * 1e-3) : 0.0; };
+  const PhaseRate phase_rates[] = {
+      {"block_forward", "block forward", phases.block_forward_ms, at(pf.block_forward, phases.block_forward_ms)},
+      {"block_backward", "block backward", phases.block_backward_ms, at(pf.block_backward, phases.block_backward_ms)},
+      {"edge", "head fwd+bwd", phases.edge_ms, at(pf.edge, phases.edge_ms)}};
+  const double peak = pred.device_peak_flops();
 
   if (po.json) {
     nlohmann::json j;
@@ -749,24 +763,15 @@ int run_plan(const PlanOptions& po) {
     j["adamw_cpu_ms"] = r.adamw_cpu_ms;
     j["adamw_device_ms"] = r.adamw_device_ms;
     j["adamw_window_compute_ms"] = r.window_compute_ms;
-    {  // each phase's achieved rate, and its share of the device's peak where known
-      const PhaseFlops pf = phase_flops(model);
-      const double peak = pred.device_peak_flops();
-      const std::pair<const char*, std::pair<double, double>> rows[] = {
-          {"block_forward", {pf.block_forward, phases.block_forward_ms}},
-          {"block_backward", {pf.block_backward, phases.block_backward_ms}},
-          {"edge", {pf.edge, phases.edge_ms}}};
-      nlohmann::json rate, share;
-      for (const auto& [name, fm] : rows) {
-        const double flops_per_s = fm.second > 0 ? fm.first / (fm.second * 1e-3) : 0;
-        rate[name] = flops_per_s / 1e12;
-        if (peak > 0) share[name] = flops_per_s / peak;
-      }
-      j["phase_tflops"] = rate;
-      if (peak > 0) {
-        j["phase_peak_fraction"] = share;
-        j["device_peak_tflops"] = peak / 1e12;
-      }
+    nlohmann::json rate, share;  // each phase's achieved rate, and its share of the peak where known
+    for (const PhaseRate& ph : phase_rates) {
+      rate[ph.key] = ph.flops_per_s / 1e12;
+      if (peak > 0) share[ph.key] = ph.flops_per_s / peak;
+    }
+    j["phase_tflops"] = rate;
+    if (peak > 0) {
+      j["phase_peak_fraction"] = share;
+      j["device_peak_tflops"] = peak / 1e12;
     }
     if (twin) {
       nlohmann::json rows = nlohmann::json::array();
@@ -844,7 +849,7 @@ int run_plan(const PlanOptions& po) {
                peak_flops * kModeledMfu / 1e12, gpu->mem_gib, gpu->pcie_gbs,
                gpu->hbm_gbs > 0 ? fmt::format("{:.4g} GB/s x {:.0f}%", gpu->hbm_gbs, kModeledHbmEfficiency * 100)
                                 : std::string("not given"),
-               r.twin ? "AdamW runs partly on the GPU (--optimizer-on-device), modeled at its memory bandwidth, "
+               r.twin() ? "AdamW runs partly on the GPU (--optimizer-on-device), modeled at its memory bandwidth, "
                         "and partly on the CPU: the CPU's rate, and the disk's, are this machine's."
                : adam_on_cpu ? "AdamW runs on the CPU: its rate, and the disk's, are this machine's."
                            : "AdamW runs on the GPU, modeled at its memory bandwidth; the disk's rate is this machine's.");
@@ -858,16 +863,12 @@ int run_plan(const PlanOptions& po) {
     fmt::print("compute: the phases timed on a one-block copy at the model's shape{} ({:.4g} GFLOP a micro-batch)\n",
                p.tp > 1 ? " (one tp rank's part, its collectives not run)" : "", shape.model_gflop);
   {  // Per phase: time, achieved rate and, where the device's peak is known, the share of it.
-    const PhaseFlops pf = phase_flops(model);
-    const double peak = pred.device_peak_flops();
-    const auto phase = [&](const char* name, double flops, double ms) {
-      const double rate = ms > 0 ? flops / (ms * 1e-3) : 0;
-      return fmt::format("{} {:.3g} ms ({:.4g} TFLOP/s{})", name, ms, rate / 1e12,
-                         peak > 0 ? fmt::format(", {:.1f}% of peak", 100 * rate / peak) : std::string());
-    };
-    fmt::print("phases: {}; {}; {}{}\n", phase("block forward", pf.block_forward, phases.block_forward_ms),
-               phase("block backward", pf.block_backward, phases.block_backward_ms),
-               phase("head fwd+bwd", pf.edge, phases.edge_ms),
+    std::string line;
+    for (const PhaseRate& ph : phase_rates)
+      line += fmt::format("{}{} {:.3g} ms ({:.4g} TFLOP/s{})", line.empty() ? "" : "; ", ph.label, ph.ms,
+                          ph.flops_per_s / 1e12,
+                          peak > 0 ? fmt::format(", {:.1f}% of peak", 100 * ph.flops_per_s / peak) : std::string());
+    fmt::print("phases: {}{}\n", line,
                peak > 0 ? fmt::format(" (peak {:.4g} TFLOP/s dense {}{})", peak / 1e12, dt == DType::f32 ? "fp32" : "bf16",
                                       gpu ? ", modeled" : "")
                         : std::string());
@@ -894,8 +895,8 @@ int run_plan(const PlanOptions& po) {
              fmt::format("{:.0f} GFLOP/s", gflops), fmt::format("{:.0f} ms", f.compute_ms));
   const int64_t updated = p.pp > 1 ? *std::max_element(p.stage_params.begin(), p.stage_params.end())  // the largest stage's
                                    : model.n_trainable_params();
-  if (r.twin) {  // Twin-Flow: the two parts side by side
-    const double on_dev = twin_device_params(model, o);
+  if (r.twin()) {  // Twin-Flow: the two parts side by side
+    const double on_dev = r.device_params;
     fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "adamw cpu", fmt::format("{:.0f} params", static_cast<double>(updated) - on_dev),
                fmt::format("{:.3g} G/s", adam_rate / 1e9), fmt::format("{:.0f} ms", r.adamw_cpu_ms));
     fmt::print("{:<14}{:>14}{:>16}{:>12}\n", "adamw device", fmt::format("{:.0f} params", on_dev),

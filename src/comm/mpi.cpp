@@ -438,7 +438,9 @@ std::string describe(const char* call, uint64_t issue, const Group& g, size_t by
 //   user stream:  copy the inputs to its staging memory; open the gate; wait for `done`; copy
 //                 the results back;
 //   worker:       wait at the gate; the collective, as on a CPU stream; record `done`.
-// The gate is opened by a host function of the user stream that only flags it. A failed user
+// The gate is opened by a host function of the user stream that only flags it (not an event of
+// the user's runtime, which the worker could wait on: the communicator outlives that runtime, so
+// it keeps none of its objects). A failed user
 // stream skips its host functions, destroying them unrun: the gate then opens as cancelled and
 // the worker fails the collective instead of waiting forever (the job is going down).
 // STRATA_TEST_STAGED_COMM=1 stages CPU streams too, so the CPU tests drive this path.

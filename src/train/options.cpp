@@ -201,8 +201,6 @@ namespace {
 std::string flag_value(double v) { return fmt::format("{:g}", v); }
 }  // namespace
 
-// Non-finite, negative or absurd values are one-line errors naming the flag (a NaN learning rate
-// trains to NaN weights; a product of sizes that overflows divides by zero later).
 double parse_optimizer_on_device(const std::string& v) {
   size_t used = 0;
   double f = -1;
@@ -218,6 +216,8 @@ double parse_optimizer_on_device(const std::string& v) {
   return f;
 }
 
+// Non-finite, negative or absurd values are one-line errors naming the flag (a NaN learning rate
+// trains to NaN weights; a product of sizes that overflows divides by zero later).
 void validate_options(const TrainOptions& o) {
   auto positive = [](int64_t v, const char* flag) {
     if (v <= 0) throw std::invalid_argument(std::string(flag) + " must be positive, got " + std::to_string(v));

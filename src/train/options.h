@@ -96,7 +96,8 @@ struct TrainOptions {
   int tp = 1;
   bool sequence_parallel = false;  // with tp: the residual stream split by rows too (Megatron-LM)
   // Pipeline parallelism: pp stages of contiguous layers (pp_layers: the layers per stage,
-  // "8,8,7,9"; empty = an even split), the step's grad_accum micro-batches in the 1F1B schedule;
+  // "8,8,7,9"; empty = the FLOP-balanced split, pipeline_split), the step's grad_accum
+  // micro-batches in the 1F1B schedule;
   // the world is tp × pp × the data-parallel replicas.
   int pp = 1;
   std::string pp_layers;

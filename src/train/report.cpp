@@ -343,7 +343,7 @@ void Trainer::print_header(std::FILE* out) const {
     for (const UnitEntry& e : ut) {
       if (!e.trainable) continue;
       all += e.numel;
-      if (!e.twin_on_device) continue;
+      if (e.master.home != offload::Tier::device) continue;
       on += e.numel;
       (first.empty() ? first : last) = e.name;
     }

@@ -492,9 +492,11 @@ kernels::Event* UnitLifecycle::update_unit(int u, const AdamWStep& st, bool appl
   if (restore && (!mem_.units().two_copies() || aliased))
     throw std::logic_error("UnitLifecycle: a restore needs the master apart from the weights (speculation)");
   const int next = u + static_cast<int>(mem_.units().size());
-  // AdamW next to the state: on the CPU's optimizer side, or (Twin-Flow) on the device's compute
-  // stream, in order with the kernels that read the weights.
-  const Side side = e.twin_on_device ? Side::compute : Side::optimizer;
+  // AdamW next to the state: state on the device (all of it, or Twin-Flow's units) updates on
+  // the compute stream, in order with the kernels that read the weights; state off it on the
+  // optimizer's side (the CPU, beside a GPU). (With the whole optimizer on the device the two
+  // sides are one stream.)
+  const Side side = e.master.home == offload::Tier::device ? Side::compute : Side::optimizer;
   const float* master_now = two ? static_cast<const float*>(mem_.acquire(Role::master, u, Mode::read, side)) : nullptr;
   const float* adam_now = two ? static_cast<const float*>(mem_.acquire(Role::adam, u, Mode::read, side)) : nullptr;
   const Mode own = restore ? Mode::read : two ? Mode::write : Mode::read_write;

@@ -64,8 +64,8 @@ UnitTable::UnitTable(const Transformer& model, const Placement& pl, const std::v
     if (model.stored_unit(static_cast<int>(u))) e.stored_bytes = model.stored_bytes(static_cast<int>(u));
     if (e.trainable) {
       e.master_is_weights = master_is_weights_;
-      e.twin_on_device = on_device[u];
-      e.master = span(sh_.sharded_optimizer(), e.twin_on_device ? offload::Tier::device : pl.optimizer);
+      // (Twin-Flow's units: the state on the device, and AdamW there: UnitLifecycle::update_unit.)
+      e.master = span(sh_.sharded_optimizer(), on_device[u] ? offload::Tier::device : pl.optimizer);
       e.adam = e.master;
       e.grads = span(sh_.sharded_grads(), pl.grads);
     }

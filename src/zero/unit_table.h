@@ -60,9 +60,6 @@ struct UnitEntry {
   // adam covers the master's elements; its block is laid out as adam_layout() says.
   UnitBlock params, master, adam, grads;  // params: the working weights
   bool master_is_weights = false;  // master and weights are one fp32 block (the weights')
-  // Twin-Flow (Placement::optimizer_on_device): the master and AdamW state stay on the device
-  // and AdamW runs there, though the optimizer's home is off it.
-  bool twin_on_device = false;
   // LoRA --base-dtype: the params block holds the weights' stored form, this many bytes
   // (Transformer::stored_unit); 0: the working dtype, params.n elements.
   uint64_t stored_bytes = 0;

@@ -13,6 +13,7 @@
 #include <regex>
 #include <string>
 #include <vector>
+#include <nlohmann/json.hpp>
 
 #include "src/checkpoint/hf.h"
 
@@ -72,6 +73,14 @@ inline CliResult run_strata(const std::filesystem::path& scratch, const std::str
                           o.string() + " 2>" + e.string();
   const int rc = std::system(cmd.c_str());
   return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
+}
+
+// Every line of a --metrics file, parsed.
+inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& p) {
+  std::vector<nlohmann::json> v;
+  std::ifstream f(p);
+  for (std::string line; std::getline(f, line);) v.push_back(nlohmann::json::parse(line));
+  return v;
 }
 
 // The bit-exact part of each --metrics line: step, loss, grad norm, lr, tokens (as printed,

@@ -74,12 +74,7 @@ class GridCli : public ::testing::Test {
     const int rc = std::system(cmd.c_str());
     return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
   }
-  std::vector<nlohmann::json> metrics(const std::string& tag) const {
-    std::vector<nlohmann::json> v;
-    std::ifstream f(dir_ / (tag + ".jsonl"));
-    for (std::string line; std::getline(f, line);) v.push_back(nlohmann::json::parse(line));
-    return v;
-  }
+  std::vector<nlohmann::json> metrics(const std::string& tag) const { return read_metrics(dir_ / (tag + ".jsonl")); }
   std::string losses(const std::string& tag) const {
     std::string s;
     for (const auto& j : metrics(tag)) s += j["loss"].dump() + " " + j["grad_norm"].dump() + "\n";

@@ -64,10 +64,7 @@ class SftCli : public ::testing::Test {
     return " --metrics " + (dir_ / (tag + ".jsonl")).string() + " --out " + (dir_ / tag).string() + " ";
   }
   std::vector<nlohmann::json> metrics(const std::string& tag) const {
-    std::vector<nlohmann::json> v;
-    std::ifstream f(dir_ / (tag + ".jsonl"));
-    for (std::string line; std::getline(f, line);) v.push_back(nlohmann::json::parse(line));
-    return v;
+    return strata::test::read_metrics(dir_ / (tag + ".jsonl"));
   }
   // The training steps' losses and norms exactly (lines with a loss), and the saved weights.
   std::string outcome(const std::string& tag) const {

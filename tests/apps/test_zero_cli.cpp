@@ -61,12 +61,7 @@ class ZeroCli : public ::testing::Test {
     return "train --model " + (dir_ / "tiny").string() + " --threads 1 --seq 32 --warmup 1 --steps " +
            std::to_string(steps) + " --lr " + lr + " --batch " + std::to_string(batch) + " ";
   }
-  static std::vector<nlohmann::json> metrics(const fs::path& p) {
-    std::vector<nlohmann::json> v;
-    std::ifstream f(p);
-    for (std::string line; std::getline(f, line);) v.push_back(nlohmann::json::parse(line));
-    return v;
-  }
+  static std::vector<nlohmann::json> metrics(const fs::path& p) { return strata::test::read_metrics(p); }
   // Run `tag`'s every step's loss and grad norm, exactly, and its saved weights, byte for byte.
   struct Outcome {
     std::string metrics, weights;
