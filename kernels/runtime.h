@@ -133,6 +133,16 @@ class Runtime {
   virtual Ops& ops() = 0;  // the op set for this backend
 };
 
+// Waits for everything queued on s and drops its error: for destructors, which must not free
+// what a stream still reads or writes, and have nothing to report (the failure that brought
+// them there already is being reported).
+inline void settle(Stream& s) noexcept {
+  try {
+    s.synchronize();
+  } catch (...) {  // the stream's error: already the caller's to report, or moot
+  }
+}
+
 inline void Stream::release_host_staging() noexcept {
   if (staging_) staging_rt_->free_pinned(staging_);
   staging_ = nullptr;

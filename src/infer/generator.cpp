@@ -149,6 +149,7 @@ Generator::Generator(const ModelConfig& cfg, DType dtype, kernels::Runtime& rt, 
 }
 
 Generator::~Generator() {
+  kernels::settle(s_);  // a failed read can leave kernels queued that use the buffers freed below
   if (mgr_) mgr_->drain();
 }
 

@@ -604,6 +604,11 @@ TieredMemory::TieredMemory(Transformer& model, kernels::Runtime& rt, kernels::St
 }
 
 TieredMemory::~TieredMemory() {
+  // A step that failed on the host (an NVMe read error, say) can leave the streams running
+  // ahead, with kernels queued that write into these pools: they finish first.
+  kernels::settle(compute_);
+  kernels::settle(opt_stream_);
+  if (comm_) kernels::settle(*comm_);
   if (mgr_) mgr_->drain();
 }
 

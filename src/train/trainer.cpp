@@ -184,7 +184,14 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.startup_s = ms_since(t_start) / 1e3;
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // A failed step can leave streams running ahead of the host (the error came from one of them,
+  // or from the host itself): they finish before the driver, the memory and the model they use
+  // are freed (Impl's members go in reverse order, the streams last).
+  if (!impl_) return;
+  for (kernels::Stream* s : {impl_->stream.get(), impl_->comm_stream.get(), impl_->cpu_stream.get()})
+    if (s) kernels::settle(*s);
+}
 
 const ModelConfig& Trainer::config() const { return impl_->cfg; }
 int64_t Trainer::n_params() const { return impl_->model->n_params(); }

@@ -72,10 +72,12 @@ class OffloadCli : public ::testing::Test {
   bool mounted_ = false;
 };
 
+// The jitter keeps the compute stream running ahead when the read fails on the host: the
+// streams must finish before the pools they write into are freed (it crashed there once).
 TEST_F(OffloadCli, ReadErrorMidRunIsOneLineAndKeepsOut) {
   const std::string before = save_earlier_model();
   const Result r = run("train " + nvme_args() + "--steps 4 --out " + (dir_ / "model").string(),
-                       "STRATA_FAULT=${STRATA_FAULT:+$STRATA_FAULT,}io-read:60");
+                       "STRATA_FAULT=${STRATA_FAULT:+$STRATA_FAULT,}io-read:60 STRATA_TEST_STREAM_JITTER_US=300");
   expect_one_line_error(r, "read ");
   EXPECT_NE(r.err.find("Input/output error"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("step 1/4"), std::string::npos) << "the fault should hit mid-run:\n" << r.out;
@@ -85,7 +87,7 @@ TEST_F(OffloadCli, ReadErrorMidRunIsOneLineAndKeepsOut) {
 TEST_F(OffloadCli, WriteErrorMidRunIsOneLineAndKeepsOut) {
   const std::string before = save_earlier_model();
   const Result r = run("train " + nvme_args() + "--steps 4 --out " + (dir_ / "model").string(),
-                       "STRATA_FAULT=${STRATA_FAULT:+$STRATA_FAULT,}io-write:60");
+                       "STRATA_FAULT=${STRATA_FAULT:+$STRATA_FAULT,}io-write:60 STRATA_TEST_STREAM_JITTER_US=300");
   EXPECT_NE(r.out.find("step 1/4"), std::string::npos) << "the fault should hit mid-run:\n" << r.out;
   expect_one_line_error(r, "write ");
   EXPECT_EQ(slurp(dir_ / "model" / "model.safetensors"), before);
