@@ -51,7 +51,7 @@ struct Group {
   size_t event;
   std::vector<PlanOp> ops;
   int64_t earliest = -1;  // issue after this event (-1: at the start of the step)
-  bool hoistable = true;  // allocations (write-only acquires) stay where they are
+  bool hoistable = true;
 };
 
 class Simulation {
@@ -160,30 +160,39 @@ class Simulation {
   // Cao et al.'s conservative prefetching: MIN's fetches, in MIN's order, each issued as soon as
   // its victims are no longer used before it and its bytes are final — so it moves what MIN
   // moves, only earlier. Stops at the first group that cannot go yet (order is kept).
+  // An allocation (a write-only acquire: speculation's second copies, a step's first grads) goes
+  // early the same way: its victims' write-backs then run ahead of the writer instead of in
+  // front of it, and the fetches after it in MIN's order are no longer held back until it.
   void hoist(int64_t i) {
     if (!opts_.prefetch) return;
     auto& ops = i < 0 ? plan_.start : plan_.after[static_cast<size_t>(i)];
     while (next_group_ < groups_.size()) {
       const Group& g = groups_[next_group_];
       if (!g.hoistable || g.earliest > i || static_cast<int64_t>(g.event) <= i) return;
-      const PlanOp& load = g.ops.back();
-      assert(load.kind == OpKind::load);
-      Tier t = load.tier;
-      const CopyInfo& c = r_.copy(load.block, t);
-      if (c.valid) {  // already there (placement differed from MIN's): nothing to do
+      const PlanOp& op = g.ops.back();
+      const bool load = op.kind == OpKind::load;
+      assert(load || op.kind == OpKind::alloc);
+      Tier t = op.tier;
+      const CopyInfo& c = r_.copy(op.block, t);
+      // Already there (placement differed from MIN's): nothing to do. (A write needs only room.)
+      if (load ? c.valid : c.present) {
         ++next_group_;
         continue;
       }
-      if (c.present || any_writer(load.block)) return;
+      if (c.present || any_writer(op.block)) return;
       std::vector<BlockId> victims = live_victims(g);
       Arena a = r_.arena(t);
       for (BlockId v : victims) a.free(r_.copy(v, t).offset, r_.block(v).bytes);
-      if (!a.can_alloc(r_.block(load.block).bytes)) return;  // placement differs: wait for the demand
+      if (!a.can_alloc(r_.block(op.block).bytes)) return;  // placement differs: wait for the demand
       evict_all(victims, t, ops);
-      count(r_.load(load.block, t));
-      ops.push_back(load);
-      r_.copy_mut(load.block, t).next_use = static_cast<int64_t>(g.event);
-      r_.copy_mut(load.block, t).next_overwrites = false;  // loaded to be read
+      if (load) {
+        count(r_.load(op.block, t));
+      } else {
+        r_.alloc(op.block, t);
+      }
+      ops.push_back(op);
+      r_.copy_mut(op.block, t).next_use = static_cast<int64_t>(g.event);
+      r_.copy_mut(op.block, t).next_overwrites = !load;  // loaded to be read, or allocated to be written
       ++next_group_;
     }
   }
@@ -206,7 +215,9 @@ class Simulation {
 };
 
 // MIN's demand points, with the earliest event after which each may be issued: after the last
-// use of every victim (on that tier) and after the last write of the block it loads.
+// use of every victim (on that tier), after the last write of the block it loads, and after
+// every earlier event of the block it allocates (so nothing touches that copy, which holds no
+// bytes yet, before its writer).
 std::vector<Group> min_groups(const Plan& min, const Schedule& s) {
   const auto& ev = s.events();
   std::vector<Group> groups;
@@ -219,7 +230,8 @@ std::vector<Group> min_groups(const Plan& min, const Schedule& s) {
       return int64_t{-1};
     };
     for (const PlanOp& op : g.ops) {
-      if (op.kind == OpKind::alloc) g.hoistable = false;
+      if (op.kind == OpKind::alloc)
+        g.earliest = std::max(g.earliest, last_before([&](const ScheduleEvent& e) { return e.block == op.block; }));
       if (op.kind == OpKind::evict)
         g.earliest = std::max(g.earliest, last_before([&](const ScheduleEvent& e) {
                                 return e.block == op.block && e.tier == op.tier;
@@ -229,7 +241,7 @@ std::vector<Group> min_groups(const Plan& min, const Schedule& s) {
                                 return e.block == op.block && writes(e.mode);
                               }));
     }
-    if (g.ops.back().kind != OpKind::load) g.hoistable = false;
+    if (g.ops.back().kind == OpKind::evict) g.hoistable = false;
     groups.push_back(std::move(g));
   }
   return groups;

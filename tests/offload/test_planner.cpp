@@ -220,3 +220,37 @@ TEST(Planner, SuccessorKeepsTheCopyTheNextStepReads) {
   bad.set_successor({0, 1});
   EXPECT_THROW(bad.validate(3), std::invalid_argument);
 }
+
+// A write-only acquire (speculation's second copy, a step's first gradients) needs only room.
+// Prefetching issues it early like a fetch: its victim's write-back then runs ahead of the
+// writer, and a fetch after it in MIN's order is no longer held back until the writer arrives
+// (it was: allocations stayed at their demand and every later fetch waited behind them).
+TEST(Planner, AllocationGoesEarlyAndDoesNotHoldBackLaterFetches) {
+  Residency r = blocks_on_host({kAlign, kAlign, kAlign, kAlign}, 2 * kAlign);
+  Schedule s;
+  s.use(0, Tier::device, Mode::read);                        // A
+  s.use(1, Tier::device, Mode::read);                        // B, not read again this step
+  const size_t c = s.acquire(2, Tier::device, Mode::write);  // C written whole: MIN evicts B
+  s.release(c);
+  const size_t d = s.acquire(3, Tier::device, Mode::read);  // D: MIN evicts A (read later than C)
+  s.release(d);
+  s.use(2, Tier::device, Mode::read);
+  s.use(0, Tier::device, Mode::read);
+  s.validate(4);
+  const Plan min = simulate(r, s, {Policy::belady, false});
+  const Plan pre = simulate(r, s, {Policy::belady, true});
+  EXPECT_EQ(pre.bytes_moved(), min.bytes_moved());  // the same moves, earlier
+  const PlanOp alloc{OpKind::alloc, 2, Tier::device}, load{OpKind::load, 3, Tier::device};
+  ASSERT_FALSE(min.before[c].empty());
+  EXPECT_EQ(min.before[c].back(), alloc);
+  EXPECT_TRUE(pre.before[c].empty()) << "the allocation waited for its writer";
+  // Both go once their victims are spent (B's last use, then A's), before C's writer arrives.
+  bool alloc_early = false, load_early = false;
+  for (size_t i = 0; i < c; ++i)
+    for (const PlanOp& op : pre.after[i]) {
+      alloc_early = alloc_early || op == alloc;
+      load_early = load_early || op == load;
+    }
+  EXPECT_TRUE(alloc_early);
+  EXPECT_TRUE(load_early) << "the fetch after the allocation was held back until its writer";
+}
