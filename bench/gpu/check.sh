@@ -7,8 +7,9 @@
 #     placements (optimizer in pinned host RAM, everything on NVMe with checkpointing, a tight
 #     device budget, grad accumulation 2) must give losses and grad norms BITWISE equal to the
 #     resident GPU run, in bf16 and fp32; a resume from a step-2 checkpoint must too; 2 ranks
-#     sharing the GPU (mpirun, where the machine has it) at ZeRO stages 0-3 bitwise equal to each
-#     other; and the GPU run is compared with the CPU backend's (close, not bitwise);
+#     sharing the GPU (mpirun: the machine's, else the PREBUILT tarball's) at ZeRO stages 0-3
+#     bitwise equal to each other; and the GPU run is compared with the CPU backend's (close,
+#     not bitwise);
 #  3. `strata bench ops --backend cuda`;
 #  4. the 1B model resident, with the optimizer in host RAM, split by Twin-Flow
 #     (--optimizer-on-device auto under 34 GiB), and under a 24 GiB device budget (optimizer and
@@ -60,10 +61,18 @@ if [ -n "${PREBUILT:-}" ]; then
     CUDA_LIBS="$CUDA_LIBS:$(dirname "$f")"
   done
   for f in $(find /opt /usr -name 'libcudart.so.13' 2>/dev/null | head -2); do CUDA_LIBS="$CUDA_LIBS:$(dirname "$f")"; done
+  # NCCL (the strata of a build with NCCL loads it): the toolkit's, else the nvidia-nccl wheel's.
+  ldconfig -p | grep -q 'libnccl\.so\.2 ' ||
+    for f in $(find /opt /usr -name 'libnccl.so.2' 2>/dev/null | head -2); do CUDA_LIBS="$CUDA_LIBS:$(dirname "$f")"; done
   export LD_LIBRARY_PATH="/tmp/sg/lib$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" > "$OUT/libs.log"
   ldd "$BIN/strata" "$BIN/test_kernels" >> "$OUT/libs.log" 2>&1
   if grep -q "not found" "$OUT/libs.log"; then echo "missing libraries:"; grep "not found" "$OUT/libs.log" | sort -u; fi
+  # No mpirun here: the tarball's OpenMPI (bench/gpu/pack_ompi.sh), for the 2-rank checks.
+  if ! command -v mpirun > /dev/null && [ -f /tmp/sg/ompi/env.sh ]; then
+    source /tmp/sg/ompi/env.sh
+    echo "mpirun: the tarball's ($(command -v mpirun))" >> "$OUT/libs.log"
+  fi
 else
   BIN="$BUILD_DIR/bin"
   step install 120 bash -c 'source scripts/common.sh; strata_install_deps'

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs a CUDA build's strata and test_kernels with the non-CUDA shared libraries they load
 # (oneDNN, oneTBB, liburing, fmt, OpenMPI, ...) into one tarball for bench/gpu/check.sh's
-# PREBUILT mode, so a lent GPU machine without those packages spends no device time building.
+# PREBUILT mode, so a lent GPU machine without those packages spends no device time building;
+# with OpenMPI's launcher too (bench/gpu/pack_ompi.sh), so the 2-rank checks run there.
 # The C/C++ runtime and CUDA's libraries are left out: they come from the GPU machine.
 # Usage: bash bench/gpu/pack.sh [BUILD_DIR (default build)] [OUT_TARBALL (default .gpu/sg.tar.xz)]
 set -euo pipefail
@@ -22,5 +23,7 @@ ldd "$BUILD/bin/strata" "$BUILD/bin/test_kernels" | awk '$2 == "=>" && $3 ~ /^\/
       *) cp -L "$path" "$STAGE/sg/lib/$name" ;;
     esac
   done
+# OpenMPI's launcher and plugins, for the 2-rank checks where the GPU machine has no mpirun.
+bash "$(dirname "${BASH_SOURCE[0]}")/pack_ompi.sh" "$STAGE"
 tar cJf "$TAR" -C "$STAGE" sg
 echo "$TAR: $(du -h "$TAR" | cut -f1) ($(ls "$STAGE/sg/lib" | tr '\n' ' '))"

@@ -21,6 +21,8 @@ class FlatMemory final : public RunMemory {
   // block inputs and the model's workspace (bound to the model), all zeroed. Each state's
   // blocks lie back to back in unit order, sized by the unit table (one rank, all on device).
   FlatMemory(Transformer& model, kernels::Runtime& rt);
+  // (the stream's queued kernels finish before the buffers they write into go)
+  ~FlatMemory() override { kernels::settle(*stream_); }
   void* acquire(Role r, int index, offload::Mode m, Side side) override;
   void release(Role, int) override {}
   bool master_is_weights() const override { return units_.master_is_weights(); }
