@@ -801,6 +801,9 @@ int run_plan(const PlanOptions& po) {
   fmt::print("placement: params {}, grads {}, optimizer {}, activations {} (checkpointing {}); AdamW {}\n",
              o.offload_params, o.offload_grads, o.offload_optimizer, o.offload_activations, o.checkpoint_activations,
              p.pp > 1               ? "after each stage's last backward (pipeline parallel)"
+             : p.speculate && o.speculate == "auto"
+                 ? "in the backward, speculative (--speculate auto: predicted speculating; the run's first steps time "
+                   "both ways and it keeps the faster)"
              : p.speculate          ? "in the backward, speculative (--speculate: redone once the norm clips)"
              : p.update_in_backward ? "in the backward (no clipping)"
                                     : "in the next step's forward");

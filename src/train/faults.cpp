@@ -30,6 +30,8 @@ Faults parse_faults(const std::string& text) {
     const std::string kind = item.substr(0, colon), arg = colon == std::string::npos ? "" : item.substr(colon + 1);
     if (kind == "separate-optimizer" && arg.empty()) {
       f.separate_optimizer = true;
+    } else if (kind == "trial-verdicts" && !arg.empty() && arg.find_first_not_of("01") == std::string::npos) {
+      f.trial_verdicts = arg;
     } else if (kind == "kill" && arg.find(':') != std::string::npos) {
       const size_t c = arg.find(':');
       f.kill_rank = static_cast<int>(number(arg.substr(0, c), item));
@@ -39,7 +41,7 @@ Faults parse_faults(const std::string& text) {
       f.io_nth = number(arg, item);
     } else {
       throw std::invalid_argument("STRATA_FAULT: '" + item + "' is not a fault (kill:RANK:STEP, io-read:N, "
-                                  "io-write:N, io-flip:N, separate-optimizer; see src/train/faults.h)");
+                                  "io-write:N, io-flip:N, separate-optimizer, trial-verdicts:BITS; see src/train/faults.h)");
     }
   }
   return f;

@@ -6,9 +6,14 @@
 //                                      piece once it is on disk (the checksums must catch it)
 //   STRATA_FAULT=separate-optimizer    AdamW on a CPU runtime and stream of its own on the CPU
 //                                      backend too: the two-runtime path a GPU run takes
+//   STRATA_FAULT=trial-verdicts:BITS   --speculate auto's trial ends with rank r's own verdict
+//                                      BITS[r] (the last for ranks past its end): 1 speculate,
+//                                      0 wait; e.g. 10: the ranks disagree (rank 0's must still
+//                                      decide for every rank)
 // Several are separated by commas. Unset or empty: no fault. Anything else is an error naming the
 // variable, so a misspelt fault never passes a test by not firing.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -20,6 +25,11 @@ struct Faults {
   std::string io;       // "", "read", "write" or "flip"
   int64_t io_nth = 0;   // the piece it hits (1-based)
   bool separate_optimizer = false;
+  std::string trial_verdicts;  // "": the trial's own; else a 0/1 per rank
+  // The verdict trial-verdicts gives `rank` (only where it is set).
+  bool trial_verdict(int rank) const {
+    return trial_verdicts[std::min(static_cast<size_t>(rank), trial_verdicts.size() - 1)] == '1';
+  }
 };
 
 // STRATA_FAULT, parsed at its first use.

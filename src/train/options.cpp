@@ -65,9 +65,15 @@ const std::vector<OptionSpec>& option_table() {
       {"--speculate",
        "auto | on | off: with clipping (or fp16), run each unit's AdamW in the backward as if nothing clips, then keep "
        "it or redo it once the global norm is known (bitwise the same run; a second copy of the optimizer state on its "
-       "tier; ZeRO stages 0-1); auto: on where the optimizer state is on NVMe and both copies fit, waiting for the "
-       "norm for 1, 2, 4 ... 128 steps after each rollback",
+       "tier; ZeRO stages 0-1); auto: where the optimizer state is on NVMe and both copies fit, the first steps time "
+       "both ways (--speculate-trial) and the run keeps the faster, waiting for the norm for 1, 2, 4 ... 128 steps "
+       "after each rollback",
        &O::speculate, OptionSpec::cli | OptionSpec::agreed},
+      {"--speculate-trial",
+       "--speculate auto: steps run speculating, then as many waiting for the norm, before it keeps the faster way "
+       "(the first step of each way is not timed; rank 0's times decide for every rank; a verdict to wait is tried "
+       "again 128 steps later); 0: no trial, speculate from the start",
+       &O::speculate_trial, OptionSpec::cli | OptionSpec::agreed},
       {"--grad-clip",
        "clip the global gradient L2 norm to this (0 = off: then, bf16 or fp32 at ZeRO stage 0-1, each unit updates in "
        "the backward as soon as its gradient is final)",
@@ -229,6 +235,10 @@ void validate_options(const TrainOptions& o) {
   if (o.steps != 0 || o.epochs == 0) positive(o.steps, "--steps");
   if (o.speculate != "auto" && o.speculate != "on" && o.speculate != "off")
     throw std::invalid_argument("--speculate " + o.speculate + ": must be auto, on or off");
+  if (o.speculate_trial < 0 || o.speculate_trial == 1 || o.speculate_trial > 1000)
+    throw std::invalid_argument("--speculate-trial " + std::to_string(o.speculate_trial) +
+                                ": give 0 (no trial) or the steps to run each way, 2 to 1000 (the first of each is "
+                                "not timed)");
   if (o.pack != "off" && o.pack != "on")
     throw std::invalid_argument("--pack " + o.pack + ": must be off (one document per row) or on (documents packed "
                                 "into rows, attention kept inside each)");

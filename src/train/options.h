@@ -50,11 +50,16 @@ struct TrainOptions {
   bool update_in_backward = true;
   // With clipping or fp16: on = each unit's AdamW runs in the backward as if nothing clips, into
   // a second copy of its master and AdamW state, committed or redone once the norm is known
-  // (Placement::speculate); auto = on where the optimizer state lives on NVMe and both copies
-  // fit, waiting for the norm for a while after each rollback; off = the update waits for the
-  // norm. Off by default: on the 1.5B all-NVMe run its committed steps measured no faster than
-  // waiting (bench/RESULTS.md), its steps that wait slower (the host cache holds two copies).
+  // (Placement::speculate); auto = where the optimizer state lives on NVMe and both copies fit,
+  // the first steps time both ways (speculate_trial steps each, SpeculationTrial) and the run
+  // keeps the faster, waiting for the norm for a while after each rollback; off = the update
+  // waits for the norm. Off by default: a fine-tune whose steps often clip pays a rerun for
+  // each rollback.
   std::string speculate = "off";
+  // --speculate auto: steps run each way before it picks (the first of each not timed; a verdict
+  // to wait is tried again 128 steps later); 0: no trial, it speculates from the start (and
+  // backs off after rollbacks).
+  int64_t speculate_trial = 3;
   double loss_scale = 65536;   // fp16: the dynamic loss scaler's starting scale
   uint64_t seed = 1337;        // random init (models without weights) and synthetic data
   std::string metrics;         // JSONL file, one object per optimizer step ("" = none)

@@ -177,18 +177,28 @@ nlohmann::json step_metrics(const StepStats& st, const offload::OffloadStats& os
   return j;
 }
 
+namespace {
+// --speculate auto: the verdict of its trial, on the step that ended it.
+std::string trial_note(const StepStats& st) {
+  if (!st.speculation_trial) return "";
+  const StepStats::TrialVerdict& v = *st.speculation_trial;
+  return fmt::format(" | speculate auto: {:.1f} ms/step speculating, {:.1f} waiting for the norm: {}", v.speculating_ms,
+                     v.waiting_ms, v.speculate ? "speculates from now on" : "waits for the norm from now on");
+}
+}  // namespace
+
 std::string step_line(const StepStats& st, int64_t steps, bool io, double loss_scale) {
   std::string moved;
   if (io)
     moved = fmt::format(" | compute {:.0f} ms | moved {} | stall {:.0f} ms", st.compute_ms,
                         human_bytes(static_cast<double>(st.bytes_moved())), st.stall_ms);
-  return fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | {:.1f} ms{}{}{}\n",
+  return fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | {:.1f} ms{}{}{}{}\n",
                      st.step, std::to_string(steps).size(), steps, st.loss, st.lr, st.grad_norm, st.tokens_per_s,
                      st.step_ms, moved,
                      st.trained_tokens == 0 ? std::string(" | no trained target: skipped")
                      : st.skipped ? fmt::format(" | fp16 overflow: step skipped, loss scale {:g}", loss_scale)
                                   : "",
-                     st.rolled_back ? " | speculative update rolled back" : "");
+                     st.rolled_back ? " | speculative update rolled back" : "", trial_note(st));
 }
 
 std::string eval_line(const Trainer::EvalStats& ev, int64_t step, int64_t steps) {
@@ -326,10 +336,14 @@ void Trainer::print_header(std::FILE* out) const {
              o.lr, o.lr_schedule, o.warmup, o.min_lr, o.beta1, o.beta2, o.eps, o.weight_decay,
              o.grad_clip > 0 || m.placement.speculate
                  ? fmt::format("{}{}", o.grad_clip > 0 ? fmt::format("{:g}", o.grad_clip) : std::string("off"),
-                               m.placement.speculate ? " (speculative: each unit updates in the backward as if "
-                                                       "nothing clips, redone from its first copy when the norm "
-                                                       "clips or overflows)"
-                                                     : "")
+                               !m.placement.speculate ? std::string()
+                               : std::string(" (speculative: each unit updates in the backward as if nothing clips, "
+                                             "redone from its first copy when the norm clips or overflows") +
+                                     (o.speculate == "auto" && o.speculate_trial > 0
+                                          ? fmt::format("; --speculate auto: steps 1-{} speculate, {}-{} wait for the "
+                                                        "norm, then the faster way goes on)",
+                                                        o.speculate_trial, o.speculate_trial + 1, 2 * o.speculate_trial)
+                                          : std::string(")")))
              : m.placement.update_in_backward()
                  ? std::string("off (so each unit updates in the backward, as soon as its gradient is final)")
                  : std::string("off"));

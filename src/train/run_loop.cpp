@@ -133,7 +133,8 @@ int Trainer::run(std::FILE* rank0_out) {
     }
     tally.add(st);
     m.metrics.write(step_metrics(st, m.last_stats, ev, m.run_id), st.step);
-    if (st.step == 1 || st.step == o.steps || st.step % o.log_every == 0)
+    // (the step that ends --speculate auto's trial says its verdict whatever --log-every)
+    if (st.step == 1 || st.step == o.steps || st.step % o.log_every == 0 || st.speculation_trial)
       print(step_line(st, o.steps, m.placement.uses_nvme() || st.bytes_moved() > 0, m.scaler.scale()));
     if (ev) print_eval(*ev);
     if (st.diverged)

@@ -34,7 +34,8 @@ namespace {
 // --speculate auto's longest wait after rollbacks in a row: a rollback costs about a step (its
 // forward and backward again, and the step back to speculating a flush), so where every step
 // clips (early training, a clip below the usual norm) the waits keep that under ~2% of the steps,
-// and speculation is tried again at least this often.
+// and speculation is tried again at least this often (and, after --speculate auto's trial
+// found waiting faster, the trial runs again after this many steps).
 constexpr int64_t kMaxSpeculationBackoff = 128;
 
 // Fault injection for the multi-rank CLI tests (src/train/faults.h): kill:R:S kills rank R with
@@ -156,6 +157,8 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
     m.comm->host_all_gather(&mine, all.data(), 1);
     m.placement.speculate = std::all_of(all.begin(), all.end(), [](uint8_t s) { return s != 0; });
   }
+  if (m.placement.speculate && o.speculate == "auto" && o.speculate_trial > 0)
+    m.trial.emplace(static_cast<int>(o.speculate_trial));
   m.mem = std::make_unique<TieredMemory>(*m.model, *m.rt, *m.stream, *opt_rt, m.opt_stream(), pl, o.grad_accum,
                                          step_buffer_bytes(o, r, n_units), m.comm_stream.get());
   m.dev_tokens = static_cast<int32_t*>(m.mem->extra_device());
@@ -247,6 +250,8 @@ StepStats Trainer::step() {
   }
   // With speculation's two copies, this step speculates or waits for the norm (auto backing
   // off); an update a waiting step left pending runs first, on its own.
+  if (m.trial && !m.trial->deciding() && !m.trial->verdict() && m.steps_done >= m.trial_again)
+    m.trial.emplace(static_cast<int>(o.speculate_trial));
   const bool speculating = m.speculating();
   if (speculating) m.flush();
   m.mem->begin_step(m.placement.speculate && !speculating ? TieredMemory::Schedule::plain
@@ -368,7 +373,7 @@ StepStats Trainer::step() {
   if (m.pp().on()) m.flush();  // (no stage's forward runs a pending update)
   if (m.placement.speculate && !speculating) {
     m.mem->flip();  // the forward's update (the last step's, or none) wrote the second copies
-    --m.plain_left;
+    if (m.plain_left > 0) --m.plain_left;  // (a wait the trial or its verdict made is no backoff step)
   } else if (speculating) {
     // The update ran in the backward as if nothing clipped, into the second copies (master,
     // moments) and the weights. It stands when that is what the norm says (the same AdamWStep,
@@ -395,8 +400,8 @@ StepStats Trainer::step() {
       m.pending = PendingUpdate{truth, apply};
     }
     // auto: after a rollback, wait for the norm for a while (a rollback costs the step's
-    // forward and backward again); `on` keeps speculating.
-    if (o.speculate == "auto") {
+    // forward and backward again); `on` keeps speculating. (During the trial its steps speculate.)
+    if (o.speculate == "auto" && !(m.trial && m.trial->deciding())) {
       m.plain_left = st.rolled_back ? m.backoff : 0;
       m.backoff = st.rolled_back ? std::min<int64_t>(2 * m.backoff, kMaxSpeculationBackoff) : 1;
     }
@@ -410,6 +415,19 @@ StepStats Trainer::step() {
   st.tokens = m.tokens_done;
   st.step_ms = ms_since(t0);
   st.tokens_per_s = static_cast<double>(tokens_per_step()) / (st.step_ms / 1e3);
+  if (m.trial && m.placement.speculate && m.trial->record(st.step_ms)) {
+    if (!faults().trial_verdicts.empty()) m.trial->agree(faults().trial_verdict(m.comm->rank()));  // (test hook)
+    // Rank 0's times decide for every rank: the step's collectives must line up.
+    if (m.comm->world() > 1) {
+      uint8_t v = m.trial->verdict();
+      m.comm->host_broadcast(&v, 1, 0);
+      m.trial->agree(v != 0);
+    }
+    st.speculation_trial = StepStats::TrialVerdict{m.trial->verdict(), m.trial->speculating_ms(), m.trial->waiting_ms()};
+    // A verdict to wait is tried again later: how often the norm clips changes over a run
+    // (most often in its first steps, where the trial runs).
+    m.trial_again = m.steps_done + kMaxSpeculationBackoff;
+  }
   const offload::OffloadStats now = m.mem->stats();
   for (int l = 0; l < offload::kNumLinks; ++l) {
     st.link_bytes[static_cast<size_t>(l)] = now.links[l].bytes - m.last_stats.links[l].bytes;

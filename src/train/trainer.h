@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <array>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,13 @@ struct StepStats {
   // previous state and its true update (or none) left for the next step.
   bool speculated = false;
   bool rolled_back = false;
+  // --speculate auto: the step that ended its trial (SpeculationTrial) carries the verdict and
+  // each way's mean step time on this rank (rank 0's verdict holds for every rank).
+  struct TrialVerdict {
+    bool speculate = false;
+    double speculating_ms = 0, waiting_ms = 0;
+  };
+  std::optional<TrialVerdict> speculation_trial;
   // Offload: bytes moved per link during this step, time compute waited for blocks, and
   // the time each link was busy.
   std::array<uint64_t, 4> link_bytes{};   // h2d, d2h, host_to_nvme, nvme_to_host

@@ -24,6 +24,7 @@
 #include "src/train/batch_source.h"
 #include "src/train/report.h"
 #include "src/train/run_guard.h"
+#include "src/train/speculation_trial.h"
 #include "src/train/step_driver.h"
 #include "src/train/tiered_memory.h"
 #include "src/train/trainer.h"
@@ -80,7 +81,15 @@ struct Trainer::Impl {
   // (TieredMemory::Schedule::plain), `backoff` of them after the next rollback (doubling while
   // speculation keeps failing, back to 1 once a speculative update stands).
   int64_t plain_left = 0, backoff = 1;
-  bool speculating() const { return placement.speculate && plain_left == 0; }
+  // --speculate auto with --speculate-trial N: the first steps time both ways, then the run
+  // keeps the faster (null: no trial; speculating from the start).
+  std::optional<SpeculationTrial> trial;
+  int64_t trial_again = 0;  // after a verdict to wait: the step count from which a trial runs again
+  bool speculating() const {
+    if (!placement.speculate) return false;
+    if (trial && trial->deciding()) return trial->speculate_next();
+    return (!trial || trial->verdict()) && plain_left == 0;
+  }
   std::filesystem::path resumed_from;  // the checkpoint this run continued (empty: a fresh start)
   std::string run_id;                  // this run's identity (trainer.json): rotation removes only its own
   PathLock checkpoint_lock, out_lock;  // rank 0: held for the life of the run (run_guard.h)

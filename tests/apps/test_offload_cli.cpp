@@ -225,6 +225,33 @@ TEST_F(OffloadCli, PlanNamesTheNormBarrierOnlyWhereClippingWaits) {
   EXPECT_TRUE(fs::is_empty(swap()));
 }
 
+// --speculate auto: a trial whose verdict is to wait (forced: trial-verdicts:0) runs again 128
+// steps later, as how often the norm clips changes over a run; the progress line says each
+// verdict whatever --log-every, and the run is bitwise the one that never speculates.
+TEST_F(OffloadCli, SpeculateAutoTriesAgainAfterAVerdictToWait) {
+  const std::string args = "train --model " + (dir_ / "tiny").string() +
+                           " --threads 1 --seq 16 --batch 1 --steps 136 --log-every 1000 --offload-optimizer nvme "
+                           "--nvme-path " + swap().string() + " --metrics ";
+  Result r = run(args + (dir_ / "auto.jsonl").string() + " --speculate auto --speculate-trial 2",
+                 "STRATA_FAULT=trial-verdicts:0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<int64_t> speculated;
+  for (const auto& j : strata::test::read_metrics(dir_ / "auto.jsonl"))
+    if (j["speculated"].get<bool>()) speculated.push_back(j["step"].get<int64_t>());
+  // Trial at steps 1-2 (speculating) and 3-4 (waiting), a verdict to wait, then again from 133.
+  EXPECT_EQ(speculated, (std::vector<int64_t>{1, 2, 133, 134}));
+  size_t verdicts = 0;
+  for (size_t at = r.out.find("waits for the norm from now on"); at != std::string::npos;
+       at = r.out.find("waits for the norm from now on", at + 1))
+    ++verdicts;
+  EXPECT_EQ(verdicts, 2u) << r.out;
+  EXPECT_NE(r.out.find("step   4/136"), std::string::npos) << r.out;
+  r = run(args + (dir_ / "off.jsonl").string() + " --speculate off");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(strata::test::exact_metrics(dir_ / "auto.jsonl"), strata::test::exact_metrics(dir_ / "off.jsonl"));
+  EXPECT_TRUE(fs::is_empty(swap()));
+}
+
 // `strata bench io --mode rw`: half the blocks written and half read, in flight together (the
 // traffic of an offloaded step); every byte of --size is moved once, and the swap file is freed.
 TEST_F(OffloadCli, BenchIoMixedModeMovesEveryByteOnce) {

@@ -135,6 +135,16 @@ TEST_F(ResumeCli, BitExactInARollbackHeavySpeculativeRun) {
   EXPECT_EQ(exact_metrics(c / "m.jsonl"), exact_metrics(dir_ / "a" / "m.jsonl"));
   EXPECT_TRUE(slurp(c / "model" / "model.safetensors") == slurp(dir_ / "a" / "model" / "model.safetensors"));
 }
+// --speculate auto: the checkpoint at step 5 falls inside its trial (steps 1-3 speculate, 4-6
+// wait); the resumed run starts a trial of its own, and every way is bitwise the same run.
+TEST_F(ResumeCli, BitExactThroughSpeculateAutosTrial) {
+  expect_resume_exact("optimizer-nvme", "optimizer-nvme", "--speculate auto --speculate-trial 3 ");
+  std::istringstream lines(slurp(dir_ / "a" / "m.jsonl"));
+  int speculated = 0;
+  for (std::string line; std::getline(lines, line);) speculated += line.find("\"speculated\":true") != std::string::npos;
+  EXPECT_GE(speculated, 3);  // the trial's first way
+  EXPECT_LE(speculated, 7);  // (not its second)
+}
 TEST_F(ResumeCli, BitExactBf16WithAccumulation) { expect_resume_exact("optimizer-nvme", "resident", "--dtype bf16 --grad-accum 2 "); }
 // Without clipping each unit updates in the backward (nothing is left pending at a step's end):
 // a checkpoint and its resume, offloaded or not, continue bit for bit.

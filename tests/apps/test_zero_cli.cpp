@@ -238,7 +238,7 @@ TEST_F(ZeroCli, UpdateInTheBackwardIsBitwiseAcrossStages) {
 // says otherwise, is bitwise stage 2's run (which waits for the norm) at stages 0 and 1, with the
 // optimizer on NVMe and under random stream delays; with a clip between the observed norms some
 // steps roll back and some do not (and auto, on NVMe, switches to waiting for the norm after a
-// rollback and back).
+// rollback and back; with its trial, rank 0's verdict holds for both ranks).
 TEST_F(ZeroCli, SpeculationIsBitwiseAcrossStages) {
   ASSERT_EQ(run(2, tiny(2, 6) + "--grad-clip 1e9 --zero-stage 0" + outputs("specprobe"), "", "specprobe").status, 0);
   std::vector<double> norms;
@@ -248,13 +248,20 @@ TEST_F(ZeroCli, SpeculationIsBitwiseAcrossStages) {
   char clip[32];
   std::snprintf(clip, sizeof(clip), "%.17g", (norms[2] + norms[3]) / 2);
   Outcome ref;
-  for (const std::string variant : {"2", "0", "1", "1j", "1nvme"}) {
+  for (const std::string variant : {"2", "0", "1", "1j", "1nvme", "1trial"}) {
     const std::string stage = variant.substr(0, 1);
     const std::string tag = "spec" + variant;
     std::string args = tiny(2, 6) + "--grad-clip " + std::string(clip) + " --zero-stage " + stage + outputs(tag);
-    args += variant == "1nvme" ? " --speculate auto --offload-optimizer nvme" + swap_for(tag)  // auto speculates there
-                               : std::string(" --speculate ") + (stage == "2" ? "auto" : "on");
-    CliResult r = run(2, args, variant == "1j" ? "STRATA_TEST_STREAM_JITTER_US=300" : "", tag);
+    // auto speculates there (1nvme without its trial: from the start, backing off after rollbacks;
+    // 1trial: steps 1-2 speculate, 3-4 wait, then each rank's own verdict differs (trial-verdicts:10)
+    // and rank 0's, speculate, must hold on both)
+    args += variant == "1nvme"    ? " --speculate auto --speculate-trial 0 --offload-optimizer nvme" + swap_for(tag)
+            : variant == "1trial" ? " --speculate auto --speculate-trial 2 --offload-optimizer nvme" + swap_for(tag)
+                                  : std::string(" --speculate ") + (stage == "2" ? "auto" : "on");
+    const std::string env = variant == "1j" ? "STRATA_TEST_STREAM_JITTER_US=300"
+                            : variant == "1trial" ? "STRATA_FAULT=trial-verdicts:10"
+                                                  : "";
+    CliResult r = run(2, args, env, tag);
     ASSERT_EQ(r.status, 0) << tag << ": " << r.out << r.err;
     int rolled = 0, speculated = 0;
     for (const auto& j : metrics(dir_ / (tag + ".jsonl"))) {
@@ -263,6 +270,12 @@ TEST_F(ZeroCli, SpeculationIsBitwiseAcrossStages) {
     }
     if (stage == "2") {
       EXPECT_EQ(speculated, 0) << tag;
+    } else if (variant == "1trial") {
+      std::vector<bool> each;
+      for (const auto& j : metrics(dir_ / (tag + ".jsonl"))) each.push_back(j["speculated"].get<bool>());
+      const std::vector<bool> want = {true, true, false, false, true, true};
+      EXPECT_EQ(each, want) << tag;
+      EXPECT_NE(r.out.find("speculates from now on"), std::string::npos) << tag << ": " << r.out;
     } else if (variant == "1nvme") {  // auto: waits for the norm for a while after a rollback
       EXPECT_LT(speculated, 6) << tag;
       EXPECT_GT(rolled, 0) << tag;

@@ -79,15 +79,19 @@ TEST(Faults, ParsesEachFaultAndRefusesWhatItDoesNotKnow) {
   EXPECT_EQ(none.kill_rank, -1);
   EXPECT_TRUE(none.io.empty());
   EXPECT_FALSE(none.separate_optimizer);
-  const Faults f = parse_faults("separate-optimizer,kill:1:3,io-flip:60");
+  EXPECT_TRUE(none.trial_verdicts.empty());
+  const Faults f = parse_faults("separate-optimizer,kill:1:3,io-flip:60,trial-verdicts:10");
   EXPECT_TRUE(f.separate_optimizer);
+  EXPECT_TRUE(f.trial_verdict(0));
+  EXPECT_FALSE(f.trial_verdict(1));
+  EXPECT_FALSE(f.trial_verdict(5));  // past the end: the last
   EXPECT_EQ(f.kill_rank, 1);
   EXPECT_EQ(f.kill_step, 3);
   EXPECT_EQ(f.io, "flip");
   EXPECT_EQ(f.io_nth, 60);
   EXPECT_EQ(parse_faults("io-read:7").io, "read");
   EXPECT_EQ(parse_faults("io-write:7").io, "write");
-  for (const char* bad : {"kill:1", "io-read:", "io-read:x", "io-read:-1", "flip:60", "separate-optimizer:1", "kil:1:2"})
+  for (const char* bad : {"kill:1", "io-read:", "io-read:x", "io-read:-1", "flip:60", "separate-optimizer:1", "kil:1:2", "trial-verdicts", "trial-verdicts:", "trial-verdicts:2"})
     EXPECT_THROW(parse_faults(bad), std::invalid_argument) << bad;
 }
 

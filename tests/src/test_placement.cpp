@@ -10,6 +10,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -18,6 +20,7 @@
 #include "offload/residency.h"
 #include "offload/size.h"
 #include "src/checkpoint/hf.h"
+#include "src/train/speculation_trial.h"
 #include "src/train/trainer.h"
 #include "src/zero/unit_table.h"
 
@@ -278,6 +281,7 @@ TEST(Placement, SpeculationIsBitwiseTheUpdateThatWaitsForTheNorm) {
         for (int placement = 0; placement < 3; ++placement) {
           TrainOptions o = off;
           o.speculate = placement == 2 ? "auto" : "on";  // auto: backs off after rollbacks
+          o.speculate_trial = 0;  // (auto's trial has its own test: here it speculates from the start)
           if (placement == 2) o.offload_optimizer = "nvme", o.offload_grads = "nvme";
           if (placement == 1) {  // everything on NVMe at speculation's host minimum
             o.offload_params = o.offload_grads = o.offload_optimizer = "nvme";
@@ -475,6 +479,91 @@ TEST(Placement, SpeculationIsOnlyWhereTheNormWaitsAndGradsAreWhole) {
   o.host_mem.clear();
   o.speculate = "maybe";
   EXPECT_THROW(plan_run(o), std::invalid_argument);
+  o.speculate = "auto";
+  for (int64_t bad : {-1, 1, 1001}) {
+    o.speculate_trial = bad;
+    EXPECT_THROW(plan_run(o), std::invalid_argument) << bad;
+  }
+}
+
+// The trial's arithmetic on given step times: each way's first step is left out, a gain under
+// kMinGain waits, another rank's verdict replaces this one's.
+TEST(SpeculationTrial, LeavesOutEachWaysFirstStepAndWantsAClearGain) {
+  SpeculationTrial t(3);
+  const double times[] = {500, 100, 110, 40, 120, 130};  // speculating 105 against waiting 125
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(t.deciding());
+    EXPECT_EQ(t.speculate_next(), i < 3) << i;
+    EXPECT_EQ(t.record(times[i]), i == 5) << i;
+  }
+  EXPECT_FALSE(t.deciding());
+  EXPECT_DOUBLE_EQ(t.speculating_ms(), 105);
+  EXPECT_DOUBLE_EQ(t.waiting_ms(), 125);
+  EXPECT_TRUE(t.verdict());
+  EXPECT_TRUE(t.speculate_next());
+  EXPECT_FALSE(t.record(1));  // decided: steps no longer count
+  t.agree(false);
+  EXPECT_FALSE(t.speculate_next());
+
+  SpeculationTrial close(2);  // 99 against 100: under 2%, it waits
+  for (double ms : {1.0, 99.0, 1.0, 100.0}) close.record(ms);
+  EXPECT_FALSE(close.verdict());
+  SpeculationTrial slower(2);
+  for (double ms : {1.0, 200.0, 1.0, 100.0}) slower.record(ms);
+  EXPECT_FALSE(slower.verdict());
+  EXPECT_DOUBLE_EQ(slower.speculating_ms(), 200);
+}
+
+// --speculate auto's trial: the first --speculate-trial steps speculate, as many wait for the
+// norm, and the step that ends it carries each way's mean over its timed steps (the first of
+// each left out) and the verdict, which the rest of the run follows; bitwise the run that never
+// speculates, whichever way it goes, and with steps that clip (rolled back in the trial, each
+// rerun counted in its step's time).
+TEST(Placement, SpeculateAutoTimesBothWaysThenKeepsTheFaster) {
+  TempDir dir;
+  write_hf_config(tiny_llama(), dir.path() / "config.json");
+  fs::create_directories(dir.path() / "swap");
+  for (double clip : {1e9, 1e-3}) {
+    TrainOptions off = three_steps(dir.path(), "fp32", 1);
+    off.steps = 9;
+    off.grad_clip = clip;
+    off.offload_optimizer = "nvme";
+    off.speculate = "off";
+    const Outcome ref = train(off, dir.path() / "ref");
+    TrainOptions o = off;
+    o.speculate = "auto";
+    o.speculate_trial = 3;
+    SCOPED_TRACE("clip " + std::to_string(clip));
+    auto t = std::make_unique<Trainer>(o);
+    Outcome got;
+    std::vector<double> ms;
+    std::optional<StepStats::TrialVerdict> verdict;
+    for (int64_t i = 0; i < o.steps; ++i) {
+      const StepStats st = t->step();
+      got.loss.push_back(st.loss);
+      got.norm.push_back(st.grad_norm);
+      ms.push_back(st.step_ms);
+      EXPECT_EQ(st.speculation_trial.has_value(), i == 5) << "step " << i + 1;
+      if (st.speculation_trial) verdict = st.speculation_trial;
+      // Trial: steps 1-3 speculate, 4-6 wait; then the verdict (no clipping: no backoff).
+      const bool expected = i < 3 || (i >= 6 && verdict && verdict->speculate && clip > 1);
+      if (i < 6 || clip > 1) {
+        EXPECT_EQ(st.speculated, expected) << "step " << i + 1;
+      }
+      if (i >= 6 && verdict && !verdict->speculate) {
+        EXPECT_FALSE(st.speculated) << "step " << i + 1;
+      }
+      EXPECT_EQ(st.rolled_back, st.speculated && clip < 1) << "step " << i + 1;
+    }
+    ASSERT_TRUE(verdict.has_value());
+    EXPECT_DOUBLE_EQ(verdict->speculating_ms, (ms[1] + ms[2]) / 2);
+    EXPECT_DOUBLE_EQ(verdict->waiting_ms, (ms[4] + ms[5]) / 2);
+    EXPECT_EQ(verdict->speculate, verdict->speculating_ms < verdict->waiting_ms * (1 - SpeculationTrial::kMinGain));
+    t->save((dir.path() / "got").string());
+    t.reset();  // (its swap files go with it)
+    got.weights = slurp(dir.path() / "got" / "model.safetensors");
+    expect_same_run(got, ref, dir.path() / "swap");
+  }
 }
 
 // One step of tiny_llama, its config in `dir` and any swap files under dir/swap.
