@@ -72,7 +72,7 @@ const std::vector<OptionSpec>& option_table() {
       {"--speculate-trial",
        "--speculate auto: steps run speculating, then as many waiting for the norm, before it keeps the faster way "
        "(the first step of each way is not timed; rank 0's times decide for every rank; a verdict to wait is tried "
-       "again 128 steps later); 0: no trial, speculate from the start",
+       "again 128 steps later, then 256 ... up to every 1024); 0: no trial, speculate from the start",
        &O::speculate_trial, OptionSpec::cli | OptionSpec::agreed},
       {"--grad-clip",
        "clip the global gradient L2 norm to this (0 = off: then, bf16 or fp32 at ZeRO stage 0-1, each unit updates in "

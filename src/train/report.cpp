@@ -340,9 +340,9 @@ void Trainer::print_header(std::FILE* out) const {
                                : std::string(" (speculative: each unit updates in the backward as if nothing clips, "
                                              "redone from its first copy when the norm clips or overflows") +
                                      (o.speculate == "auto" && o.speculate_trial > 0
-                                          ? fmt::format("; --speculate auto: steps 1-{} speculate, {}-{} wait for the "
-                                                        "norm, then the faster way goes on)",
-                                                        o.speculate_trial, o.speculate_trial + 1, 2 * o.speculate_trial)
+                                          ? fmt::format("; --speculate auto: the first {} steps speculate, the next "
+                                                        "{} wait for the norm, then the faster way goes on)",
+                                                        o.speculate_trial, o.speculate_trial)
                                           : std::string(")")))
              : m.placement.update_in_backward()
                  ? std::string("off (so each unit updates in the backward, as soon as its gradient is final)")

@@ -35,8 +35,11 @@ namespace {
 // forward and backward again, and the step back to speculating a flush), so where every step
 // clips (early training, a clip below the usual norm) the waits keep that under ~2% of the steps,
 // and speculation is tried again at least this often (and, after --speculate auto's trial
-// found waiting faster, the trial runs again after this many steps).
+// found waiting faster, the trial first runs again after this many steps).
 constexpr int64_t kMaxSpeculationBackoff = 128;
+// --speculate auto: the longest interval between trials while each finds waiting faster (from
+// kMaxSpeculationBackoff, doubling).
+constexpr int64_t kMaxTrialInterval = 1024;
 
 // Fault injection for the multi-rank CLI tests (src/train/faults.h): kill:R:S kills rank R with
 // SIGKILL in the middle of step S (its collectives enqueued, the others waiting in them), as a
@@ -425,8 +428,13 @@ StepStats Trainer::step() {
     }
     st.speculation_trial = StepStats::TrialVerdict{m.trial->verdict(), m.trial->speculating_ms(), m.trial->waiting_ms()};
     // A verdict to wait is tried again later: how often the norm clips changes over a run
-    // (most often in its first steps, where the trial runs).
-    m.trial_again = m.steps_done + kMaxSpeculationBackoff;
+    // (most often in its first steps, where the trial runs). Each verdict to wait in a row
+    // doubles the interval, up to kMaxTrialInterval: where every step clips, a trial (its
+    // speculating steps rolled back, and a switch: ~5 steps' worth) then costs ~0.5% of a long run.
+    m.trial_interval = m.trial->verdict()       ? 0
+                       : m.trial_interval == 0 ? kMaxSpeculationBackoff
+                                               : std::min(2 * m.trial_interval, kMaxTrialInterval);
+    m.trial_again = m.steps_done + m.trial_interval;
   }
   const offload::OffloadStats now = m.mem->stats();
   for (int l = 0; l < offload::kNumLinks; ++l) {

@@ -85,6 +85,7 @@ struct Trainer::Impl {
   // keeps the faster (null: no trial; speculating from the start).
   std::optional<SpeculationTrial> trial;
   int64_t trial_again = 0;  // after a verdict to wait: the step count from which a trial runs again
+  int64_t trial_interval = 0;  // steps from a verdict to wait to the next trial (0: none to wait since)
   bool speculating() const {
     if (!placement.speculate) return false;
     if (trial && trial->deciding()) return trial->speculate_next();

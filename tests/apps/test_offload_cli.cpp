@@ -226,11 +226,13 @@ TEST_F(OffloadCli, PlanNamesTheNormBarrierOnlyWhereClippingWaits) {
 }
 
 // --speculate auto: a trial whose verdict is to wait (forced: trial-verdicts:0) runs again 128
-// steps later, as how often the norm clips changes over a run; the progress line says each
-// verdict whatever --log-every, and the run is bitwise the one that never speculates.
+// steps later, as how often the norm clips changes over a run, then 256 after the next verdict
+// to wait (doubling: where every step clips, the trials' rollbacks stay cheap); the progress
+// line says each verdict whatever --log-every, and the run is bitwise the one that never
+// speculates.
 TEST_F(OffloadCli, SpeculateAutoTriesAgainAfterAVerdictToWait) {
   const std::string args = "train --model " + (dir_ / "tiny").string() +
-                           " --threads 1 --seq 16 --batch 1 --steps 136 --log-every 1000 --offload-optimizer nvme "
+                           " --threads 1 --seq 16 --batch 1 --steps 400 --log-every 1000 --offload-optimizer nvme "
                            "--nvme-path " + swap().string() + " --metrics ";
   Result r = run(args + (dir_ / "auto.jsonl").string() + " --speculate auto --speculate-trial 2",
                  "STRATA_FAULT=trial-verdicts:0");
@@ -238,14 +240,15 @@ TEST_F(OffloadCli, SpeculateAutoTriesAgainAfterAVerdictToWait) {
   std::vector<int64_t> speculated;
   for (const auto& j : strata::test::read_metrics(dir_ / "auto.jsonl"))
     if (j["speculated"].get<bool>()) speculated.push_back(j["step"].get<int64_t>());
-  // Trial at steps 1-2 (speculating) and 3-4 (waiting), a verdict to wait, then again from 133.
-  EXPECT_EQ(speculated, (std::vector<int64_t>{1, 2, 133, 134}));
+  // Trial at steps 1-2 (speculating) and 3-4 (waiting), a verdict to wait, then again from 133
+  // (verdict at 136) and from 393.
+  EXPECT_EQ(speculated, (std::vector<int64_t>{1, 2, 133, 134, 393, 394}));
   size_t verdicts = 0;
   for (size_t at = r.out.find("waits for the norm from now on"); at != std::string::npos;
        at = r.out.find("waits for the norm from now on", at + 1))
     ++verdicts;
-  EXPECT_EQ(verdicts, 2u) << r.out;
-  EXPECT_NE(r.out.find("step   4/136"), std::string::npos) << r.out;
+  EXPECT_EQ(verdicts, 3u) << r.out;
+  EXPECT_NE(r.out.find("step   4/400"), std::string::npos) << r.out;
   r = run(args + (dir_ / "off.jsonl").string() + " --speculate off");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(strata::test::exact_metrics(dir_ / "auto.jsonl"), strata::test::exact_metrics(dir_ / "off.jsonl"));
