@@ -57,8 +57,8 @@ struct TrainOptions {
   // each rollback.
   std::string speculate = "off";
   // --speculate auto: steps run each way before it picks (the first of each not timed; a verdict
-  // to wait is tried again 128 steps later, then 256 ... up to every 1024); 0: no trial, it speculates from the start (and
-  // backs off after rollbacks).
+  // to wait is tried again 128 steps later, then 256 ... up to every 1024); 0: no trial, it
+  // speculates from the start (and backs off after rollbacks).
   int64_t speculate_trial = 3;
   double loss_scale = 65536;   // fp16: the dynamic loss scaler's starting scale
   uint64_t seed = 1337;        // random init (models without weights) and synthetic data

@@ -185,6 +185,18 @@ std::string trial_note(const StepStats& st) {
   return fmt::format(" | speculate auto: {:.1f} ms/step speculating, {:.1f} waiting for the norm: {}", v.speculating_ms,
                      v.waiting_ms, v.speculate ? "speculates from now on" : "waits for the norm from now on");
 }
+
+// The header's word on speculation, after the clip ("" where the run does not speculate).
+std::string speculation_note(const TrainOptions& o, const Placement& pl) {
+  if (!pl.speculate) return "";
+  const std::string trial = o.speculate == "auto" && o.speculate_trial > 0
+                                ? fmt::format("; --speculate auto: the first {} steps speculate, the next {} wait for "
+                                              "the norm, then the faster way goes on",
+                                              o.speculate_trial, o.speculate_trial)
+                                : "";
+  return " (speculative: each unit updates in the backward as if nothing clips, redone from its first copy when the "
+         "norm clips or overflows" + trial + ")";
+}
 }  // namespace
 
 std::string step_line(const StepStats& st, int64_t steps, bool io, double loss_scale) {
@@ -336,14 +348,7 @@ void Trainer::print_header(std::FILE* out) const {
              o.lr, o.lr_schedule, o.warmup, o.min_lr, o.beta1, o.beta2, o.eps, o.weight_decay,
              o.grad_clip > 0 || m.placement.speculate
                  ? fmt::format("{}{}", o.grad_clip > 0 ? fmt::format("{:g}", o.grad_clip) : std::string("off"),
-                               !m.placement.speculate ? std::string()
-                               : std::string(" (speculative: each unit updates in the backward as if nothing clips, "
-                                             "redone from its first copy when the norm clips or overflows") +
-                                     (o.speculate == "auto" && o.speculate_trial > 0
-                                          ? fmt::format("; --speculate auto: the first {} steps speculate, the next "
-                                                        "{} wait for the norm, then the faster way goes on)",
-                                                        o.speculate_trial, o.speculate_trial)
-                                          : std::string(")")))
+                               speculation_note(o, m.placement))
              : m.placement.update_in_backward()
                  ? std::string("off (so each unit updates in the backward, as soon as its gradient is final)")
                  : std::string("off"));

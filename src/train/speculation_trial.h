@@ -19,13 +19,12 @@ class SpeculationTrial {
   // of its mean: it carries the switch (the first waiting step has no update of the last
   // step to run in its forward; the first speculating step runs the last one's on its own).
   // A tie, or a gain under kMinGain, waits: a rollback costs a step's compute again.
-  static constexpr int kDefaultSteps = 3;
   static constexpr double kMinGain = 0.02;
-  explicit SpeculationTrial(int steps = kDefaultSteps) : steps_(steps < 2 ? 2 : steps) {}
+  explicit SpeculationTrial(int steps) : steps_(steps < 2 ? 2 : steps) {}
 
   bool deciding() const { return !decided_; }
-  // Whether the coming step speculates: during the trial its way, after it the verdict.
-  bool speculate_next() const { return decided_ ? verdict_ : done_ < steps_; }
+  // While deciding: whether the coming step speculates (its way in the trial).
+  bool speculate_next() const { return done_ < steps_; }
   // The step just run (speculate_next()'s way); returns true when it ends the trial.
   bool record(double step_ms) {
     if (decided_) return false;

@@ -376,7 +376,7 @@ StepStats Trainer::step() {
   if (m.pp().on()) m.flush();  // (no stage's forward runs a pending update)
   if (m.placement.speculate && !speculating) {
     m.mem->flip();  // the forward's update (the last step's, or none) wrote the second copies
-    if (m.plain_left > 0) --m.plain_left;  // (a wait the trial or its verdict made is no backoff step)
+    --m.plain_left;
   } else if (speculating) {
     // The update ran in the backward as if nothing clipped, into the second copies (master,
     // moments) and the weights. It stands when that is what the norm says (the same AdamWStep,
@@ -403,8 +403,8 @@ StepStats Trainer::step() {
       m.pending = PendingUpdate{truth, apply};
     }
     // auto: after a rollback, wait for the norm for a while (a rollback costs the step's
-    // forward and backward again); `on` keeps speculating. (During the trial its steps speculate.)
-    if (o.speculate == "auto" && !(m.trial && m.trial->deciding())) {
+    // forward and backward again); `on` keeps speculating.
+    if (o.speculate == "auto") {
       m.plain_left = st.rolled_back ? m.backoff : 0;
       m.backoff = st.rolled_back ? std::min<int64_t>(2 * m.backoff, kMaxSpeculationBackoff) : 1;
     }
@@ -418,7 +418,7 @@ StepStats Trainer::step() {
   st.tokens = m.tokens_done;
   st.step_ms = ms_since(t0);
   st.tokens_per_s = static_cast<double>(tokens_per_step()) / (st.step_ms / 1e3);
-  if (m.trial && m.placement.speculate && m.trial->record(st.step_ms)) {
+  if (m.trial && m.trial->record(st.step_ms)) {
     if (!faults().trial_verdicts.empty()) m.trial->agree(faults().trial_verdict(m.comm->rank()));  // (test hook)
     // Rank 0's times decide for every rank: the step's collectives must line up.
     if (m.comm->world() > 1) {
@@ -435,6 +435,8 @@ StepStats Trainer::step() {
                        : m.trial_interval == 0 ? kMaxSpeculationBackoff
                                                : std::min(2 * m.trial_interval, kMaxTrialInterval);
     m.trial_again = m.steps_done + m.trial_interval;
+    // The backoff starts afresh from the verdict: the trial's steps went its way, not the backoff's.
+    m.plain_left = 0, m.backoff = 1;
   }
   const offload::OffloadStats now = m.mem->stats();
   for (int l = 0; l < offload::kNumLinks; ++l) {

@@ -255,6 +255,27 @@ TEST_F(OffloadCli, SpeculateAutoTriesAgainAfterAVerdictToWait) {
   EXPECT_TRUE(fs::is_empty(swap()));
 }
 
+// --speculate auto with every step clipping and a verdict to speculate (forced:
+// trial-verdicts:1): the trial's rollbacks (steps 1-3) leave no backoff behind, so from step 7
+// the backoff starts afresh: speculate, wait 1, speculate, wait 2, speculate, wait 4, ...
+TEST_F(OffloadCli, SpeculateAutoBacksOffAfreshAfterAVerdictToSpeculate) {
+  const Result r = run("train --model " + (dir_ / "tiny").string() +
+                           " --threads 1 --seq 16 --batch 1 --steps 17 --grad-clip 1e-6 --offload-optimizer nvme "
+                           "--nvme-path " + swap().string() + " --speculate auto --speculate-trial 3 --metrics " +
+                           (dir_ / "m.jsonl").string(),
+                       "STRATA_FAULT=trial-verdicts:1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<int64_t> speculated, rolled;
+  for (const auto& j : strata::test::read_metrics(dir_ / "m.jsonl")) {
+    if (j["speculated"].get<bool>()) speculated.push_back(j["step"].get<int64_t>());
+    if (j["rolled_back"].get<bool>()) rolled.push_back(j["step"].get<int64_t>());
+  }
+  EXPECT_EQ(speculated, (std::vector<int64_t>{1, 2, 3, 7, 9, 12, 17}));
+  EXPECT_EQ(rolled, speculated);  // (a clip of 1e-6 binds on every step)
+  EXPECT_NE(r.out.find("speculates from now on"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::is_empty(swap()));
+}
+
 // `strata bench io --mode rw`: half the blocks written and half read, in flight together (the
 // traffic of an offloaded step); every byte of --size is moved once, and the swap file is freed.
 TEST_F(OffloadCli, BenchIoMixedModeMovesEveryByteOnce) {

@@ -143,7 +143,11 @@ TEST_F(ResumeCli, BitExactThroughSpeculateAutosTrial) {
   int speculated = 0;
   for (std::string line; std::getline(lines, line);) speculated += line.find("\"speculated\":true") != std::string::npos;
   EXPECT_GE(speculated, 3);  // the trial's first way
-  EXPECT_LE(speculated, 7);  // (not its second)
+  EXPECT_LE(speculated, 7);  // (at most steps 7-10 after it)
+  // The resumed run's own trial: steps 6-8 speculate, 9-10 wait.
+  std::vector<bool> resumed;
+  for (const auto& j : strata::test::read_metrics(dir_ / "b" / "m.jsonl")) resumed.push_back(j["speculated"].get<bool>());
+  EXPECT_EQ(resumed, (std::vector<bool>{true, true, true, false, false}));
 }
 TEST_F(ResumeCli, BitExactBf16WithAccumulation) { expect_resume_exact("optimizer-nvme", "resident", "--dtype bf16 --grad-accum 2 "); }
 // Without clipping each unit updates in the backward (nothing is left pending at a step's end):

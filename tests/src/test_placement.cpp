@@ -500,10 +500,10 @@ TEST(SpeculationTrial, LeavesOutEachWaysFirstStepAndWantsAClearGain) {
   EXPECT_DOUBLE_EQ(t.speculating_ms(), 105);
   EXPECT_DOUBLE_EQ(t.waiting_ms(), 125);
   EXPECT_TRUE(t.verdict());
-  EXPECT_TRUE(t.speculate_next());
   EXPECT_FALSE(t.record(1));  // decided: steps no longer count
+  EXPECT_DOUBLE_EQ(t.speculating_ms(), 105);
   t.agree(false);
-  EXPECT_FALSE(t.speculate_next());
+  EXPECT_FALSE(t.verdict());
 
   SpeculationTrial close(2);  // 99 against 100: under 2%, it waits
   for (double ms : {1.0, 99.0, 1.0, 100.0}) close.record(ms);
