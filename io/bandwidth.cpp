@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <thread>
 
 #include "io/aligned_buffer.h"
 
@@ -50,6 +51,67 @@ Bandwidth measure_bandwidth(SwapSpace& space, uint64_t piece, int count) {
   }
   space.free(e);
   return bw;
+}
+
+BackgroundTraffic::BackgroundTraffic(SwapSpace& space, uint64_t piece, int count)
+    : space_(space), piece_(piece), count_(count), extent_(space.allocate(piece * static_cast<uint64_t>(count))) {
+  try {
+    thread_ = std::thread([this] { run(); });
+  } catch (...) {
+    space_.free(extent_);
+    throw;
+  }
+}
+
+BackgroundTraffic::~BackgroundTraffic() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  space_.free(extent_);
+}
+
+void BackgroundTraffic::stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (error_) std::rethrow_exception(error_);
+}
+
+void BackgroundTraffic::wait_started() const {
+  while (moved_.load() == 0 && !stop_.load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  if (stop_.load() && error_) std::rethrow_exception(error_);
+}
+
+// Writes every piece, then reads every piece, kInFlight at a time, until stop_; the first
+// failure is kept for stop() and ends the traffic.
+void BackgroundTraffic::run() {
+  constexpr int kInFlight = 4;
+  std::deque<IoHandle> inflight;
+  try {
+    AlignedBuffer buf(piece_ * kInFlight);
+    std::memset(buf.data(), 0x5a, buf.size());
+    // The first pass writes into fresh swap space (which ext4 converts from unwritten extents,
+    // at about half the speed: measure_bandwidth's note) and is not counted.
+    const uint64_t first_pass = static_cast<uint64_t>(count_);
+    for (uint64_t n = 0; !stop_.load(); ++n) {
+      const uint64_t u = n % (2 * static_cast<uint64_t>(count_));
+      const bool write = u < static_cast<uint64_t>(count_);
+      if (inflight.size() == kInFlight) {
+        inflight.front().wait();
+        if (n - kInFlight >= first_pass) moved_ += piece_;
+        inflight.pop_front();
+      }
+      char* p = buf.as<char>() + (n % kInFlight) * piece_;
+      const uint64_t off = (u % static_cast<uint64_t>(count_)) * piece_;
+      inflight.push_back(write ? space_.write(extent_, off, piece_, p) : space_.read(extent_, off, piece_, p));
+    }
+    for (auto& h : inflight) h.wait();
+  } catch (...) {
+    error_ = std::current_exception();
+    for (auto& h : inflight) try {
+        h.wait();
+      } catch (...) {
+      }
+    stop_ = true;
+  }
 }
 
 }  // namespace strata::io

@@ -2,7 +2,10 @@
 // of whole extents through the same engine and SwapSpace the offload store uses (so striping,
 // O_DIRECT and queue depth are the run's own), for `strata plan` and the offload bench.
 #pragma once
+#include <atomic>
 #include <cstdint>
+#include <exception>
+#include <thread>
 
 #include "io/swap_space.h"
 
@@ -18,5 +21,35 @@ struct Bandwidth {
 // an overwrite), which a run pays once, not every step. Throws IoError (path, errno) as any swap
 // I/O would.
 Bandwidth measure_bandwidth(SwapSpace& space, uint64_t piece_bytes, int count);
+
+// Disk traffic in the background, as an offloaded step makes it: a thread writes `count` pieces
+// of `piece_bytes` and reads them back (4 in flight), pass after pass, until destroyed, through
+// `space`, so its checksums, O_DIRECT and completions cost the CPU what a run's do. For probes
+// that time compute beside the disk (perf_model.h probe_compute_rate_under_io).
+class BackgroundTraffic {
+ public:
+  BackgroundTraffic(SwapSpace& space, uint64_t piece_bytes, int count);
+  ~BackgroundTraffic();  // lets the pieces in flight finish, then frees the space
+  BackgroundTraffic(const BackgroundTraffic&) = delete;
+  BackgroundTraffic& operator=(const BackgroundTraffic&) = delete;
+
+  // Until a piece has moved after the first pass (which writes into fresh space, and does not
+  // count); rethrows the traffic's failure.
+  void wait_started() const;
+  uint64_t bytes_moved() const { return moved_.load(); }  // since the first pass
+  // Stops the traffic and rethrows its first failure (an IoError naming the path), if any.
+  void stop();
+
+ private:
+  void run();
+  SwapSpace& space_;
+  uint64_t piece_;
+  int count_;
+  Extent extent_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> moved_{0};
+  std::exception_ptr error_;
+  std::thread thread_;
+};
 
 }  // namespace strata::io

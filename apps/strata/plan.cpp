@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cerrno>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
@@ -55,6 +56,10 @@ struct PlanOptions {
   double nvme_bw = 0;      // GB/s, both directions; 0: probe the --nvme-path directories
   double probe_s = 2;      // seconds per probe
   double probe_gflop = 0;  // 0: not given, the backend's default
+  // --io-interference COMPUTE,DISK: compute's speed beside the disk's traffic and the disk's
+  // beside compute (perf_model.h Interference), instead of the probe's; "": probed with the
+  // bandwidth (none where --nvme-bw skips that probe).
+  std::string io_interference;
   bool json = false;
   int world = 1;           // plan one rank of a job of this many ranks
   // --backend cuda modeled on a GPU that need not be here: a known one by name, and/or figures.
@@ -72,7 +77,32 @@ constexpr double kMinProbeS = 0.01, kMaxProbeS = 60;
 constexpr int kMaxWorld = 65536;
 constexpr double kMinProbeGflop = 0.001, kMaxProbeGflop = 1e9;
 
+// --io-interference COMPUTE,DISK: two fractions in (0, 1]; "" is none given.
+std::optional<Interference> parse_io_interference(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  const auto bad = [&] {
+    return std::invalid_argument("plan --io-interference " + text +
+                                 ": give COMPUTE,DISK, each a fraction in (0, 1]: compute's speed while the disk "
+                                 "moves bytes and the disk's while compute runs, each relative to its speed alone "
+                                 "(1,1: no interference)");
+  };
+  const size_t comma = text.find(',');
+  if (comma == std::string::npos) throw bad();
+  Interference r;
+  for (auto [part, out] : {std::pair{text.substr(0, comma), &r.compute}, std::pair{text.substr(comma + 1), &r.disk}}) {
+    size_t used = 0;
+    try {
+      *out = std::stod(part, &used);
+    } catch (const std::exception&) {
+      throw bad();
+    }
+    if (used != part.size() || !std::isfinite(*out) || *out <= 0 || *out > 1) throw bad();
+  }
+  return r;
+}
+
 void check_plan_flags(const PlanOptions& po) {
+  (void)parse_io_interference(po.io_interference);
   if (!std::isfinite(po.nvme_bw) || (po.nvme_bw != 0 && (po.nvme_bw < kMinNvmeGbps || po.nvme_bw > kMaxNvmeGbps)))
     throw std::invalid_argument(fmt::format("plan --nvme-bw {}: give the NVMe bandwidth in GB/s, between {} and {} "
                                             "(or 0 to probe the --nvme-path directories)",
@@ -168,8 +198,10 @@ void check_fits_gpu(const GpuSpec& g, const MemoryPlan& mp) {
 // --nvme-path directories have less than twice that free (the probe takes at most half of the
 // free space, split evenly as the swap space stripes it). Below a floor the numbers would say
 // more about the page cache than the disk, so it declines. Any failure names the probe and the
-// flag that skips it: `strata train` with the same flags never runs it.
-io::Bandwidth probe_nvme(const std::vector<std::string>& paths) {
+// flag that skips it: `strata train` with the same flags never runs it. `beside` then runs in
+// the same swap space with the probe's piece size (the compute-beside-I/O probe), unless null.
+io::Bandwidth probe_nvme(const std::vector<std::string>& paths,
+                         const std::function<void(io::SwapSpace&, uint64_t piece)>& beside) {
   constexpr int kPieces = 32;
   constexpr uint64_t kMaxProbeBytes = 512ull << 20, kMinProbeBytes = 8ull << 20;
   const std::string skip = "; give --nvme-bw GB/s to skip the probe";
@@ -198,7 +230,9 @@ io::Bandwidth probe_nvme(const std::vector<std::string>& paths) {
     so.paths = paths;
     so.allow_buffered = true;
     io::SwapSpace space(so, *engine);
-    return io::measure_bandwidth(space, piece, kPieces);
+    const io::Bandwidth bw = io::measure_bandwidth(space, piece, kPieces);
+    if (beside) beside(space, piece);
+    return bw;
   } catch (const std::exception& e) {
     throw std::runtime_error("plan: the NVMe bandwidth probe (" + offload::format_size(total) + " written twice and read once) failed: " +
                              e.what() + skip);
@@ -212,6 +246,7 @@ struct Prediction {
   // Twin-Flow (--optimizer-on-device): AdamW's parts on the CPU and on the device.
   double adamw_cpu_ms = 0, adamw_device_ms = 0, device_params = 0;
   double window_compute_ms = 0;  // the compute AdamW runs beside (the first forward, or the last backward)
+  Interference interference;  // compute and the disk beside each other (the replay's; 1, 1: not probed)
   bool twin() const { return adamw_device_ms > 0; }
   std::array<double, offload::kNumLinks> link_gbs{};  // GB/s per link (0: not known)
   io::Bandwidth bw{};
@@ -242,7 +277,8 @@ class Predictor {
   // cfg, lora: the run's model and adapters (plan_run's), which no placement changes.
   Predictor(const PlanOptions& po, const ModelConfig& cfg, const LoraSpec& lora)
       : po_(po), gpu_(modeled_gpu(po)), backend_(kernels::parse_backend(po.train.backend)),
-        dt_(kernels::parse_dtype(po.train.dtype)), cfg_(cfg), lora_(lora), bw_{po.nvme_bw, po.nvme_bw} {
+        dt_(kernels::parse_dtype(po.train.dtype)), cfg_(cfg), lora_(lora), bw_{po.nvme_bw, po.nvme_bw},
+        interference_(parse_io_interference(po.io_interference).value_or(Interference{})) {
     const TrainOptions& o = po.train;
     // Rates. Compute and AdamW on this machine's CPU backend (the GPU's when it is the backend,
     // modeled from its figures with --gpu).
@@ -290,7 +326,15 @@ class Predictor {
     Prediction r;
     r.adam_rate = adam_rate(adam_on_cpu, model);
     const uint64_t nvme_moved = mp.link_bytes[2] + mp.link_bytes[3];
-    if (!bw_probed_ && po_.nvme_bw <= 0 && nvme_moved > 0) bw_ = probe_nvme(o.nvme_paths), bw_probed_ = true;
+    if (!bw_probed_ && po_.nvme_bw <= 0 && nvme_moved > 0) {
+      // On the CPU backend the replay also needs what the disk's traffic takes from compute.
+      std::function<void(io::SwapSpace&, uint64_t)> beside;
+      if (backend_ == kernels::Backend::cpu && po_.io_interference.empty())
+        beside = [&](io::SwapSpace& space, uint64_t piece) {
+          interference_ = probe_interference(*rt_, dt_, cfg_, o.batch * o.seq, space, piece, po_.probe_s);
+        };
+      bw_ = probe_nvme(o.nvme_paths, beside), bw_probed_ = true;
+    }
     r.bw = bw_;
     // Each link's rate in GB/s (0: not known): PCIe each way from a modeled GPU's figures, NVMe probed.
     r.link_gbs = {gpu_ ? gpu_->pcie_gbs : 0, gpu_ ? gpu_->pcie_gbs : 0, bw_.write_gbps, bw_.read_gbps};
@@ -341,7 +385,9 @@ class Predictor {
       r.compute_and_update = f.compute_ms + f.adamw_ms;
     }
     f.predicted_ms = std::max({r.compute_and_update, f.nvme_ms, r.pcie_ms});
-    const offload::LinkRates nvme_rates{.nvme_read = bw_.read_gbps * 1e6, .nvme_write = bw_.write_gbps * 1e6};
+    const offload::LinkRates nvme_rates{.nvme_read = bw_.read_gbps * 1e6, .nvme_write = bw_.write_gbps * 1e6,
+                                        .compute_beside_nvme = interference_.compute,
+                                        .nvme_beside_compute = interference_.disk};
     // CPU backend: the plan replayed against a clock (TieredMemory::estimate). The largest floor
     // assumes compute and I/O overlap throughout; where the budget leaves nothing to move during
     // part of the step, that part adds its compute (1.5B all on NVMe with 8 GiB of host RAM on a
@@ -352,6 +398,7 @@ class Predictor {
       c.phases = phases_;
       c.adamw_params_per_ms = r.adam_rate / 1e3;
       c.links = nvme_rates;
+      r.interference = interference_;
       r.tl = estimate_run(o, p, c);
       f.predicted_ms = std::max(f.predicted_ms, r.tl.step_ms);
     }
@@ -413,6 +460,7 @@ class Predictor {
   double adam_cpu_ = 0, adam_device_ = 0;
   io::Bandwidth bw_;
   bool bw_probed_ = false;
+  Interference interference_;  // --io-interference, or probed with the bandwidth (else none: --nvme-bw)
 };
 
 // `--offload auto` resolved: the search, its budgets, and the options with the pick applied.
@@ -714,6 +762,11 @@ int run_plan(const PlanOptions& po) {
       j["replayed_step_ms"] = tl.step_ms;
       j["replayed_stall_ms"] = tl.stall_ms;
       j["replayed_nvme_busy_ms"] = tl.nvme_busy_ms;
+      j["replayed_compute_ms"] = tl.compute_ms;
+      j["replayed_slowed_ms"] = tl.slowed_ms;
+      j["compute_beside_nvme"] = r.interference.compute;
+      j["nvme_beside_compute"] = r.interference.disk;
+      j["replayed_nvme_overlapped"] = tl.nvme_overlapped;
     }
     if (has_barrier)
       j.update({{"barrier_step_ms", barrier.step_ms},
@@ -918,9 +971,17 @@ int run_plan(const PlanOptions& po) {
                barrier.window_io_ms, barrier.window_compute_ms, barrier.ms_per_gib);
   };
   if (replayed) {
-    fmt::print("\npredicted step: {:.0f} ms (the plan replayed: {:.0f} ms, of which compute {:.0f} ms, waiting for "
+    const std::string slowed =
+        tl.slowed_ms > 0 ? fmt::format(" ({:.0f} ms of it the disk's traffic taking the cores: compute runs at "
+                                       "{:.0f}% beside the disk and the disk at {:.0f}% beside compute ({}), which "
+                                       "overlaps {:.0f}% of its busy time)",
+                                       tl.slowed_ms, 100 * r.interference.compute, 100 * r.interference.disk,
+                                       po.io_interference.empty() ? "probed" : "--io-interference",
+                                       100 * tl.nvme_overlapped)
+                         : "";
+    fmt::print("\npredicted step: {:.0f} ms (the plan replayed: {:.0f} ms, of which compute {:.0f} ms{}, waiting for "
                "blocks {:.0f} ms, NVMe busy {:.0f} ms; the largest floor {:.0f} ms; offload plan {})\n",
-               f.predicted_ms, tl.step_ms, tl.compute_ms, tl.stall_ms, tl.nvme_busy_ms,
+               f.predicted_ms, tl.step_ms, tl.compute_ms, slowed, tl.stall_ms, tl.nvme_busy_ms,
                std::max(compute_and_update, f.nvme_ms), mp.policy.empty() ? "none" : mp.policy);
     print_barrier();
     return 0;
@@ -985,6 +1046,10 @@ void register_plan(CLI::App& app, Run& run) {
     cmd->get_option(flag)->group("");
   cmd->add_option("--nvme-bw", opts->nvme_bw, "NVMe bandwidth in GB/s (0: probe the --nvme-path directories, up to 512 MiB written twice and read once)");
   cmd->add_option("--probe-seconds", opts->probe_s, "seconds per rate probe (the model's phases, AdamW)");
+  cmd->add_option("--io-interference", opts->io_interference,
+                  "COMPUTE,DISK: compute's speed while the disk moves bytes and the disk's while compute runs, "
+                  "each a fraction of its speed alone, instead of probing them with the bandwidth (CPU backend; "
+                  "none where --nvme-bw skips the probe)");
   cmd->add_option("--probe-gflop", opts->probe_gflop,
                   fmt::format("the largest one-block micro-batch (GFLOP, forward and backward, with the head) timed "
                               "as is; a larger one is timed scaled down and extrapolated (default {:g}; {:g} on "

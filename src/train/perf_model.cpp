@@ -7,9 +7,11 @@
 #include <initializer_list>
 #include <limits>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "io/bandwidth.h"
 #include "src/comm/communicator.h"
 #include "src/optim/adamw.h"
 
@@ -172,6 +174,69 @@ double probe_adamw_params_per_s(kernels::Runtime& rt, DType dt, int64_t n, doubl
                 dt == DType::f32 ? nullptr : w.data(), dt);
   });
   return static_cast<double>(n) / sec;
+}
+
+Interference probe_interference(kernels::Runtime& rt, DType dt, const ModelConfig& cfg, int64_t rows,
+                                io::SwapSpace& space, uint64_t piece_bytes, double seconds) {
+  const DType ab = dt == DType::f32 ? DType::f32 : DType::bf16;
+  const int64_t m = std::clamp<int64_t>(rows, 16, 2048), k = cfg.hidden_size, n = cfg.intermediate_size;
+  const size_t esz = kernels::dtype_size(ab);
+  kernels::DeviceBuffer a(rt, static_cast<size_t>(m * k) * esz), b(rt, static_cast<size_t>(k * n) * esz),
+      c(rt, static_cast<size_t>(m * n) * esz);
+  auto s = rt.create_stream();
+  s->memset_async(a.data(), 0x3c, a.bytes());  // 0.0115 in bf16 and f32: no zeros, no denormals
+  s->memset_async(b.data(), 0x3c, b.bytes());
+  const kernels::MatmulArgs mm{.a = a.data(), .b = b.data(), .c = c.data(), .ab_dtype = ab, .c_dtype = ab,
+                               .m = m, .n = n, .k = k};
+  rt.ops().matmul(*s, mm);  // warm up: oneDNN's primitive and the pages
+  s->synchronize();
+  const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  // GEMMs per second over `sec`, each one waited for, so the count follows the traffic's pace.
+  const auto gemms = [&](double sec) {
+    const auto t0 = Clock::now();
+    int calls = 0;
+    double elapsed = 0;
+    do {
+      rt.ops().matmul(*s, mm);
+      s->synchronize();
+      ++calls;
+      elapsed = since(t0);
+    } while (elapsed < sec);
+    return calls / elapsed;
+  };
+  // Compute alone; then, with the traffic running, three rounds of the disk alone and both
+  // together (the disk's own pace drifts by tens of percent within a second on a virtio disk,
+  // so each round compares it with itself); then compute alone again.
+  constexpr int kRounds = 3;
+  const double alone_before = gemms(seconds / 6);
+  Interference r;
+  {
+    io::BackgroundTraffic traffic(space, piece_bytes, 16);
+    traffic.wait_started();
+    double disk_alone_s = 0, beside_s = 0, calls = 0;
+    uint64_t disk_alone_bytes = 0, beside_bytes = 0;
+    for (int round = 0; round < kRounds; ++round) {
+      auto t0 = Clock::now();
+      uint64_t b0 = traffic.bytes_moved();
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds / 10));
+      disk_alone_s += since(t0);
+      disk_alone_bytes += traffic.bytes_moved() - b0;
+      t0 = Clock::now();
+      b0 = traffic.bytes_moved();
+      const double rate = gemms(seconds / 6);
+      const double el = since(t0);
+      calls += rate * el;
+      beside_s += el;
+      beside_bytes += traffic.bytes_moved() - b0;
+    }
+    traffic.stop();
+    r.compute = calls / beside_s;
+    const double disk_alone = static_cast<double>(disk_alone_bytes) / disk_alone_s;
+    r.disk = disk_alone > 0 ? std::clamp(static_cast<double>(beside_bytes) / beside_s / disk_alone, 0.05, 1.0) : 1;
+  }
+  const double alone = 0.5 * (alone_before + gemms(seconds / 6));
+  r.compute = std::clamp(r.compute / alone, 0.05, 1.0);
+  return r;
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "io/swap_space.h"
 #include "kernels/runtime.h"
 #include "src/model/transformer.h"
 
@@ -24,6 +25,20 @@ double step_flops(const ModelConfig& c, int64_t n_params, int64_t batch, int64_t
 // AdamW throughput (parameters/s) of the runtime's kernel over n fp32 parameters with a working
 // copy in dt (what the optimizer phase runs unit by unit).
 double probe_adamw_params_per_s(kernels::Runtime& rt, DType dt, int64_t n, double seconds);
+
+// Compute and the disk beside each other, each one's speed relative to its speed alone (in
+// (0, 1]). On the CPU backend the I/O's own CPU work (checksums, completions, the kernel's block
+// layer) and the GEMMs share the cores: on the 2-vCPU VM the 1.5B all-NVMe step computes for
+// 5.8-6.0 s where its phases probed alone add up to 5.2 s. A GEMM at the model's MLP shape (rows
+// × hidden × intermediate, in dt) is timed alone, then beside io::BackgroundTraffic on `space`
+// (16 pieces of piece_bytes, the run's checksums and O_DIRECT) in three rounds, each after the
+// traffic alone, then alone again: about 1.1 × `seconds` in all. Throws the traffic's IoError.
+struct Interference {
+  double compute = 1;  // compute's speed while the disk moves bytes
+  double disk = 1;     // the disk's while compute runs
+};
+Interference probe_interference(kernels::Runtime& rt, DType dt, const ModelConfig& cfg, int64_t rows,
+                                io::SwapSpace& space, uint64_t piece_bytes, double seconds);
 
 // The model's own phases, timed on a one-block copy of it (same widths, vocab, batch shape and
 // dtype; random weights and tokens) for about `seconds` in all: what a step's compute costs on

@@ -2,12 +2,14 @@
 // (speculating in the backward, and waiting for the norm) and the run keeps the faster.
 //
 // Why measured and not predicted: on the 1.5B all-NVMe run of bench/RESULTS.md (2 vCPUs,
-// 8 GiB of host RAM) `strata plan` replays the speculative step at 9.8-10.0 s and the waiting
-// one at 8.5-8.8 s, but the run measured 9.5 s against 10.2 s: the replay has compute and I/O
-// overlap where, on two cores, the I/O's own CPU slows compute (measured compute 7.7 s
-// speculating, 5.7 s waiting, against 4.7-5.1 s probed). A prediction that ranks the two the
-// wrong way round would switch speculation off exactly where it pays; a few timed steps do
-// not, and cost nothing in results: both ways are bitwise the same run.
+// 8 GiB of host RAM) `strata plan` replayed the speculative step at 9.8-10.0 s and the waiting
+// one at 8.5-8.8 s, but the run measured 9.5 s against 10.2 s: the replay had compute and I/O
+// overlap where, on two cores, the I/O's own CPU slows compute. The replay now counts that
+// (perf_model.h Interference), but the two ways still differ by less than the run-to-run noise
+// (on 2026-12-07: 10.5 s speculating against 10.2 s waiting, the plan 10.7 against 9.3). A
+// prediction that ranks the two the wrong way round would switch speculation off exactly where
+// it pays; a few timed steps do not, and cost nothing in results: both ways are bitwise the
+// same run.
 #pragma once
 
 namespace strata {

@@ -96,6 +96,8 @@ TEST_F(MessagesCli, PlanRejectsOutOfRangeFlags) {
   for (const char* s : {"0", "-1", "nan", "1e9"})  // in a shell with a timeout: 1e9 s of probing never ended
     expect_error(run_in_shell("true", "plan " + tiny() + "--seq 32 --probe-seconds " + s), "--probe-seconds");
   for (const char* w : {"0", "1000000000"}) expect_error(run(plan + "--world " + w), "--world");
+  for (const char* f : {"0,1", "1,0", "1.5,1", "0.5", "a,b", "0.5,0.5,0.5", "nan,1", "0.5x,1", ","})
+    expect_error(run(plan + "--io-interference " + f), "--io-interference");
   EXPECT_EQ(run(plan + "--nvme-bw 2.5 --world 2 --json").status, 0);  // in range
   for (const char* g : {"0", "-1", "nan", "inf", "2e9"}) expect_error(run(plan + "--probe-gflop " + g), "--probe-gflop");
 }

@@ -299,3 +299,38 @@ TEST_F(PlanAutoCli, ASplitGivenWithAutoIsKeptOnlyWhereTheOptimizerIsOffloaded) {
   ASSERT_TRUE(cpu.contains("auto")) << cpu.dump();
   EXPECT_EQ(cpu["optimizer_on_device"], "0.5");
 }
+
+// The replay with the disk's traffic taking the cores (--io-interference, else probed with the
+// bandwidth): compute slows where the disk moves bytes, the disk where compute runs, and the
+// output says by how much; 1,1 slows nothing, and --nvme-bw alone (no probe) assumes nothing.
+TEST_F(PlanCli, TheReplaySlowsComputeAndTheDiskBesideEachOther) {
+  fs::create_directories(dir_ / "nvme");
+  const std::string nvme = plan("tiny") + "--host-mem 3M --offload-params nvme --offload-grads nvme "
+                           "--offload-optimizer nvme --nvme-path " + (dir_ / "nvme").string() + " ";
+  const json none = plan_json(nvme + "--nvme-bw 1");
+  EXPECT_EQ(none["compute_beside_nvme"], 1.0);
+  EXPECT_EQ(none["nvme_beside_compute"], 1.0);
+  EXPECT_EQ(none["replayed_slowed_ms"], 0.0);
+  const json ones = plan_json(nvme + "--nvme-bw 1 --io-interference 1,1");
+  EXPECT_EQ(ones["replayed_slowed_ms"], 0.0);
+  const json half = plan_json(nvme + "--nvme-bw 1 --io-interference 0.5,0.25");
+  EXPECT_EQ(half["compute_beside_nvme"], 0.5);
+  EXPECT_EQ(half["nvme_beside_compute"], 0.25);
+  EXPECT_GT(half["replayed_slowed_ms"].get<double>(), 0);
+  EXPECT_GT(half["replayed_nvme_overlapped"].get<double>(), 0);
+  // The disk at a quarter of its speed beside compute: its busy time is its bytes at the rate
+  // the settled overlap leaves it (within the replay's settling tolerance).
+  const double bytes_ms = half["nvme_ms"].get<double>(), share = half["replayed_nvme_overlapped"].get<double>();
+  EXPECT_NEAR(half["replayed_nvme_busy_ms"].get<double>() * (1 - share * 0.75), bytes_ms, 0.05 * bytes_ms);
+  const strata::test::CliResult text = strata::test::run_strata(dir_, nvme + "--nvme-bw 1 --io-interference 0.5,0.25");
+  EXPECT_NE(text.out.find("the disk's traffic taking the cores: compute runs at 50% beside the disk and the disk at "
+                          "25% beside compute (--io-interference)"),
+            std::string::npos)
+      << text.out;
+  // Probed with the bandwidth on the --nvme-path.
+  const json probed = plan_json(nvme);
+  for (const char* k : {"compute_beside_nvme", "nvme_beside_compute"}) {
+    EXPECT_GT(probed[k].get<double>(), 0) << k;
+    EXPECT_LE(probed[k].get<double>(), 1) << k;
+  }
+}
