@@ -1,6 +1,8 @@
 // Two timed passes over one extent, a fixed number of pieces in flight.
 #include "io/bandwidth.h"
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -12,7 +14,7 @@ namespace strata::io {
 
 Bandwidth measure_bandwidth(SwapSpace& space, uint64_t piece, int count) {
   using Clock = std::chrono::steady_clock;
-  constexpr int kInFlight = 4;
+  constexpr int kInFlight = 4, kRounds = 3;
   Extent e = space.allocate(piece * static_cast<uint64_t>(count));
   AlignedBuffer buf(piece * kInFlight);
   std::memset(buf.data(), 0x5a, buf.size());
@@ -43,8 +45,12 @@ Bandwidth measure_bandwidth(SwapSpace& space, uint64_t piece, int count) {
   Bandwidth bw;
   try {
     pass(true);  // the space's first write (see the header)
-    bw.write_gbps = pass(true);
-    bw.read_gbps = pass(false);
+    std::array<double, kRounds> w{}, r{};
+    for (int i = 0; i < kRounds; ++i) w[i] = pass(true), r[i] = pass(false);
+    std::sort(w.begin(), w.end());
+    std::sort(r.begin(), r.end());
+    bw.write_gbps = w[kRounds / 2];
+    bw.read_gbps = r[kRounds / 2];
   } catch (...) {
     space.free(e);
     throw;

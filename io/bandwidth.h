@@ -15,8 +15,11 @@ struct Bandwidth {
   double read_gbps = 0, write_gbps = 0;  // 10^9 bytes/s
 };
 
-// Writes `count` pieces of `piece_bytes` (4 at a time in flight) twice, timing the second pass,
-// then reads them back; frees the space again. The first write into freshly allocated swap space
+// Writes `count` pieces of `piece_bytes` (4 at a time in flight), then three times writes them
+// again and reads them back, each pass timed: the median pass of each direction is its rate (a
+// virtio disk's pace drifts by tens of percent within a second, and one slow pass would
+// otherwise be the plan's disk: a 1.65 GB/s write pass where the passes around it ran at 5-7).
+// Frees the space again. The first write into freshly allocated swap space
 // converts the filesystem's unwritten extents (ext4 on a virtio disk: 3.5 GB/s against 6.4 for
 // an overwrite), which a run pays once, not every step. Throws IoError (path, errno) as any swap
 // I/O would.

@@ -194,9 +194,10 @@ void check_fits_gpu(const GpuSpec& g, const MemoryPlan& mp) {
                                          static_cast<uint64_t>(g.mem_gib), offload::format_size(mp.minimum[0])));
 }
 
-// The NVMe bandwidth probe: 32 pieces written twice then read, 512 MiB in all, less where the
-// --nvme-path directories have less than twice that free (the probe takes at most half of the
-// free space, split evenly as the swap space stripes it). Below a floor the numbers would say
+// The NVMe bandwidth probe: 32 pieces written four times and read three times (the median of
+// each direction's timed passes), 512 MiB in all, less where the --nvme-path directories have
+// less than twice that free (the probe takes at most half of the free space, split evenly as
+// the swap space stripes it). Below a floor the numbers would say
 // more about the page cache than the disk, so it declines. Any failure names the probe and the
 // flag that skips it: `strata train` with the same flags never runs it. `beside` then runs in
 // the same swap space with the probe's piece size (the compute-beside-I/O probe), unless null.
@@ -234,7 +235,7 @@ io::Bandwidth probe_nvme(const std::vector<std::string>& paths,
     if (beside) beside(space, piece);
     return bw;
   } catch (const std::exception& e) {
-    throw std::runtime_error("plan: the NVMe bandwidth probe (" + offload::format_size(total) + " written twice and read once) failed: " +
+    throw std::runtime_error("plan: the NVMe bandwidth probe (" + offload::format_size(total) + " written four times and read three times) failed: " +
                              e.what() + skip);
   }
 }
@@ -1044,7 +1045,7 @@ void register_plan(CLI::App& app, Run& run) {
   for (const char* flag : {"--metrics", "--out", "--overwrite-model", "--log-every", "--checkpoint-dir",
                            "--checkpoint-every", "--keep", "--resume"})
     cmd->get_option(flag)->group("");
-  cmd->add_option("--nvme-bw", opts->nvme_bw, "NVMe bandwidth in GB/s (0: probe the --nvme-path directories, up to 512 MiB written twice and read once)");
+  cmd->add_option("--nvme-bw", opts->nvme_bw, "NVMe bandwidth in GB/s (0: probe the --nvme-path directories, up to 512 MiB written four times and read three times)");
   cmd->add_option("--probe-seconds", opts->probe_s, "seconds per rate probe (the model's phases, AdamW)");
   cmd->add_option("--io-interference", opts->io_interference,
                   "COMPUTE,DISK: compute's speed while the disk moves bytes and the disk's while compute runs, "

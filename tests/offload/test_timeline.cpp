@@ -1,5 +1,6 @@
 // Timeline: a planned step replayed against a clock — compute alone, NVMe alone, the two
-// overlapped by prefetching, and serialised where the budget leaves no room to prefetch.
+// overlapped by prefetching, and serialised where the budget leaves no room to prefetch; and
+// compute and the disk slowing each other where they overlap (LinkRates' interference).
 #include <gtest/gtest.h>
 
 #include <algorithm>
