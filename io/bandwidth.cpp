@@ -1,4 +1,5 @@
-// Two timed passes over one extent, a fixed number of pieces in flight.
+// Timed passes over one extent (the median of three each way), a fixed number of pieces in
+// flight; and the same traffic in the background, for probes that time compute beside it.
 #include "io/bandwidth.h"
 
 #include <algorithm>
