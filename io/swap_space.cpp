@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cassert>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -66,6 +67,7 @@ struct SwapSpace::Impl {
   uint32_t next_dir = 0;
   uint64_t bytes_allocated = 0;
   std::atomic<uint64_t> checksum_failures{0};
+  std::atomic<uint64_t> checksum_ns{0};  // time in crc32c_blocks, summed over threads
 
   void open_dir(Dir& d);
   uint64_t alloc_region(Dir& d, uint64_t bytes);  // throws IoError on ENOSPC etc.
@@ -338,6 +340,11 @@ IoHandle SwapSpace::read(const Extent& e, uint64_t offset, uint64_t length, void
 
 namespace {
 
+uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count());
+}
+
 // crc32c of a 4 KiB block of zeros: what a zeroed range verifies against.
 uint32_t zero_block_crc() {
   static const uint32_t crc = [] {
@@ -451,8 +458,11 @@ IoHandle SwapSpace::extent_io(IoOp op, const Extent& e, uint64_t offset, uint64_
   }
   const uint64_t n_blocks = length / kChecksumBlock;
   if (crc && op == IoOp::write) {
-    // On the submitting thread, where the bytes are (and warm in cache), outside the lock.
+    // On the submitting thread, outside the lock. (The bytes are seldom still in a cache: a
+    // write-back goes long after the optimizer or the backward wrote them.)
+    const auto t0 = std::chrono::steady_clock::now();
     crc32c_blocks(buf, n_blocks, kChecksumBlock, crc);
+    m.checksum_ns.fetch_add(elapsed_ns(t0), std::memory_order_relaxed);
     std::memset(written, 1, n_blocks);
   }
   if (crc && op == IoOp::read) {
@@ -466,7 +476,9 @@ IoHandle SwapSpace::extent_io(IoOp op, const Extent& e, uint64_t offset, uint64_
     };
     auto found = std::make_shared<Found>();
     const char* base = static_cast<const char*>(buf);
-    ro.check_piece = [found, base, crc, written](const char* from, uint64_t bytes) {
+    std::atomic<uint64_t>* spent = &m.checksum_ns;  // the space outlives its I/O
+    ro.check_piece = [found, base, crc, written, spent](const char* from, uint64_t bytes) {
+      const auto t0 = std::chrono::steady_clock::now();
       constexpr uint64_t kBatch = 64;
       uint32_t got[kBatch];
       const uint64_t b_lo = static_cast<uint64_t>(from - base) / kChecksumBlock, n = bytes / kChecksumBlock;
@@ -485,6 +497,7 @@ IoHandle SwapSpace::extent_io(IoOp op, const Extent& e, uint64_t offset, uint64_
           }
         }
       }
+      spent->fetch_add(elapsed_ns(t0), std::memory_order_relaxed);
     };
     const uint64_t id = e.id;
     ro.verify = [&m, found, offset, id] {
@@ -526,6 +539,7 @@ SwapStats SwapSpace::stats() const {
   }
   s.extents = impl_->extents.size();
   s.checksum_failures = impl_->checksum_failures.load();
+  s.checksum_ms = static_cast<double>(impl_->checksum_ns.load(std::memory_order_relaxed)) / 1e6;
   return s;
 }
 

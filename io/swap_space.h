@@ -37,6 +37,7 @@ struct SwapStats {
   uint64_t bytes_reserved = 0;    // file space preallocated, all paths
   uint64_t extents = 0;
   uint64_t checksum_failures = 0;
+  double checksum_ms = 0;         // time summing and checking checksums since start, summed over threads
   bool buffered = false;          // some path fell back to buffered I/O
 };
 

@@ -149,6 +149,7 @@ nlohmann::json step_metrics(const StepStats& st, const offload::OffloadStats& os
   }
   j["io_ms"] = st.link_ms[2] + st.link_ms[3];
   j["nvme_busy_ms"] = st.nvme_busy_ms;
+  j["checksum_ms"] = st.checksum_ms;
   j["stall_ms"] = st.stall_ms;
   j["compute_ms"] = st.compute_ms;
   j["comm_bytes_sent"] = st.comm_bytes;

@@ -702,6 +702,8 @@ void TieredMemory::flip() {
         mgr_->discard(static_cast<BlockId>(layout_->block(k == 0 ? Role::master : Role::adam, u + n, parity_)));
 }
 
+double TieredMemory::checksum_ms() const { return swap_ ? swap_->stats().checksum_ms : 0.0; }
+
 std::vector<std::string> TieredMemory::swap_files() const { return swap_ ? swap_->files() : std::vector<std::string>{}; }
 
 }  // namespace strata

@@ -47,6 +47,7 @@ struct StepStats {
   std::array<uint64_t, 4> link_bytes{};   // h2d, d2h, host_to_nvme, nvme_to_host
   std::array<double, 4> link_ms{};
   double nvme_busy_ms = 0;  // wall time with any NVMe read or write in flight (the disk's busy time)
+  double checksum_ms = 0;   // time in the swap's checksums, summed over threads: the I/O's own CPU cost
   double stall_ms = 0;
   double compute_ms = 0;  // time the compute (and optimizer) streams spent running work
   uint64_t comm_bytes = 0;  // sent by this rank to the others this step (as many received)

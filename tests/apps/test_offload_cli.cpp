@@ -110,6 +110,24 @@ TEST_F(OffloadCli, BitFlipOnNvmeMidRunIsReportedNotTrainedOn) {
   EXPECT_EQ(slurp(dir_ / "model" / "model.safetensors"), before);
 }
 
+// --metrics' checksum_ms: the time the swap's checksums took in the step. Every step of the
+// all-NVMe run moves bytes through the swap, so each has some; a run without NVMe has none.
+TEST_F(OffloadCli, MetricsCountTheChecksumsCpuTime) {
+  ASSERT_EQ(run("train " + nvme_args() + "--steps 3 --metrics " + (dir_ / "nvme.jsonl").string()).status, 0);
+  const auto nvme = strata::test::read_metrics(dir_ / "nvme.jsonl");
+  ASSERT_EQ(nvme.size(), 3u);
+  for (const auto& j : nvme) {
+    ASSERT_GT(j["host_to_nvme_bytes"].get<uint64_t>() + j["nvme_to_host_bytes"].get<uint64_t>(), 0u) << j.dump();
+    EXPECT_GT(j["checksum_ms"].get<double>(), 0.0) << j.dump();
+    EXPECT_LT(j["checksum_ms"].get<double>(), 2 * j["step_ms"].get<double>()) << j.dump();  // at most both threads' time
+  }
+  ASSERT_EQ(run("train --model " + (dir_ / "tiny").string() + " --threads 1 --seq 32 --steps 2 --metrics " +
+                (dir_ / "resident.jsonl").string())
+                .status,
+            0);
+  for (const auto& j : strata::test::read_metrics(dir_ / "resident.jsonl")) EXPECT_EQ(j["checksum_ms"].get<double>(), 0.0);
+}
+
 // The swap files are allocated (fallocate) before step 1: a disk without the room fails there.
 TEST_F(OffloadCli, FullDiskIsOneLineBeforeTraining) {
   if (::mount("tmpfs", swap().c_str(), "tmpfs", 0, "size=1m") != 0)

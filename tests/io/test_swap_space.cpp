@@ -297,6 +297,33 @@ TEST_P(SwapTest, NeverWrittenBlocksAreNotVerified) {
   EXPECT_EQ(swap.stats().checksum_failures, 0u);
 }
 
+// stats().checksum_ms counts the time writes spend summing and reads checking, and nothing
+// without checksums.
+TEST_P(SwapTest, ChecksumTimeIsCounted) {
+  auto e = engine();
+  for (bool checksums : {true, false}) {
+    SwapOptions so;
+    so.paths = {a_.path()};
+    so.checksums = checksums;
+    SwapSpace swap(so, *e);
+    EXPECT_EQ(swap.stats().checksum_ms, 0.0);
+    Extent x = swap.allocate(4 << 20);
+    AlignedBuffer buf(4 << 20);
+    fill_random(buf.data(), 4 << 20, 5);
+    swap.write(x, buf.data()).wait();
+    const double after_write = swap.stats().checksum_ms;
+    swap.read(x, buf.data()).wait();
+    const double after_read = swap.stats().checksum_ms;
+    if (checksums) {
+      EXPECT_GT(after_write, 0.0);
+      EXPECT_GT(after_read, after_write);
+    } else {
+      EXPECT_EQ(after_read, 0.0);
+    }
+    swap.free(x);
+  }
+}
+
 // zero(): a striped range that held data reads back as zeros — through fallocate ZERO_RANGE, and
 // through the written-zeros fallback — the bytes around it are kept, and the zeros are verified:
 // a bit flipped inside the zeroed range is a ChecksumError naming its file.
