@@ -186,6 +186,20 @@ __attribute__((target("pclmul,sse4.2"))) inline __m128i fold128(__m128i x, const
   return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
 }
 
+// The last 16-byte chunk, holding the whole message mod P, summed from a zero register.
+__attribute__((target("sse4.2"))) inline uint32_t finish(__m128i x) {
+  const uint64_t r = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(x)));
+  return static_cast<uint32_t>(_mm_crc32_u64(r, static_cast<uint64_t>(_mm_extract_epi64(x, 1))));
+}
+
+// Folds the first n - n % step bytes with `fold` (n >= step), then the rest with crc32.
+uint32_t fold_then_hw(const unsigned char* p, size_t n, uint32_t c, size_t step,
+                      uint32_t (*fold)(const unsigned char*, size_t, uint32_t)) {
+  if (n < step) return hw_raw(p, n, c);
+  const size_t head = n - n % step;
+  return hw_raw(p + head, n - head, fold(p, n, c));
+}
+
 __attribute__((target("avx512f"))) inline __m512i in_every_lane(const FoldConstants& f) {
   const auto lo = static_cast<long long>(f.lo), hi = static_cast<long long>(f.hi);
   return _mm512_set_epi64(hi, lo, hi, lo, hi, lo, hi, lo);
@@ -213,15 +227,7 @@ __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) uint32_t clmul_raw(c
   x = _mm_xor_si128(x, fold128(_mm512_maskz_extracti32x4_epi32(0xF, a3, 0), kc.by384));
   x = _mm_xor_si128(x, fold128(_mm512_maskz_extracti32x4_epi32(0xF, a3, 1), kc.by256));
   x = _mm_xor_si128(x, fold128(_mm512_maskz_extracti32x4_epi32(0xF, a3, 2), kc.by128));
-  uint64_t r = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(x)));
-  r = _mm_crc32_u64(r, static_cast<uint64_t>(_mm_extract_epi64(x, 1)));
-  return static_cast<uint32_t>(r);
-}
-
-__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) uint32_t clmul_then_hw(const unsigned char* p, size_t n, uint32_t c) {
-  if (n < kClmulStep) return hw_raw(p, n, c);
-  const size_t head = n - n % kClmulStep;
-  return hw_raw(p + head, n - head, clmul_raw(p, n, c));
+  return finish(x);
 }
 
 // The same over 256-bit registers, for CPUs with VPCLMULQDQ but no AVX-512 (Intel's client cores
@@ -255,22 +261,30 @@ __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.2"))) uint32_t clmul256_raw(c
   a1 = fold256(a0, k256, a1);
   a2 = fold256(a1, k256, a2);
   a3 = fold256(a2, k256, a3);
-  const __m128i x = _mm_xor_si128(_mm256_extracti128_si256(a3, 1), fold128(_mm256_castsi256_si128(a3), kc.by128));
-  uint64_t r = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(x)));
-  r = _mm_crc32_u64(r, static_cast<uint64_t>(_mm_extract_epi64(x, 1)));
-  return static_cast<uint32_t>(r);
-}
-
-__attribute__((target("avx2,vpclmulqdq,pclmul,sse4.2"))) uint32_t clmul256_then_hw(const unsigned char* p, size_t n, uint32_t c) {
-  if (n < kClmul256Step) return hw_raw(p, n, c);
-  const size_t head = n - n % kClmul256Step;
-  return hw_raw(p + head, n - head, clmul256_raw(p, n, c));
+  return finish(_mm_xor_si128(_mm256_extracti128_si256(a3, 1), fold128(_mm256_castsi256_si128(a3), kc.by128)));
 }
 #endif
 
-}  // namespace
+// Raw register c advanced over [p, p + n) by `path`, which the caller has checked the CPU has.
+uint32_t raw_with(Crc32cPath path, const unsigned char* p, size_t n, uint32_t c) {
+  switch (path) {
+    case Crc32cPath::table: break;
+#if defined(__x86_64__)
+    case Crc32cPath::sse42: return hw_raw(p, n, c);
+    case Crc32cPath::vpclmulqdq_avx2: return fold_then_hw(p, n, c, kClmul256Step, clmul256_raw);
+    case Crc32cPath::vpclmulqdq_avx512: return fold_then_hw(p, n, c, kClmulStep, clmul_raw);
+#else
+    default: break;
+#endif
+  }
+  return table_raw(p, n, c);
+}
 
-bool crc32c_hardware() { return crc32c_supported(Crc32cPath::sse42); }
+void require(Crc32cPath path) {
+  if (!crc32c_supported(path)) throw std::invalid_argument(std::string("crc32c: this CPU has no ") + crc32c_name(path));
+}
+
+}  // namespace
 
 bool crc32c_supported(Crc32cPath path) {
   switch (path) {
@@ -323,32 +337,21 @@ uint32_t crc32c_table(const void* data, size_t bytes, uint32_t crc) {
 }
 
 uint32_t crc32c_with(Crc32cPath path, const void* data, size_t bytes, uint32_t crc) {
-  if (!crc32c_supported(path)) throw std::invalid_argument(std::string("crc32c: this CPU has no ") + crc32c_name(path));
-  [[maybe_unused]] const auto* p = static_cast<const unsigned char*>(data);
-  switch (path) {
-    case Crc32cPath::table: break;
-#if defined(__x86_64__)
-    case Crc32cPath::sse42: return ~hw_raw(p, bytes, ~crc);
-    case Crc32cPath::vpclmulqdq_avx2: return ~clmul256_then_hw(p, bytes, ~crc);
-    case Crc32cPath::vpclmulqdq_avx512: return ~clmul_then_hw(p, bytes, ~crc);
-#else
-    default: break;
-#endif
-  }
-  return crc32c_table(data, bytes, crc);
+  require(path);
+  return ~raw_with(path, static_cast<const unsigned char*>(data), bytes, ~crc);
 }
 
 uint32_t crc32c(const void* data, size_t bytes, uint32_t crc) { return crc32c_with(crc32c_fastest(), data, bytes, crc); }
 
 void crc32c_blocks_with(Crc32cPath path, const void* data, size_t n_blocks, size_t block_bytes, uint32_t* out) {
-  if (!crc32c_supported(path)) throw std::invalid_argument(std::string("crc32c: this CPU has no ") + crc32c_name(path));
+  require(path);
   const auto* p = static_cast<const unsigned char*>(data);
   size_t k = 0;
 #if defined(__x86_64__)
   if (path == Crc32cPath::sse42 && block_bytes % 8 == 0)
     for (; k + 3 <= n_blocks; k += 3) hw_three_blocks(p + k * block_bytes, block_bytes, out + k);
 #endif
-  for (; k < n_blocks; ++k) out[k] = crc32c_with(path, p + k * block_bytes, block_bytes);
+  for (; k < n_blocks; ++k) out[k] = ~raw_with(path, p + k * block_bytes, block_bytes, ~0u);
 }
 
 void crc32c_blocks(const void* data, size_t n_blocks, size_t block_bytes, uint32_t* out) {

@@ -16,7 +16,6 @@ uint32_t crc32c(const void* data, size_t bytes, uint32_t crc = 0);
 void crc32c_blocks(const void* data, size_t n_blocks, size_t block_bytes, uint32_t* out);
 // The portable path, exposed so tests can check the hardware path against it.
 uint32_t crc32c_table(const void* data, size_t bytes, uint32_t crc = 0);
-bool crc32c_hardware();
 
 // Each implementation by name, so tests and benchmarks can run every one this CPU has against the
 // table. crc32c() and crc32c_blocks() use crc32c_fastest().

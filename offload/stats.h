@@ -49,6 +49,7 @@ struct OffloadStats {
   std::array<LinkStats, kNumLinks> links;
   std::array<TierStats, kNumTiers> tiers;
   double nvme_busy_ms = 0;      // wall time with any NVMe I/O in flight (either direction)
+  double checksum_ms = 0;       // time in the swap's checksums, summed over threads (filled by the swap's owner)
   double ms_stalled = 0;        // client time blocked in Handle::wait
   uint64_t stalls = 0;          // waits that found the block not yet ready
   uint64_t steps = 0;

@@ -702,7 +702,11 @@ void TieredMemory::flip() {
         mgr_->discard(static_cast<BlockId>(layout_->block(k == 0 ? Role::master : Role::adam, u + n, parity_)));
 }
 
-double TieredMemory::checksum_ms() const { return swap_ ? swap_->stats().checksum_ms : 0.0; }
+offload::OffloadStats TieredMemory::stats() const {
+  offload::OffloadStats s = mgr_->stats();
+  if (swap_) s.checksum_ms = swap_->stats().checksum_ms;
+  return s;
+}
 
 std::vector<std::string> TieredMemory::swap_files() const { return swap_ ? swap_->files() : std::vector<std::string>{}; }
 

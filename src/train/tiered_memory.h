@@ -139,9 +139,8 @@ class TieredMemory final : public RunMemory {
 
   void* extra_device() const { return extra_; }  // the step buffers (extra_device_bytes)
   const MemoryPlan& memory_plan() const { return plan_; }
-  offload::OffloadStats stats() const { return mgr_->stats(); }
+  offload::OffloadStats stats() const;  // the manager's, and the swap's checksum time
   double stall_ms() const { return stall_ms_; }  // compute waited for blocks (all steps)
-  double checksum_ms() const;                     // time in the swap's checksums (all steps, summed over threads)
   std::vector<std::string> swap_files() const;
   // A block's tier on `side` (compute or optimizer).
   offload::Tier tier_of(Role r, int index, Side side) const;

@@ -185,7 +185,6 @@ Trainer::Trainer(const TrainOptions& opts) : impl_(std::make_unique<Impl>()) {
   m.stream->synchronize();
   m.opt_stream().synchronize();
   m.last_stats = m.mem->stats();
-  m.last_checksum_ms = m.mem->checksum_ms();
   // Last, after every check: a run that fails to start leaves an earlier metrics file intact.
   if (rank0 && !o.metrics.empty()) m.metrics.open(o.metrics, m.run_id, !m.resumed_from.empty(), m.steps_done);
   m.startup_s = ms_since(t_start) / 1e3;
@@ -445,8 +444,7 @@ StepStats Trainer::step() {
     st.link_ms[static_cast<size_t>(l)] = now.links[l].ms_busy - m.last_stats.links[l].ms_busy;
   }
   st.nvme_busy_ms = now.nvme_busy_ms - m.last_stats.nvme_busy_ms;
-  const double checksum_ms = m.mem->checksum_ms();
-  st.checksum_ms = checksum_ms - m.last_checksum_ms;
+  st.checksum_ms = now.checksum_ms - m.last_stats.checksum_ms;
   st.stall_ms = m.mem->stall_ms() - m.last_stall;
   // (the compute stream's timed waits for collectives are not compute)
   st.tp_comm_ms = m.groups->tp().busy_ms() - tp_ms0;
@@ -462,7 +460,6 @@ StepStats Trainer::step() {
   st.comm_exposed_ms = m.exposed_ms() - exposed0;
   m.last_stats = now;
   m.last_stall = m.mem->stall_ms();
-  m.last_checksum_ms = checksum_ms;
   return st;
 }
 

@@ -75,7 +75,6 @@ struct Trainer::Impl {
   double weights_s = 0;  // of startup_s: initialising or loading the weights into their tiers
   offload::OffloadStats last_stats;   // cumulative, at the end of the previous step
   double last_stall = 0;
-  double last_checksum_ms = 0;        // cumulative, as last_stats
   // The last step's optimizer step, carried out inside the next step's forward (or by flush()).
   std::optional<PendingUpdate> pending;
   // --speculate auto backs off after a rollback: the next `plain_left` steps wait for the norm

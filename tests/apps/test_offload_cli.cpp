@@ -111,11 +111,17 @@ TEST_F(OffloadCli, BitFlipOnNvmeMidRunIsReportedNotTrainedOn) {
 }
 
 // --metrics' checksum_ms: the time the swap's checksums took in the step. Every step of the
-// all-NVMe run moves bytes through the swap, so each has some; a run without NVMe has none.
+// all-NVMe run moves bytes through the swap, so each has some; a run without NVMe has none. It
+// is the step's own time, not the run's so far: ten steps' worth that never once falls would be
+// a running total (ten timings in rising order by chance: about 1 in 3.6 million).
 TEST_F(OffloadCli, MetricsCountTheChecksumsCpuTime) {
-  ASSERT_EQ(run("train " + nvme_args() + "--steps 3 --metrics " + (dir_ / "nvme.jsonl").string()).status, 0);
+  ASSERT_EQ(run("train " + nvme_args() + "--steps 10 --metrics " + (dir_ / "nvme.jsonl").string()).status, 0);
   const auto nvme = strata::test::read_metrics(dir_ / "nvme.jsonl");
-  ASSERT_EQ(nvme.size(), 3u);
+  ASSERT_EQ(nvme.size(), 10u);
+  bool falls = false;
+  for (size_t i = 1; i < nvme.size(); ++i)
+    falls |= nvme[i]["checksum_ms"].get<double>() < nvme[i - 1]["checksum_ms"].get<double>();
+  EXPECT_TRUE(falls) << "checksum_ms only rises: a running total, not the step's";
   for (const auto& j : nvme) {
     ASSERT_GT(j["host_to_nvme_bytes"].get<uint64_t>() + j["nvme_to_host_bytes"].get<uint64_t>(), 0u) << j.dump();
     EXPECT_GT(j["checksum_ms"].get<double>(), 0.0) << j.dump();
