@@ -189,9 +189,13 @@ Plan choose(const Residency& state, const Schedule& s) {
 StepTimeline estimate_step(const Residency& start, const Schedule& s, std::span<const double> compute_after_ms,
                            const LinkRates& rates) {
   // The disk beside compute (LinkRates::nvme_beside_compute): its rates lowered by the share of
-  // its busy time compute overlapped in the last replay, until that share settles. The plans
-  // depend on the residency only, not on the clock: each step's is chosen once.
-  constexpr int kMaxReplays = 4;
+  // its busy time compute overlapped in the last replay, until that share settles. From the
+  // third replay on, the next share is the mean of the last two: a slower disk overlaps more
+  // compute, which slows it more, and on small steps the share can swing between two values
+  // instead of settling (the reported share and the rate it was replayed at then disagreed by
+  // up to 0.1). The plans depend on the residency only, not on the clock: each step's is
+  // chosen once.
+  constexpr int kMaxReplays = 6;
   constexpr double kSettled = 0.01;
   const Plan first_plan = choose(start, s);
   std::optional<Plan> second_plan;
@@ -215,7 +219,7 @@ StepTimeline estimate_step(const Residency& start, const Schedule& s, std::span<
     const double in_step = clock.busy(begin, clock.now());
     second.nvme_overlapped = in_step > 0 ? clock.overlap(begin, clock.now()) / in_step : 0;
     if (std::abs(second.nvme_overlapped - share) < kSettled) break;
-    share = second.nvme_overlapped;
+    share = replay < 1 ? second.nvme_overlapped : (share + second.nvme_overlapped) / 2;
   }
   return second;
 }
