@@ -184,6 +184,27 @@ std::filesystem::path make_owned_temp_dir(const std::filesystem::path& base, con
   return make_temp_dir(base, tagged.c_str());
 }
 
+namespace {
+// Whether pid is a process that has not exited (or one this user may not signal: not ours to
+// judge). An exited process its parent has not reaped yet is a zombie and counts as gone: an
+// mpirun rank killed after its launcher exited is reparented to the container's pid 1, which
+// may never reap it, and would otherwise keep its partial checkpoint forever.
+bool process_running(long pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno != ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return errno != ENOENT;  // (gone between the two looks, or no /proc: alive)
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  // "pid (comm) S ...": the state follows the last ')' (comm may hold spaces and parentheses).
+  const char* close = std::strrchr(buf, ')');
+  return !(close && close[1] == ' ' && close[2] == 'Z');
+}
+}  // namespace
+
 int remove_dead_pid_dirs(const std::filesystem::path& dir, const std::string& prefix, bool report) {
   std::error_code ec;
   int removed = 0;
@@ -195,7 +216,7 @@ int remove_dead_pid_dirs(const std::filesystem::path& dir, const std::string& pr
     const std::string pid_text = name.substr(prefix.size(), dash - prefix.size());
     if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) continue;
     const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
-    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    if (pid <= 0 || process_running(pid)) continue;
     std::error_code rm;
     if (!fs::is_directory(fs::symlink_status(it->path(), rm))) continue;
     if (fs::remove_all(it->path(), rm) > 0 && !rm) {

@@ -2,6 +2,7 @@
 // round-to-nearest-even, byte-identical re-save, sharding with an index, malformed files
 // (each error names the file and tensor), and crash-safe replacement of an existing directory.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -554,6 +555,27 @@ TEST_F(CheckpointDir, LeftoversOfKilledSavesAreRemoved) {
   EXPECT_TRUE(fs::exists(root_ / ("model.tmp-" + live + "-abc123")));
   EXPECT_TRUE(fs::exists(root_ / "model.tmp-x-abc123"));
   EXPECT_TRUE(fs::exists(root_ / ("other.tmp-" + dead + "-a")));
+}
+
+// A writer that exited but was never reaped (a zombie: an mpirun rank killed after its
+// launcher exited, reparented to a pid 1 that does not reap) left its temporary directory too.
+TEST_F(CheckpointDir, LeftoversOfAnExitedButUnreapedWriterAreRemoved) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  const std::string name = "model.tmp-" + std::to_string(child) + "-abc123";
+  fs::create_directories(root_ / name);
+  // Until it has exited (kill(pid, 0) still succeeds on the zombie).
+  for (int i = 0; i < 2000; ++i) {
+    siginfo_t info{};
+    ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOHANG | WNOWAIT), 0);
+    if (info.si_pid == child) break;
+    ::usleep(1000);
+  }
+  ASSERT_EQ(::kill(child, 0), 0) << "the child should be a zombie still";
+  EXPECT_EQ(remove_dead_pid_dirs(root_, "model.tmp-", false), 1);
+  EXPECT_FALSE(fs::exists(root_ / name));
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
 }
 
 // The split rule at its boundary: tensors that add up to exactly shard_bytes stay in one file;
