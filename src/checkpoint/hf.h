@@ -49,7 +49,14 @@ class HfCheckpoint {
   // Converts the named tensor into `dst` (numel elements of dst_dtype), round-to-nearest-even;
   // throws naming the tensor if it is missing or its shape differs from `expected_shape`.
   virtual void read_into(const std::string& name, const std::vector<int64_t>& expected_shape, void* dst,
-                         kernels::DType dst_dtype) const = 0;
+                         kernels::DType dst_dtype) const {
+    read_range(name, expected_shape, 0, -1, dst, dst_dtype);
+  }
+  // The same for the elements [begin, end) of the tensor in row-major order (end -1: to its
+  // last), so a rank loads its shard without touching the rest of the file: only those
+  // elements are converted and checked for non-finite values.
+  virtual void read_range(const std::string& name, const std::vector<int64_t>& expected_shape, int64_t begin,
+                          int64_t end, void* dst, kernels::DType dst_dtype) const = 0;
 };
 
 // A tensor to save: name, shape, dtype and a callback that fills its bytes (so huge models can

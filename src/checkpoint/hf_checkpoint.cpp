@@ -1,7 +1,12 @@
 // Reading a HF model directory: model.safetensors, or the shards listed by
 // model.safetensors.index.json, each memory-mapped and validated; tensors converted on read
 // into whatever dtype the caller's buffer holds.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -25,6 +30,20 @@ std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "(";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + ")";
+}
+
+// The mapping's hold on the whole pages inside [p, p + bytes), which have just been read, let
+// go (MADV_DONTNEED): the file's pages stay in the page cache, but no longer count in this
+// process's RSS, where a load would otherwise keep every byte it read (a whole model, or at a
+// ZeRO resume each rank's share of the checkpoint) until the checkpoint is closed. Read
+// again, they fault back in from the cache.
+void drop_pages(const void* p, size_t bytes, const std::string& file) {
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  if (hi > lo && ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0)
+    throw std::runtime_error(file + ": madvise(MADV_DONTNEED) of " + std::to_string(hi - lo) +
+                             " bytes read failed: " + errno_text());
 }
 
 // Converts n elements; the mapped source may be unaligned, so loads go through memcpy.
@@ -96,20 +115,29 @@ class MappedCheckpoint final : public HfCheckpoint {
     return it == by_name_.end() ? nullptr : &tensors_[it->second];
   }
 
-  void read_into(const std::string& name, const std::vector<int64_t>& expected_shape, void* dst,
-                 kernels::DType dst_dtype) const override {
+  void read_range(const std::string& name, const std::vector<int64_t>& expected_shape, int64_t begin, int64_t end,
+                  void* dst, kernels::DType dst_dtype) const override {
     const StoredTensor* t = find(name);
     if (!t) throw std::runtime_error(dir_.string() + ": tensor '" + name + "' not found in the checkpoint");
     if (t->shape != expected_shape)
       throw std::runtime_error(t->file + ": tensor '" + name + "': expected shape " + shape_str(expected_shape) +
                                ", found " + shape_str(t->shape));
-    const size_t n = t->nbytes / kernels::dtype_size(t->dtype);
+    const size_t esz = kernels::dtype_size(t->dtype);
+    const auto numel = static_cast<int64_t>(t->nbytes / esz);
+    if (end < 0) end = numel;
+    if (begin < 0 || begin > end || end > numel)
+      throw std::logic_error(t->file + ": tensor '" + name + "': elements [" + std::to_string(begin) + ", " +
+                             std::to_string(end) + ") of " + std::to_string(numel));
+    const auto n = static_cast<size_t>(end - begin);
+    const auto* src = static_cast<const unsigned char*>(t->data) + static_cast<size_t>(begin) * esz;
     // A NaN or Inf weight (a diverged run's save, a corrupt file) would make every loss NaN.
-    const size_t bad = first_non_finite(static_cast<const unsigned char*>(t->data), t->dtype, n);
+    const size_t bad = first_non_finite(src, t->dtype, n);
     if (bad < n)
       throw std::runtime_error(t->file + ": tensor '" + name + "' holds a non-finite value (NaN or Inf) at element " +
-                               std::to_string(bad) + "; the checkpoint is corrupt or was saved by a diverged run");
-    convert(t->data, t->dtype, dst, dst_dtype, n);
+                               std::to_string(static_cast<size_t>(begin) + bad) +
+                               "; the checkpoint is corrupt or was saved by a diverged run");
+    convert(src, t->dtype, dst, dst_dtype, n);
+    drop_pages(src, n * esz, t->file);
   }
 
  private:

@@ -550,18 +550,43 @@ void Transformer::init_range(int u, uint64_t seed, int64_t lo, int64_t hi, float
   if (hi > unit.n_real) std::fill(out + (std::max(lo, unit.n_real) - lo), out + (hi - lo), 0.f);
 }
 
+namespace {
+
+// p's name in ckpt: behind name_prefix, without the family's optional prefix where the file
+// leaves it out (gpt2's "transformer.").
+std::string stored_name(const HfCheckpoint& ckpt, const std::string& name_prefix, std::string_view optional,
+                        const ParamInfo& p) {
+  std::string name = name_prefix + p.name;
+  if (!optional.empty() && !ckpt.find(name) && name.rfind(optional, 0) == 0 && ckpt.find(name.substr(optional.size())))
+    name = name.substr(optional.size());
+  return name;
+}
+
+}  // namespace
+
 void Transformer::load_unit(int u, const HfCheckpoint& ckpt, float* master, const std::string& name_prefix,
                             const WholeTensorFn& whole) const {
   const Unit& unit = units_.at(static_cast<size_t>(u));
   for (int pi : unit.params) {
     const ParamInfo& p = params_[static_cast<size_t>(pi)];
-    std::string name = name_prefix + p.name;
-    const std::string_view prefix = recipe_.optional_prefix;
-    if (!prefix.empty() && !ckpt.find(name) && name.rfind(prefix, 0) == 0 && ckpt.find(name.substr(prefix.size())))
-      name = name.substr(prefix.size());
-    read_param(ckpt, name, p, master + p.unit_offset, whole);
+    read_param(ckpt, stored_name(ckpt, name_prefix, recipe_.optional_prefix, p), p, master + p.unit_offset, whole);
   }
   std::fill(master + unit.n_real, master + unit.numel, 0.f);
+}
+
+void Transformer::load_range(int u, const HfCheckpoint& ckpt, int64_t lo, int64_t hi, float* out,
+                             const std::string& name_prefix) const {
+  if (tp_.on()) throw std::logic_error("Transformer::load_range under tensor parallelism");
+  const Unit& unit = units_.at(static_cast<size_t>(u));
+  std::fill(out, out + (hi - lo), 0.f);
+  for (int pi : unit.params) {
+    const ParamInfo& p = params_[static_cast<size_t>(pi)];
+    // This tensor's elements inside [lo, hi): [a, b) of the tensor, at out + (offset + a - lo).
+    const int64_t a = std::max<int64_t>(0, lo - p.unit_offset), b = std::min(p.numel, hi - p.unit_offset);
+    if (b <= a) continue;
+    ckpt.read_range(stored_name(ckpt, name_prefix, recipe_.optional_prefix, p), p.shape, a, b,
+                    out + (p.unit_offset + a - lo), DType::f32);
+  }
 }
 
 void Transformer::read_param(const HfCheckpoint& ckpt, const std::string& name, const ParamInfo& p, float* dst,

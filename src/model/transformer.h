@@ -359,6 +359,11 @@ class Transformer {
   using WholeTensorFn = std::function<void(const ParamInfo& p, const float* values)>;
   void load_unit(int u, const HfCheckpoint& ckpt, float* master, const std::string& name_prefix = "",
                  const WholeTensorFn& whole = {}) const;
+  // The elements [lo, hi) of unit u from ckpt into out (hi - lo fp32 values; the padding zero):
+  // a ZeRO shard read without the rest of the unit (the 8B model's embedding is 2 GiB whole).
+  // Not under tensor parallelism (logic_error): a tp part is not a range of the HF tensor.
+  void load_range(int u, const HfCheckpoint& ckpt, int64_t lo, int64_t hi, float* out,
+                  const std::string& name_prefix = "") const;
   // Tensor `name` of ckpt, in p's HF shape, into dst (fp32): this rank's part of it under tensor
   // parallelism (p.shape), the whole tensor otherwise; whole (optional) as in load_unit.
   void read_param(const HfCheckpoint& ckpt, const std::string& name, const ParamInfo& p, float* dst,

@@ -39,9 +39,12 @@ Faults parse_faults(const std::string& text) {
     } else if ((kind == "io-read" || kind == "io-write" || kind == "io-flip") && !arg.empty()) {
       f.io = kind.substr(3);
       f.io_nth = number(arg, item);
+    } else if (kind == "save-fill" && !arg.empty()) {
+      f.save_fill_nth = number(arg, item);
     } else {
       throw std::invalid_argument("STRATA_FAULT: '" + item + "' is not a fault (kill:RANK:STEP, io-read:N, "
-                                  "io-write:N, io-flip:N, separate-optimizer, trial-verdicts:BITS; see src/train/faults.h)");
+                                  "io-write:N, io-flip:N, separate-optimizer, trial-verdicts:BITS, save-fill:N; see "
+                                  "src/train/faults.h)");
     }
   }
   return f;

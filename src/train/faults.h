@@ -10,6 +10,9 @@
 //                                      BITS[r] (the last for ranks past its end): 1 speculate,
 //                                      0 wait; e.g. 10: the ranks disagree (rank 0's must still
 //                                      decide for every rank)
+//   STRATA_FAULT=save-fill:N           the N-th tensor a save or checkpoint writes fails to be
+//                                      produced (as a diverged weight or a failed read would), counted
+//                                      on the rank that writes over the whole run
 // Several are separated by commas. Unset or empty: no fault. Anything else is an error naming the
 // variable, so a misspelt fault never passes a test by not firing.
 #pragma once
@@ -26,6 +29,7 @@ struct Faults {
   int64_t io_nth = 0;   // the piece it hits (1-based)
   bool separate_optimizer = false;
   std::string trial_verdicts;  // "": the trial's own; else a 0/1 per rank
+  int64_t save_fill_nth = 0;   // the tensor fill that fails (1-based; 0: none)
   // The verdict trial-verdicts gives `rank` (only where it is set).
   bool trial_verdict(int rank) const {
     return trial_verdicts[std::min(static_cast<size_t>(rank), trial_verdicts.size() - 1)] == '1';

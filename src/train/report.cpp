@@ -2,6 +2,7 @@
 #include "src/train/report.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -110,6 +111,14 @@ void MetricsFile::write(const nlohmann::json& j, int64_t step) {
 
 namespace {
 nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+// This process's peak resident memory so far (getrusage's ru_maxrss: KiB on Linux).
+uint64_t peak_rss_bytes() {
+  rusage ru{};
+  if (getrusage(RUSAGE_SELF, &ru) != 0)
+    throw std::runtime_error("getrusage(RUSAGE_SELF) failed: " + errno_text());
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+}
 }  // namespace
 
 nlohmann::json eval_metrics(const Trainer::EvalStats& ev, const std::string& run_id) {
@@ -166,6 +175,7 @@ nlohmann::json step_metrics(const StepStats& st, const offload::OffloadStats& os
     j["pp_bubble"] = st.pp_bubble;
   }
   j["device_peak_bytes"] = os.tiers[0].bytes_peak;
+  j["peak_rss_bytes"] = peak_rss_bytes();
   j["host_peak_bytes"] = os.tiers[1].bytes_peak;
   j["nvme_peak_bytes"] = os.tiers[2].bytes_peak;
   // The offload plan in use, what it expected to move per step, and how often a step left the

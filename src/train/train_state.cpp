@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -14,6 +16,7 @@
 #include "kernels/dtype.h"
 #include "src/checkpoint/hf.h"
 #include "src/checkpoint/train_checkpoint.h"
+#include "src/train/faults.h"
 #include "src/train/trainer_impl.h"
 
 namespace strata {
@@ -87,12 +90,23 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
   const auto in_pieces = [&](const Unit& unit, int u) {
     return !unit.trainable && !base && !model->stored_unit(u) && !sh.sharded_weights() && !tp().on();
   };
+  // A trainable unit (without tensor parallelism) is read or initialised in this rank's range
+  // only (init_range draws every element from a counter of its own; load_range reads a range of
+  // each tensor): straight into the master block (the whole unit, or this rank's shard), and
+  // where the weights block is whole beside a sharded master (stages 1-2) in pieces through
+  // `full`. Building each unit whole first made the stage-3 peak a whole embedding above the
+  // pools (147 MiB of gpt2's; 2 GiB of llama-8b's), on every rank, at every start and resume.
+  const auto ranged = [&](const Unit& unit) { return unit.trainable && !tp().on(); };
   std::vector<float> full;
   if (sharded || model->lora()) {
     int64_t most = 0;
     for (size_t ui = 0; ui < model->units().size(); ++ui) {
       const Unit& unit = model->units()[ui];
-      if (sharded || !unit.trainable) most = std::max(most, in_pieces(unit, static_cast<int>(ui)) ? kPiece : unit.numel);
+      const int u = static_cast<int>(ui);
+      if (ranged(unit))
+        most = std::max(most, !sharded || aliased || sh.sharded_weights() ? 0 : std::min(kPiece, unit.numel));
+      else if (sharded || !unit.trainable)
+        most = std::max(most, in_pieces(unit, u) ? kPiece : unit.numel);
     }
     full.resize(static_cast<size_t>(most));
   }
@@ -151,21 +165,48 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
       continue;
     }
     float* master = static_cast<float*>(mem->acquire(Role::master, u, offload::Mode::write, Side::host));
-    float* src = sharded ? full.data() : master;
-    if (adapters)
-      model->load_unit(u, *adapters, src, adapter_prefix);
-    else
-      model->init_unit(u, o.seed, src);
-    if (!aliased) {  // stage 3: the weights block is this rank's shard
-      void* w = mem->acquire(Role::params, u, offload::Mode::write, Side::host);
-      if (sh.sharded_weights())
-        cast_on_host(src + lo, w, n, dtype);
+    if (ranged(unit)) {
+      const auto fill_range = [&](int64_t a, int64_t b, float* out) {  // the unit's [a, b) into out
+        if (adapters) {
+          model->load_range(u, *adapters, a, b, out, adapter_prefix);
+        } else {
+          std::fill(out, out + (b - a), 0.f);  // (the padding after the tensors)
+          model->init_range(u, o.seed, a, b, out);
+        }
+      };
+      fill_range(lo, lo + n, master);
+      if (!aliased) {
+        char* w = static_cast<char*>(mem->acquire(Role::params, u, offload::Mode::write, Side::host));
+        if (!sharded || sh.sharded_weights()) {  // the weights block is the master's range
+          cast_on_host(master, w, n, dtype);
+        } else {  // stages 1-2: the whole unit's weights, a piece at a time
+          const size_t esz = kernels::dtype_size(dtype);
+          for (int64_t at = 0; at < unit.numel; at += kPiece) {
+            const int64_t n_piece = std::min(kPiece, unit.numel - at);
+            fill_range(at, at + n_piece, full.data());
+            cast_on_host(full.data(), w + static_cast<size_t>(at) * esz, n_piece, dtype);
+          }
+        }
+        mem->release(Role::params, u);
+        mem->write_back(Role::params, u);
+      }
+    } else {
+      float* src = sharded ? full.data() : master;
+      if (adapters)
+        model->load_unit(u, *adapters, src, adapter_prefix);
       else
-        cast_on_host(src, w, unit.numel, dtype);
-      mem->release(Role::params, u);
-      mem->write_back(Role::params, u);
+        model->init_unit(u, o.seed, src);
+      if (!aliased) {  // stage 3: the weights block is this rank's shard
+        void* w = mem->acquire(Role::params, u, offload::Mode::write, Side::host);
+        if (sh.sharded_weights())
+          cast_on_host(src + lo, w, n, dtype);
+        else
+          cast_on_host(src, w, unit.numel, dtype);
+        mem->release(Role::params, u);
+        mem->write_back(Role::params, u);
+      }
+      if (sharded) std::memcpy(master, src + lo, static_cast<size_t>(n) * 4);
     }
-    if (sharded) std::memcpy(master, src + lo, static_cast<size_t>(n) * 4);
     mem->release(Role::master, u);
     mem->write_back(Role::master, u);
     if (!optim) continue;
@@ -176,6 +217,16 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
     std::memset(adam, 0, static_cast<size_t>(al.length()) * 4);
     for (int half = 0; half < 2; ++half) {
       float* dst = static_cast<float*>(adam) + (half == 0 ? al.m_offset() : al.v_offset());
+      if (ranged(unit)) {  // each tensor's elements inside this rank's range
+        for (int pi : unit.params) {
+          const ParamInfo& p = model->params()[static_cast<size_t>(pi)];
+          const int64_t a = std::max<int64_t>(0, lo - p.unit_offset), b = std::min(p.numel, lo + n - p.unit_offset);
+          if (b > a)
+            optim->read_range(half == 0 ? exp_avg_name(p.name) : exp_avg_sq_name(p.name), p.shape, a, b,
+                              dst + (p.unit_offset + a - lo), DType::f32);
+        }
+        continue;
+      }
       float* whole = sharded ? full.data() : dst;
       if (sharded) std::fill(full.begin(), full.begin() + unit.numel, 0.f);
       for (int pi : unit.params) {
@@ -267,59 +318,180 @@ void Trainer::Impl::restore_state(const nlohmann::json& man) {
 std::vector<float> Trainer::Impl::gather_unit(Role role, int u, int64_t offset) {
   const Unit& unit = model->units()[static_cast<size_t>(u)];
   const int64_t n = sh.shard(unit.numel);
-  std::vector<float> whole(static_cast<size_t>(unit.numel));
+  // To rank 0 alone (an all-gather would stage the whole unit on every rank), stream-ordered
+  // like the step's collectives, so a rank that dies fails the others' waits instead of
+  // leaving them blocked in a host call.
+  Communicator& dp = groups->dp();
+  std::vector<float> whole(sh.rank == 0 ? static_cast<size_t>(unit.numel) : 0);
   const float* src = static_cast<const float*>(mem->acquire(role, u, offload::Mode::read, Side::host));
-  groups->dp().all_gather(src + offset, whole.data(), static_cast<size_t>(n), DType::f32, *stream);
-  stream->synchronize();
+  try {
+    if (sh.rank == 0) {
+      std::memcpy(whole.data(), src + offset, static_cast<size_t>(n) * 4);
+      for (int r = 1; r < sh.world; ++r)
+        dp.recv(whole.data() + static_cast<size_t>(r) * static_cast<size_t>(n), static_cast<size_t>(n), DType::f32, r,
+                *stream);
+    } else {
+      dp.send(src + offset, static_cast<size_t>(n), DType::f32, 0, *stream);
+    }
+    stream->synchronize();
+  } catch (...) {
+    mem->release(role, u);
+    throw;
+  }
   mem->release(role, u);
-  if (sh.rank != 0) std::vector<float>().swap(whole);
   return whole;
 }
+
+// The whole HF values of every trainable tensor of one role's block, produced in parameter
+// order one unit at a time on the job's rank 0: each held unit's parts (element offsets into its
+// block: the master's 0, AdamW's m and v) gathered from the ZeRO shards over the data-parallel
+// ranks, each tensor then from its tp group's parts on the group's rank 0, and (pipeline
+// parallel) sent to stage 0 by the first stage that holds it. Rank 0 stages one unit's parts
+// where it used to stage the whole model's (a checkpoint's master, m and v: 12 bytes a
+// parameter, 18 GB of a 1.5B model, beyond the pools). Collective, in the same order on every
+// rank: rank 0 pulls the tensors as its writer asks for them (get), and every rank ends with
+// finish(), which produces what no one asked for (the other ranks' whole share, or what rank 0's
+// writer left when it failed), so no rank is left waiting on a collective. Inside an aside
+// (TieredMemory::begin_step) on every rank.
+class Trainer::Impl::TensorStream {
+ public:
+  using Offset = std::function<int64_t(int)>;
+  // before: a stream of the same save whose tensors are written first; it finishes before this
+  // one produces anything (were a writer to ask out of that order, get throws instead of the
+  // ranks running different collectives).
+  TensorStream(Impl& m, Role role, std::vector<Offset> parts, TensorStream* before = nullptr)
+      : m_(m), role_(role), parts_(std::move(parts)), before_(before), unit_parts_(parts_.size()),
+        tensor_(parts_.size()), current_(parts_.size(), nullptr) {
+    const std::vector<ParamInfo>& ps = m_.model->params();
+    for (size_t pi = 0; pi < ps.size(); ++pi)
+      if (m_.model->units()[static_cast<size_t>(ps[pi].unit)].trainable) order_.push_back(pi);
+    // Pipeline parallel: each tensor's sender, the first stage holding it (over the pipeline
+    // group of data-parallel and tensor-parallel rank 0, the one with the job's rank 0).
+    if (sends()) {
+      Communicator& g = m_.groups->pp();
+      std::vector<uint8_t> mine(ps.size()), all(ps.size() * static_cast<size_t>(g.world()));
+      for (size_t pi = 0; pi < ps.size(); ++pi) mine[pi] = m_.model->holds(ps[pi]) && held(ps[pi].unit);
+      g.host_all_gather(mine.data(), all.data(), mine.size());
+      owner_.assign(ps.size(), -1);
+      for (size_t pi = 0; pi < ps.size(); ++pi)
+        for (int r = 0; r < g.world() && owner_[pi] < 0; ++r)
+          if (all[static_cast<size_t>(r) * ps.size() + pi]) owner_[pi] = r;
+    }
+  }
+  // Rank 0: part k of parameter pi's whole values (pi trainable; pi no smaller than the last
+  // call's), valid until the next call.
+  const float* get(size_t pi, size_t k) {
+    if (before_) before_->finish();
+    while (produced_ == 0 || order_[produced_ - 1] < pi) {
+      if (produced_ == order_.size()) throw std::logic_error("TensorStream: no trainable parameter " + std::to_string(pi));
+      produce(order_[produced_++]);
+    }
+    if (order_[produced_ - 1] != pi)
+      throw std::logic_error("TensorStream: parameter " + std::to_string(pi) + " asked for after a later one");
+    return current_.at(k);
+  }
+  void finish() {
+    if (before_) before_->finish();
+    while (produced_ < order_.size()) produce(order_[produced_++]);
+    for (auto& v : unit_parts_) std::vector<float>().swap(v);
+    for (auto& v : tensor_) std::vector<float>().swap(v);
+  }
+  // Rank 0's writer failed: the streams still produce what the other ranks wait for. The
+  // writer's error is the one the caller reports; one here (the job's communication broken
+  // too) is printed, not thrown over it.
+  static void finish_after_failure(std::initializer_list<TensorStream*> streams) {
+    for (TensorStream* s : streams) try {
+        if (s) s->finish();
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "strata: after the failed save, gathering the rest for the other ranks failed too: {}\n",
+                   e.what());
+      }
+  }
+
+ private:
+  bool held(int u) const {
+    const Unit& unit = m_.model->units()[static_cast<size_t>(u)];
+    return unit.trainable && unit.held;
+  }
+  bool sends() const { return m_.pp().on() && m_.sh.rank == 0 && m_.tp().rank == 0; }
+  void produce(size_t pi) {
+    const ParamInfo& p = m_.model->params()[pi];
+    const int u = p.unit;
+    if (held(u)) {
+      if (u != unit_) {  // this rank's part of the unit, whole over the data-parallel ranks (on their rank 0)
+        for (size_t k = 0; k < parts_.size(); ++k) {
+          std::vector<float>().swap(unit_parts_[k]);  // (one unit staged at a time)
+          const int64_t at = parts_[k](u);
+          if (m_.sh.sharded_optimizer()) {
+            unit_parts_[k] = m_.gather_unit(role_, u, at);
+          } else if (m_.sh.rank == 0) {  // (the other data-parallel ranks hold the same)
+            const int64_t numel = m_.model->units()[static_cast<size_t>(u)].numel;
+            const float* src = static_cast<const float*>(m_.mem->acquire(role_, u, offload::Mode::read, Side::host));
+            unit_parts_[k].assign(src + at, src + at + numel);
+            m_.mem->release(role_, u);
+          }
+        }
+        unit_ = u;
+      }
+      if (m_.sh.rank == 0)  // the tp groups of data-parallel rank 0 assemble the tensor
+        for (size_t k = 0; k < parts_.size(); ++k) {
+          if (m_.tp().on()) {
+            tensor_[k] = m_.whole_tensor(p, unit_parts_[k].data());
+            current_[k] = tensor_[k].data();
+          } else {
+            current_[k] = unit_parts_[k].data() + p.unit_offset;
+          }
+        }
+    }
+    if (!sends()) return;
+    const int owner = owner_[pi];
+    if (owner <= 0) return;  // stage 0's own
+    Communicator& g = m_.groups->pp();
+    int64_t numel = 1;
+    for (int64_t x : p.full_shape) numel *= x;
+    for (size_t k = 0; k < parts_.size(); ++k) {
+      if (g.rank() == owner) g.send(current_[k], static_cast<size_t>(numel), DType::f32, 0, *m_.stream);
+      if (g.rank() == 0) {
+        tensor_[k].resize(static_cast<size_t>(numel));
+        g.recv(tensor_[k].data(), static_cast<size_t>(numel), DType::f32, owner, *m_.stream);
+        current_[k] = tensor_[k].data();
+      }
+      m_.stream->synchronize();
+    }
+  }
+
+  Impl& m_;
+  Role role_;
+  std::vector<Offset> parts_;
+  TensorStream* before_;
+  std::vector<size_t> order_;  // the trainable parameters, in parameter order
+  size_t produced_ = 0;        // order_[0, produced_) have been produced
+  int unit_ = -1;              // the unit in unit_parts_
+  std::vector<std::vector<float>> unit_parts_, tensor_;  // [part]: the gathered unit; a tp- or pp-assembled tensor
+  std::vector<const float*> current_;                    // [part]: the last produced tensor's values (rank 0)
+  std::vector<int> owner_;                               // pipeline parallel: per parameter, its sender
+};
 
 std::vector<std::vector<float>> Trainer::Impl::gather_tensors(Role role, const std::function<int64_t(int)>& offset) {
   std::vector<std::vector<float>> out(model->params().size());
   mem->begin_step(TieredMemory::Schedule::aside);
-  for (size_t ui = 0; ui < model->units().size(); ++ui) {
-    const Unit& unit = model->units()[ui];
-    if (!unit.trainable || !unit.held) continue;
-    const int u = static_cast<int>(ui);
-    // This rank's part of the unit, whole over the data-parallel ranks (on their rank 0).
-    std::vector<float> part;
-    if (sh.sharded_optimizer()) {
-      part = gather_unit(role, u, offset(u));
-    } else {
-      const float* src = static_cast<const float*>(mem->acquire(role, u, offload::Mode::read, Side::host));
-      part.assign(src + offset(u), src + offset(u) + unit.numel);
-      mem->release(role, u);
-    }
-    if (sh.rank != 0) continue;  // the tp groups of data-parallel rank 0 gather
-    for (int pi : unit.params) out[static_cast<size_t>(pi)] = whole_tensor(model->params()[static_cast<size_t>(pi)], part.data());
+  try {
+    TensorStream s(*this, role, {offset});
+    if (rank0())
+      for (size_t pi = 0; pi < out.size(); ++pi) {
+        const ParamInfo& p = model->params()[pi];
+        if (!model->units()[static_cast<size_t>(p.unit)].trainable) continue;
+        int64_t numel = 1;
+        for (int64_t x : p.full_shape) numel *= x;
+        const float* v = s.get(pi, 0);
+        out[pi].assign(v, v + numel);
+      }
+    s.finish();
+  } catch (...) {
+    mem->end_step();
+    throw;
   }
   mem->end_step();
-  // Pipeline parallel: each tensor sent to stage 0 by the first stage that holds it, over the
-  // pipeline group of data-parallel and tensor-parallel rank 0 (the one with rank 0).
-  if (pp().on() && sh.rank == 0 && tp().rank == 0) {
-    Communicator& g = groups->pp();
-    const std::vector<ParamInfo>& ps = model->params();
-    std::vector<uint8_t> mine(ps.size()), all(ps.size() * static_cast<size_t>(g.world()));
-    for (size_t pi = 0; pi < ps.size(); ++pi) mine[pi] = model->holds(ps[pi]) && !out[pi].empty();
-    g.host_all_gather(mine.data(), all.data(), mine.size());
-    for (size_t pi = 0; pi < ps.size(); ++pi) {
-      int owner = -1;
-      for (int r = 0; r < g.world() && owner < 0; ++r)
-        if (all[static_cast<size_t>(r) * ps.size() + pi]) owner = r;
-      if (owner <= 0) continue;  // stage 0's own, or frozen (not gathered)
-      int64_t numel = 1;
-      for (int64_t x : ps[pi].full_shape) numel *= x;
-      if (g.rank() == owner) g.send(out[pi].data(), static_cast<size_t>(numel), DType::f32, 0, *stream);
-      if (g.rank() == 0) {
-        out[pi].resize(static_cast<size_t>(numel));
-        g.recv(out[pi].data(), static_cast<size_t>(numel), DType::f32, owner, *stream);
-      }
-    }
-    stream->synchronize();
-  }
-  if (!rank0()) out.assign(out.size(), {});
   return out;
 }
 
@@ -348,10 +520,20 @@ namespace {
 // A tensor's fp32 bytes, checked finite on the way: a last update can overflow (a diverging
 // run whose loss was still finite), and such weights never become a save or a checkpoint.
 void copy_finite(void* dst, const float* src, size_t bytes, const std::string& what) {
+  static int64_t fills = 0;  // (STRATA_FAULT=save-fill:N, tests only)
+  if (++fills == faults().save_fill_nth)
+    throw std::runtime_error("STRATA_FAULT=save-fill:" + std::to_string(fills) + ": this tensor failed on purpose");
   std::memcpy(dst, src, bytes);
   const float* f = static_cast<const float*>(dst);
   for (size_t i = 0; i < bytes / 4; ++i)
     if (!std::isfinite(f[i])) throw std::runtime_error(what + " (element " + std::to_string(i) + ")");
+}
+
+// Bytes of p's whole HF tensor in fp32 (under tensor parallelism more than this rank's part).
+size_t hf_bytes(const ParamInfo& p) {
+  size_t n = 4;
+  for (int64_t x : p.full_shape) n *= static_cast<size_t>(x);
+  return n;
 }
 
 // A save callback for one tensor: `bytes` from element `offset` of a unit's `role` block,
@@ -370,18 +552,13 @@ std::function<void(void*)> fill_from_block(TieredMemory* mem, Role role, int uni
   };
 }
 
-// The same from host memory that outlives the save (a unit gathered from every rank's shard).
-std::function<void(void*)> fill_from_host(const float* src, size_t bytes, std::string what) {
-  return [src, bytes, what = std::move(what)](void* dst) { copy_finite(dst, src, bytes, what); };
-}
 
 }  // namespace
 
 // The master weights, unit by unit from wherever they live, through the save's per-tensor
-// callbacks: no more than one tensor's bytes are staged at once. Sharded (stage >= 1): every
-// rank sends its shards and rank 0 holds the whole model's master weights for the save (so
-// rank 0 needs 4 bytes per parameter of host RAM beyond its pools). Collective: every rank
-// calls it; rank 0 alone writes.
+// callbacks: no more than one tensor's bytes are staged at once, or (sharded, tensor-parallel,
+// pipelined: saves_gathered) one unit gathered whole on rank 0 (TensorStream). Collective:
+// every rank calls it; rank 0 alone writes.
 void Trainer::save(const std::string& out_dir) const {
   Impl& m = *impl_;
   ModelConfig c = m.cfg;
@@ -389,38 +566,53 @@ void Trainer::save(const std::string& out_dir) const {
   m.flush();  // a pending update belongs to the weights being saved
   m.stream->synchronize();
   m.opt_stream().synchronize();
-  // Every tensor whole on rank 0 first (saves_gathered), or streamed from its block.
   const bool gathered = m.saves_gathered();
-  std::vector<std::vector<float>> whole;  // [param] (gathered, rank 0)
-  if (gathered) whole = m.gather_tensors(Role::master, [](int) { return int64_t{0}; });
-  if (m.tp().on() && m.o.merge_adapter) m.gather_base(whole);
-  if (!m.rank0()) return;
-  if (m.o.merge_adapter) return m.save_merged(out_dir, gathered ? &whole : nullptr);
-  std::vector<TensorToSave> tensors;
-  TieredMemory* mem = m.mem.get();
+  if (m.o.merge_adapter) {  // every tensor whole on rank 0 first: the merge needs base and adapters together
+    std::vector<std::vector<float>> whole;  // [param] (gathered, rank 0)
+    if (gathered) whole = m.gather_tensors(Role::master, [](int) { return int64_t{0}; });
+    if (m.tp().on()) m.gather_base(whole);
+    if (m.rank0()) m.save_merged(out_dir, gathered ? &whole : nullptr);
+    return;
+  }
   const std::string diverged = "the weights are not finite: the run diverged; nothing was saved";
   const bool lora = m.model->lora();  // a PEFT adapter: the trained adapters, in PEFT's names
-  for (const ParamInfo& p : m.model->params()) {
-    if (lora && !m.model->units()[static_cast<size_t>(p.unit)].trainable) continue;
-    const auto pi = static_cast<size_t>(&p - m.model->params().data());
-    tensors.push_back({lora ? "base_model.model." + p.name : p.name, p.full_shape, DType::f32,
-                       gathered ? fill_from_host(whole[pi].data(), whole[pi].size() * 4, diverged)
-                                : fill_from_block(mem, Role::master, p.unit, p.unit_offset,
-                                                  static_cast<size_t>(p.numel) * 4, diverged)});
-  }
+  TieredMemory* mem = m.mem.get();
   m.mem->begin_step(TieredMemory::Schedule::aside);
   try {
-    // The tokenizer of --model goes along: `strata generate` and `strata data` read the saved
-    // directory as they read the one it was trained from. (Read before the save replaces
-    // anything, so --out may be --model with --overwrite-model.)
-    std::vector<fs::path> tokenizer;
-    if (!m.o.model.empty())
-      for (const char* name : kTokenizerFiles)
-        if (fs::is_regular_file(fs::path(m.o.model) / name)) tokenizer.push_back(fs::path(m.o.model) / name);
-    if (lora)
-      save_peft_adapter(out_dir, m.peft_config(), tensors, tokenizer);
-    else
-      save_hf_model(out_dir, c, tensors, 5ull << 30, tokenizer);
+    std::unique_ptr<Impl::TensorStream> stream;
+    if (gathered) stream = std::make_unique<Impl::TensorStream>(m, Role::master, std::vector<Impl::TensorStream::Offset>{
+                                                                                     [](int) { return int64_t{0}; }});
+    if (m.rank0()) {
+      std::vector<TensorToSave> tensors;
+      for (const ParamInfo& p : m.model->params()) {
+        if (lora && !m.model->units()[static_cast<size_t>(p.unit)].trainable) continue;
+        const auto pi = static_cast<size_t>(&p - m.model->params().data());
+        const size_t bytes = hf_bytes(p);
+        tensors.push_back(
+            {lora ? "base_model.model." + p.name : p.name, p.full_shape, DType::f32,
+             gathered ? std::function<void(void*)>([s = stream.get(), pi, bytes, diverged](void* dst) {
+               copy_finite(dst, s->get(pi, 0), bytes, diverged);
+             })
+                      : fill_from_block(mem, Role::master, p.unit, p.unit_offset, bytes, diverged)});
+      }
+      // The tokenizer of --model goes along: `strata generate` and `strata data` read the saved
+      // directory as they read the one it was trained from. (Read before the save replaces
+      // anything, so --out may be --model with --overwrite-model.)
+      std::vector<fs::path> tokenizer;
+      if (!m.o.model.empty())
+        for (const char* name : kTokenizerFiles)
+          if (fs::is_regular_file(fs::path(m.o.model) / name)) tokenizer.push_back(fs::path(m.o.model) / name);
+      try {
+        if (lora)
+          save_peft_adapter(out_dir, m.peft_config(), tensors, tokenizer);
+        else
+          save_hf_model(out_dir, c, tensors, 5ull << 30, tokenizer);
+      } catch (...) {
+        Impl::TensorStream::finish_after_failure({stream.get()});
+        throw;
+      }
+    }
+    if (stream) stream->finish();
   } catch (...) {
     m.mem->end_step();  // every fill releases what it acquired
     throw;
@@ -432,66 +624,74 @@ int64_t Trainer::steps_done() const { return impl_->steps_done; }
 
 // The whole training state after the last step (its pending update applied first), each
 // tensor streamed from wherever its unit lives: at most one unit's block is staged at a time.
-// Sharded (stage >= 1): rank 0 gathers every unit's master, m and v first (12 bytes per
-// parameter of host RAM) and writes them unsharded by name, so a checkpoint does not depend on
-// the world size it was written at. Collective: every rank calls it; rank 0 alone writes (the
-// others return "").
+// Sharded (stage >= 1), tensor-parallel or pipelined: master, m and v gathered a unit at a time
+// to rank 0 (TensorStream), which writes them unsharded by name, so a checkpoint does not
+// depend on the grid it was written on. Collective: every rank calls it; rank 0 alone writes
+// (the others return "").
 std::string Trainer::save_checkpoint() {
   Impl& m = *impl_;
   if (m.o.checkpoint_dir.empty()) throw std::logic_error("save_checkpoint without --checkpoint-dir");
   m.flush();
-  // Master, m and v of every tensor whole on rank 0 first where save gathers too.
   const bool gathered = m.saves_gathered();
-  std::array<std::vector<std::vector<float>>, 3> whole;  // {master, m, v} [param] (gathered, rank 0)
-  if (gathered) {
-    const auto adam_at = [&m](bool v) {
-      return [&m, v](int u) {
-        const AdamLayout al = m.mem->units()[u].adam_layout();
-        return v ? al.v_offset() : al.m_offset();
-      };
-    };
-    whole[0] = m.gather_tensors(Role::master, [](int) { return int64_t{0}; });
-    whole[1] = m.gather_tensors(Role::adam, adam_at(false));
-    whole[2] = m.gather_tensors(Role::adam, adam_at(true));
-  }
-  if (!m.rank0()) {
-    m.last_checkpoint_step = m.steps_done;
-    return "";
-  }
-  TrainCheckpointContent c;
-  c.cfg = m.cfg;
-  c.cfg.torch_dtype = "float32";
-  c.state = m.state_json();
   TieredMemory* mem = m.mem.get();
-  for (const ParamInfo& p : m.model->params()) {
-    if (!m.model->units()[static_cast<size_t>(p.unit)].trainable) continue;  // LoRA: the adapters only
-    const AdamLayout al = m.mem->units()[p.unit].adam_layout();
-    // A last update that overflowed never becomes a checkpoint (rotation would then drop the
-    // good ones): the run stops instead, the previous checkpoint kept.
-    const std::string diverged =
-        "'" + p.name + "' is not finite: the run diverged; no checkpoint written, the previous one is kept";
-    const auto pi = static_cast<size_t>(&p - m.model->params().data());
-    auto from = [&](Role role, int64_t offset, int part) {
-      if (!gathered) return fill_from_block(mem, role, p.unit, offset, static_cast<size_t>(p.numel) * 4, diverged);
-      const std::vector<float>& t = whole[static_cast<size_t>(part)][pi];
-      return fill_from_host(t.data(), t.size() * 4, diverged);
-    };
-    c.model.push_back({p.name, p.full_shape, DType::f32, from(Role::master, p.unit_offset, 0)});
-    c.optimizer.push_back({exp_avg_name(p.name), p.full_shape, DType::f32, from(Role::adam, al.m_offset() + p.unit_offset, 1)});
-    c.optimizer.push_back(
-        {exp_avg_sq_name(p.name), p.full_shape, DType::f32, from(Role::adam, al.v_offset() + p.unit_offset, 2)});
-  }
-  m.mem->begin_step(TieredMemory::Schedule::aside);
   fs::path path;
+  m.mem->begin_step(TieredMemory::Schedule::aside);
   try {
-    path = write_train_checkpoint(m.o.checkpoint_dir, m.steps_done, c, static_cast<int>(std::min<int64_t>(m.o.keep, 1 << 30)));
+    // The model file (masters) is written before the optimizer file (m and v, by parameter):
+    // the streams follow that order, the moments' finishing the masters' first.
+    std::unique_ptr<Impl::TensorStream> masters, moments;
+    if (gathered) {
+      const auto adam_at = [&m](bool v) {
+        return [&m, v](int u) {
+          const AdamLayout al = m.mem->units()[u].adam_layout();
+          return v ? al.v_offset() : al.m_offset();
+        };
+      };
+      masters = std::make_unique<Impl::TensorStream>(
+          m, Role::master, std::vector<Impl::TensorStream::Offset>{[](int) { return int64_t{0}; }});
+      moments = std::make_unique<Impl::TensorStream>(
+          m, Role::adam, std::vector<Impl::TensorStream::Offset>{adam_at(false), adam_at(true)}, masters.get());
+    }
+    if (m.rank0()) {
+      TrainCheckpointContent c;
+      c.cfg = m.cfg;
+      c.cfg.torch_dtype = "float32";
+      c.state = m.state_json();
+      for (const ParamInfo& p : m.model->params()) {
+        if (!m.model->units()[static_cast<size_t>(p.unit)].trainable) continue;  // LoRA: the adapters only
+        const AdamLayout al = m.mem->units()[p.unit].adam_layout();
+        // A last update that overflowed never becomes a checkpoint (rotation would then drop the
+        // good ones): the run stops instead, the previous checkpoint kept.
+        const std::string diverged =
+            "'" + p.name + "' is not finite: the run diverged; no checkpoint written, the previous one is kept";
+        const auto pi = static_cast<size_t>(&p - m.model->params().data());
+        const size_t bytes = hf_bytes(p);
+        auto from = [&](Role role, int64_t offset, Impl::TensorStream* s, size_t part) -> std::function<void(void*)> {
+          if (!gathered) return fill_from_block(mem, role, p.unit, offset, bytes, diverged);
+          return [s, pi, part, bytes, diverged](void* dst) { copy_finite(dst, s->get(pi, part), bytes, diverged); };
+        };
+        c.model.push_back({p.name, p.full_shape, DType::f32, from(Role::master, p.unit_offset, masters.get(), 0)});
+        c.optimizer.push_back({exp_avg_name(p.name), p.full_shape, DType::f32,
+                               from(Role::adam, al.m_offset() + p.unit_offset, moments.get(), 0)});
+        c.optimizer.push_back({exp_avg_sq_name(p.name), p.full_shape, DType::f32,
+                               from(Role::adam, al.v_offset() + p.unit_offset, moments.get(), 1)});
+      }
+      try {
+        path = write_train_checkpoint(m.o.checkpoint_dir, m.steps_done, c,
+                                      static_cast<int>(std::min<int64_t>(m.o.keep, 1 << 30)));
+      } catch (...) {
+        Impl::TensorStream::finish_after_failure({masters.get(), moments.get()});
+        throw;
+      }
+    }
+    if (moments) moments->finish();
   } catch (...) {
     m.mem->end_step();
     throw;
   }
   m.mem->end_step();
   m.last_checkpoint_step = m.steps_done;
-  return path.string();
+  return m.rank0() ? path.string() : "";
 }
 
 }  // namespace strata

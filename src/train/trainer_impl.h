@@ -126,10 +126,12 @@ struct Trainer::Impl {
   // of each rank's block, S = the shard size), in rank order. Collective: every rank calls it in
   // the same order; rank 0 gets numel elements, the others an empty vector.
   std::vector<float> gather_unit(Role role, int u, int64_t offset);
+  // Every trainable tensor's whole HF values of a role's block, one unit at a time, on the
+  // job's rank 0, for a sharded, tensor-parallel or pipelined save (train_state.cpp).
+  class TensorStream;
   // Every trainable tensor's whole HF values (by parameter index) of `role`, from element
-  // offset(u) of each unit's block, for a sharded or tensor-parallel save: ZeRO's shards gathered
-  // over the data-parallel ranks, then each tp group's parts on its rank 0; kept on the job's
-  // rank 0 (empty elsewhere). Collective: every rank calls it.
+  // offset(u) of each unit's block, kept on the job's rank 0 (empty elsewhere): a TensorStream
+  // collected whole, for --merge-adapter's save. Collective: every rank calls it.
   std::vector<std::vector<float>> gather_tensors(Role role, const std::function<int64_t(int)>& offset);
   // Parameter p's whole HF tensor from every tp rank's part of it (unit_part: this rank's unit,
   // as laid out), on tp rank 0 (empty elsewhere; collective over the group). Without tensor

@@ -595,6 +595,43 @@ TEST_F(CheckpointDir, ShardSplitsOnlyPastTheLimit) {
 }
 
 // A NaN or Inf weight is refused at load, naming the file, the tensor and the element.
+// A range of a tensor (a ZeRO shard's part of it) is the whole tensor's values there, converted
+// the same; only the range is checked for non-finite values, and a range outside is refused.
+TEST_F(CheckpointDir, ReadRangeIsThatPartOfTheWholeTensor) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    auto ts = sample_tensors();
+    HostTensor& t = ts[1];
+    t = random_tensor(t.name, t.shape, dt, 9);
+    int64_t numel = 1;
+    for (int64_t x : t.shape) numel *= x;
+    ASSERT_GE(numel, 12);
+    kernels::store_from_f32(t.bytes.data(), dt, static_cast<size_t>(numel - 1), std::numeric_limits<float>::quiet_NaN());
+    const fs::path dir = root_ / "range";
+    fs::remove_all(dir);
+    save_hf_model(dir, tiny_config(), to_save(ts));
+    auto ck = HfCheckpoint::open(dir);
+    std::vector<float> whole(static_cast<size_t>(numel - 1));
+    for (int64_t i = 0; i + 1 < numel; ++i) whole[static_cast<size_t>(i)] = kernels::load_as_f32(t.bytes.data(), dt, static_cast<size_t>(i));
+    for (const auto& [a, b] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {3, 11}, {5, numel - 1}, {7, 7}}) {
+      std::vector<float> got(static_cast<size_t>(b - a) + 1, -7.f);
+      ck->read_range(t.name, t.shape, a, b, got.data(), DType::f32);
+      for (int64_t i = a; i < b; ++i)
+        EXPECT_EQ(got[static_cast<size_t>(i - a)], whole[static_cast<size_t>(i)]) << t.name << " element " << i;
+      EXPECT_EQ(got.back(), -7.f) << "wrote past the range";
+    }
+    try {  // the last element is NaN: a range holding it is refused, naming its element in the tensor
+      std::vector<float> got(4);
+      ck->read_range(t.name, t.shape, numel - 3, numel, got.data(), DType::f32);
+      ADD_FAILURE() << "accepted a non-finite value";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("element " + std::to_string(numel - 1)), std::string::npos) << e.what();
+    }
+    std::vector<float> got(static_cast<size_t>(numel) + 1);
+    EXPECT_THROW(ck->read_range(t.name, t.shape, 2, numel + 1, got.data(), DType::f32), std::logic_error);
+    EXPECT_THROW(ck->read_range(t.name, t.shape, 4, 3, got.data(), DType::f32), std::logic_error);
+  }
+}
+
 TEST_F(CheckpointDir, NonFiniteWeightsAreRefusedNamingTheTensor) {
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {

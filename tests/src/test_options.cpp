@@ -91,7 +91,9 @@ TEST(Faults, ParsesEachFaultAndRefusesWhatItDoesNotKnow) {
   EXPECT_EQ(f.io_nth, 60);
   EXPECT_EQ(parse_faults("io-read:7").io, "read");
   EXPECT_EQ(parse_faults("io-write:7").io, "write");
-  for (const char* bad : {"kill:1", "io-read:", "io-read:x", "io-read:-1", "flip:60", "separate-optimizer:1", "kil:1:2", "trial-verdicts", "trial-verdicts:", "trial-verdicts:2"})
+  EXPECT_EQ(parse_faults("save-fill:12").save_fill_nth, 12);
+  EXPECT_EQ(none.save_fill_nth, 0);
+  for (const char* bad : {"save-fill", "save-fill:", "save-fill:x", "kill:1", "io-read:", "io-read:x", "io-read:-1", "flip:60", "separate-optimizer:1", "kil:1:2", "trial-verdicts", "trial-verdicts:", "trial-verdicts:2"})
     EXPECT_THROW(parse_faults(bad), std::invalid_argument) << bad;
 }
 
