@@ -84,11 +84,13 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
   // Sharded (stage >= 1): each unit is built whole in `full`, and this rank keeps its shard. A
   // frozen unit (LoRA's base) has no master: it is built in `full` and cast to its weights.
   const bool sharded = sh.sharded_optimizer();
-  // A frozen unit from a random init that is not stored otherwise is cast in pieces of this many
-  // elements (the 8B model's embedding would stage 2 GiB whole).
+  // A frozen unit (LoRA's base, read from --model or a random init) that is not stored
+  // otherwise is read and cast in pieces of this many elements, its crc taken on the way (the
+  // 8B model's embedding would stage 2 GiB whole); at stage 3 only the pieces' overlap with this
+  // rank's shard is kept.
   constexpr int64_t kPiece = int64_t{1} << 24;
   const auto in_pieces = [&](const Unit& unit, int u) {
-    return !unit.trainable && !base && !model->stored_unit(u) && !sh.sharded_weights() && !tp().on();
+    return !unit.trainable && !model->stored_unit(u) && !tp().on();
   };
   // A trainable unit (without tensor parallelism) is read or initialised in this rank's range
   // only (init_range draws every element from a counter of its own; load_range reads a range of
@@ -122,12 +124,22 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
     if (in_pieces(unit, u)) {
       char* w = static_cast<char*>(mem->acquire(Role::params, u, offload::Mode::write, Side::host));
       const size_t esz = kernels::dtype_size(dtype);
+      // The weights block: [lo, lo + n) of the unit (stage 3: this rank's shard), else all of it.
+      const int64_t w_lo = sh.sharded_weights() ? lo : 0, w_hi = sh.sharded_weights() ? lo + n : unit.numel;
       for (int64_t at = 0; at < unit.numel; at += kPiece) {
         const int64_t n_piece = std::min(kPiece, unit.numel - at);
-        model->init_range(u, o.seed, at, at + n_piece, full.data());
+        if (base) {
+          model->load_range(u, *base, at, at + n_piece, full.data());
+        } else {
+          std::fill(full.begin(), full.begin() + n_piece, 0.f);
+          model->init_range(u, o.seed, at, at + n_piece, full.data());
+        }
+        // (the unit's tensors lie back to back from its start: its first n_real values are
+        // the whole tensors' in order, as load_unit's per-tensor crc takes them)
         if (at < unit.n_real)
           base_crc = io::crc32c(full.data(), static_cast<size_t>(std::min(n_piece, unit.n_real - at)) * 4, base_crc);
-        cast_on_host(full.data(), w + static_cast<size_t>(at) * esz, n_piece, dtype);
+        const int64_t a = std::max(at, w_lo), b = std::min(at + n_piece, w_hi);
+        if (b > a) cast_on_host(full.data() + (a - at), w + static_cast<size_t>(a - w_lo) * esz, b - a, dtype);
       }
       mem->release(Role::params, u);
       mem->write_back(Role::params, u);
