@@ -596,7 +596,14 @@ void Transformer::read_param(const HfCheckpoint& ckpt, const std::string& name, 
     if (whole) whole(p, dst);
     return;
   }
-  // Tensor parallel: the whole HF tensor, then this rank's part of it.
+  // Tensor parallel: this rank's part, a run of the HF tensor at a time (tp_runs); where the
+  // caller wants the whole tensor too (a frozen base's crc), the whole, then the part.
+  if (!whole) {
+    tp_runs(p, tp_.rank, tp_.size, [&](int64_t local, int64_t full, int64_t n) {
+      ckpt.read_range(name, p.full_shape, full, full + n, dst + local, DType::f32);
+    });
+    return;
+  }
   int64_t numel = 1;
   for (int64_t x : p.full_shape) numel *= x;
   std::vector<float> all(static_cast<size_t>(numel));
