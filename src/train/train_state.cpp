@@ -128,12 +128,10 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
       const int64_t w_lo = sh.sharded_weights() ? lo : 0, w_hi = sh.sharded_weights() ? lo + n : unit.numel;
       for (int64_t at = 0; at < unit.numel; at += kPiece) {
         const int64_t n_piece = std::min(kPiece, unit.numel - at);
-        if (base) {
+        if (base)
           model->load_range(u, *base, at, at + n_piece, full.data());
-        } else {
-          std::fill(full.begin(), full.begin() + n_piece, 0.f);
+        else
           model->init_range(u, o.seed, at, at + n_piece, full.data());
-        }
         // (the unit's tensors lie back to back from its start: its first n_real values are
         // the whole tensors' in order, as load_unit's per-tensor crc takes them)
         if (at < unit.n_real)
@@ -178,13 +176,12 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
     }
     float* master = static_cast<float*>(mem->acquire(Role::master, u, offload::Mode::write, Side::host));
     if (ranged(unit)) {
-      const auto fill_range = [&](int64_t a, int64_t b, float* out) {  // the unit's [a, b) into out
-        if (adapters) {
+      // The unit's [a, b) into out, every element written (the padding after the tensors zero).
+      const auto fill_range = [&](int64_t a, int64_t b, float* out) {
+        if (adapters)
           model->load_range(u, *adapters, a, b, out, adapter_prefix);
-        } else {
-          std::fill(out, out + (b - a), 0.f);  // (the padding after the tensors)
+        else
           model->init_range(u, o.seed, a, b, out);
-        }
       };
       fill_range(lo, lo + n, master);
       if (!aliased) {
