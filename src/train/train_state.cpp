@@ -351,17 +351,17 @@ std::vector<float> Trainer::Impl::gather_unit(Role role, int u, int64_t offset) 
   return whole;
 }
 
-// The whole HF values of every trainable tensor of one role's block, produced in parameter
-// order one unit at a time on the job's rank 0: each held unit's parts (element offsets into its
-// block: the master's 0, AdamW's m and v) gathered from the ZeRO shards over the data-parallel
-// ranks, each tensor then from its tp group's parts on the group's rank 0, and (pipeline
-// parallel) sent to stage 0 by the first stage that holds it. Rank 0 stages one unit's parts
-// where it used to stage the whole model's (a checkpoint's master, m and v: 12 bytes a
-// parameter, 18 GB of a 1.5B model, beyond the pools). Collective, in the same order on every
-// rank: rank 0 pulls the tensors as its writer asks for them (get), and every rank ends with
-// finish(), which produces what no one asked for (the other ranks' whole share, or what rank 0's
-// writer left when it failed), so no rank is left waiting on a collective. Inside an aside
-// (TieredMemory::begin_step) on every rank.
+// The whole HF values of every trainable tensor of one role's block, produced in parameter order
+// one unit at a time on the job's rank 0: each held unit's parts (element offsets into its block:
+// the master's 0, AdamW's m and v) gathered from the ZeRO shards over the data-parallel ranks,
+// each tensor then from its tp group's parts on the group's rank 0, and (pipeline parallel) sent
+// to stage 0 by the first stage that holds it. Rank 0 stages one unit's parts where it used to
+// stage the whole model's (a checkpoint's master, m and v: 12 bytes a parameter, 16 GB of
+// llama-1.5b's 1.36B, beyond the pools). Collective, in the same order on every rank: rank 0 pulls
+// the tensors as its writer asks for them (get), and every rank ends with finish(), which produces
+// what no one asked for (the other ranks' whole share, or what rank 0's writer left when it
+// failed), so no rank is left waiting on a collective. Inside an aside (TieredMemory::begin_step)
+// on every rank.
 class Trainer::Impl::TensorStream {
  public:
   using Offset = std::function<int64_t(int)>;
