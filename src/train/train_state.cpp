@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -23,6 +22,13 @@ namespace strata {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Elements of p's whole HF tensor (under tensor parallelism more than this rank's part).
+int64_t hf_numel(const ParamInfo& p) {
+  int64_t n = 1;
+  for (int64_t x : p.full_shape) n *= x;
+  return n;
+}
 
 // dst (n, dtype) = src (n, fp32), round to nearest even, on the host.
 void cast_on_host(const float* src, void* dst, int64_t n, DType dt) {
@@ -147,8 +153,7 @@ void Trainer::Impl::init_weights(bool load_weights, bool base_weights) {
       // The crc of the whole tensors' values in order (the unit's n_real values, or under tensor
       // parallelism the whole tensors the load reads anyway): the same base's on any grid.
       const auto crc_of = [&](const ParamInfo& p, const float* values) {
-        int64_t numel = 1;
-        for (int64_t x : p.full_shape) numel *= x;
+        const int64_t numel = hf_numel(p);
         base_crc = io::crc32c(values, static_cast<size_t>(numel) * 4, base_crc);
       };
       if (base) {
@@ -359,8 +364,8 @@ std::vector<float> Trainer::Impl::gather_unit(Role role, int u, int64_t offset) 
 // stage the whole model's (a checkpoint's master, m and v: 12 bytes a parameter, 16 GB of
 // llama-1.5b's 1.36B, beyond the pools). Collective, in the same order on every rank: rank 0 pulls
 // the tensors as its writer asks for them (get), and every rank ends with finish(), which produces
-// what no one asked for (the other ranks' whole share, or what rank 0's writer left when it
-// failed), so no rank is left waiting on a collective. Inside an aside (TieredMemory::begin_step)
+// what no one asked for (the other ranks' whole share). A failed write on rank 0 takes the job
+// down (report_fatal_error), the other ranks' gathers with it. Inside an aside (TieredMemory::begin_step)
 // on every rank.
 class Trainer::Impl::TensorStream {
  public:
@@ -405,17 +410,6 @@ class Trainer::Impl::TensorStream {
     for (auto& v : unit_parts_) std::vector<float>().swap(v);
     for (auto& v : tensor_) std::vector<float>().swap(v);
   }
-  // Rank 0's writer failed: the streams still produce what the other ranks wait for. The
-  // writer's error is the one the caller reports; one here (the job's communication broken
-  // too) is printed, not thrown over it.
-  static void finish_after_failure(std::initializer_list<TensorStream*> streams) {
-    for (TensorStream* s : streams) try {
-        if (s) s->finish();
-      } catch (const std::exception& e) {
-        fmt::print(stderr, "strata: after the failed save, gathering the rest for the other ranks failed too: {}\n",
-                   e.what());
-      }
-  }
 
  private:
   bool held(int u) const {
@@ -456,8 +450,7 @@ class Trainer::Impl::TensorStream {
     const int owner = owner_[pi];
     if (owner <= 0) return;  // stage 0's own
     Communicator& g = m_.groups->pp();
-    int64_t numel = 1;
-    for (int64_t x : p.full_shape) numel *= x;
+    const int64_t numel = hf_numel(p);
     for (size_t k = 0; k < parts_.size(); ++k) {
       if (g.rank() == owner) g.send(current_[k], static_cast<size_t>(numel), DType::f32, 0, *m_.stream);
       if (g.rank() == 0) {
@@ -490,8 +483,7 @@ std::vector<std::vector<float>> Trainer::Impl::gather_tensors(Role role, const s
       for (size_t pi = 0; pi < out.size(); ++pi) {
         const ParamInfo& p = model->params()[pi];
         if (!model->units()[static_cast<size_t>(p.unit)].trainable) continue;
-        int64_t numel = 1;
-        for (int64_t x : p.full_shape) numel *= x;
+        const int64_t numel = hf_numel(p);
         const float* v = s.get(pi, 0);
         out[pi].assign(v, v + numel);
       }
@@ -514,8 +506,7 @@ std::vector<float> Trainer::Impl::whole_tensor(const ParamInfo& p, const float* 
   std::copy_n(unit_part + p.unit_offset, p.numel, mine.begin());
   t.comm->host_gather(mine.data(), all.empty() ? nullptr : all.data(), static_cast<size_t>(most) * sizeof(float), 0);
   if (t.rank != 0) return {};
-  int64_t numel = 1;
-  for (int64_t x : p.full_shape) numel *= x;
+  const int64_t numel = hf_numel(p);
   std::vector<float> whole(static_cast<size_t>(numel));
   for (int r = 0; r < t.size; ++r)
     tp_runs(p, r, t.size, [&](int64_t local, int64_t full, int64_t n) {
@@ -536,13 +527,6 @@ void copy_finite(void* dst, const float* src, size_t bytes, const std::string& w
   const float* f = static_cast<const float*>(dst);
   for (size_t i = 0; i < bytes / 4; ++i)
     if (!std::isfinite(f[i])) throw std::runtime_error(what + " (element " + std::to_string(i) + ")");
-}
-
-// Bytes of p's whole HF tensor in fp32 (under tensor parallelism more than this rank's part).
-size_t hf_bytes(const ParamInfo& p) {
-  size_t n = 4;
-  for (int64_t x : p.full_shape) n *= static_cast<size_t>(x);
-  return n;
 }
 
 // A save callback for one tensor: `bytes` from element `offset` of a unit's `role` block,
@@ -596,7 +580,7 @@ void Trainer::save(const std::string& out_dir) const {
       for (const ParamInfo& p : m.model->params()) {
         if (lora && !m.model->units()[static_cast<size_t>(p.unit)].trainable) continue;
         const auto pi = static_cast<size_t>(&p - m.model->params().data());
-        const size_t bytes = hf_bytes(p);
+        const auto bytes = static_cast<size_t>(hf_numel(p)) * 4;
         tensors.push_back(
             {lora ? "base_model.model." + p.name : p.name, p.full_shape, DType::f32,
              gathered ? std::function<void(void*)>([s = stream.get(), pi, bytes, diverged](void* dst) {
@@ -611,15 +595,10 @@ void Trainer::save(const std::string& out_dir) const {
       if (!m.o.model.empty())
         for (const char* name : kTokenizerFiles)
           if (fs::is_regular_file(fs::path(m.o.model) / name)) tokenizer.push_back(fs::path(m.o.model) / name);
-      try {
-        if (lora)
-          save_peft_adapter(out_dir, m.peft_config(), tensors, tokenizer);
-        else
-          save_hf_model(out_dir, c, tensors, 5ull << 30, tokenizer);
-      } catch (...) {
-        Impl::TensorStream::finish_after_failure({stream.get()});
-        throw;
-      }
+      if (lora)
+        save_peft_adapter(out_dir, m.peft_config(), tensors, tokenizer);
+      else
+        save_hf_model(out_dir, c, tensors, 5ull << 30, tokenizer);
     }
     if (stream) stream->finish();
   } catch (...) {
@@ -674,7 +653,7 @@ std::string Trainer::save_checkpoint() {
         const std::string diverged =
             "'" + p.name + "' is not finite: the run diverged; no checkpoint written, the previous one is kept";
         const auto pi = static_cast<size_t>(&p - m.model->params().data());
-        const size_t bytes = hf_bytes(p);
+        const auto bytes = static_cast<size_t>(hf_numel(p)) * 4;
         auto from = [&](Role role, int64_t offset, Impl::TensorStream* s, size_t part) -> std::function<void(void*)> {
           if (!gathered) return fill_from_block(mem, role, p.unit, offset, bytes, diverged);
           return [s, pi, part, bytes, diverged](void* dst) { copy_finite(dst, s->get(pi, part), bytes, diverged); };
@@ -685,13 +664,8 @@ std::string Trainer::save_checkpoint() {
         c.optimizer.push_back({exp_avg_sq_name(p.name), p.full_shape, DType::f32,
                                from(Role::adam, al.v_offset() + p.unit_offset, moments.get(), 1)});
       }
-      try {
-        path = write_train_checkpoint(m.o.checkpoint_dir, m.steps_done, c,
-                                      static_cast<int>(std::min<int64_t>(m.o.keep, 1 << 30)));
-      } catch (...) {
-        Impl::TensorStream::finish_after_failure({masters.get(), moments.get()});
-        throw;
-      }
+      path = write_train_checkpoint(m.o.checkpoint_dir, m.steps_done, c,
+                                    static_cast<int>(std::min<int64_t>(m.o.keep, 1 << 30)));
     }
     if (moments) moments->finish();
   } catch (...) {

@@ -433,7 +433,7 @@ TEST_F(ZeroCli, ShardedCheckpointStagesAUnitAtATimeOnRankZero) {
 // Rank 0 failing in the middle of a sharded checkpoint (STRATA_FAULT=save-fill: the tiny model's
 // checkpoint is 84 tensor fills, 28 masters then 56 moments; fill 100 is the second one's 16th
 // master) takes the job down with that error: the other rank, gathering for it, is not left
-// hanging (rank 0 still produces the rest), and the checkpoint before stays `latest` and resumes.
+// hanging, and the checkpoint before stays `latest` and resumes.
 TEST_F(ZeroCli, AFailedShardedCheckpointKeepsThePreviousOne) {
   const fs::path ck = dir_ / "ck";
   const std::string args = tiny(2, 4) + "--zero-stage 3 --checkpoint-every 2 --checkpoint-dir " + ck.string();

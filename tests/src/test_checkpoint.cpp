@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -630,6 +632,40 @@ TEST_F(CheckpointDir, ReadRangeIsThatPartOfTheWholeTensor) {
     EXPECT_THROW(ck->read_range(t.name, t.shape, 2, numel + 1, got.data(), DType::f32), std::logic_error);
     EXPECT_THROW(ck->read_range(t.name, t.shape, 4, 3, got.data(), DType::f32), std::logic_error);
   }
+}
+
+// The resident pages (kB) of this process's mapping that holds address p (/proc/self/smaps).
+long mapped_rss_kb(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool in = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
+      in = at >= lo && at < hi;
+      continue;
+    }
+    long kb = 0;
+    if (in && std::sscanf(line.c_str(), "Rss: %ld kB", &kb) == 1) return kb;
+  }
+  return -1;
+}
+
+// A read lets go of the file's pages it has read: a load or a resume would otherwise keep every
+// byte of the checkpoint it read in the process's RSS until the file is closed.
+TEST_F(CheckpointDir, AReadLeavesNoFilePagesResident) {
+  const std::vector<HostTensor> ts = {random_tensor("big", {1024, 2048}, DType::f32, 3)};  // 8 MiB
+  save_hf_model(root_ / "m", tiny_config(), to_save(ts));
+  auto ck = HfCheckpoint::open(root_ / "m");
+  const StoredTensor* st = ck->find("big");
+  ASSERT_NE(st, nullptr);
+  std::vector<float> out(1024 * 2048);
+  ck->read_range("big", {1024, 2048}, 0, 1024 * 1024, out.data(), DType::f32);  // the first half
+  ck->read_into("big", {1024, 2048}, out.data(), DType::f32);
+  const long kb = mapped_rss_kb(st->data);
+  ASSERT_GE(kb, 0) << "no mapping holds the tensor";
+  EXPECT_LT(kb, 64) << "the 8 MiB read stayed resident";
+  EXPECT_EQ(std::memcmp(out.data(), ts[0].bytes.data(), ts[0].bytes.size()), 0);  // (and read right)
 }
 
 TEST_F(CheckpointDir, NonFiniteWeightsAreRefusedNamingTheTensor) {
