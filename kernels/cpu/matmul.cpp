@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <memory>
 #include <mutex>
@@ -170,10 +171,10 @@ void execute(const Entry& e, const void* a, const void* b, void* c) {
   dnnl_stream().wait();
 }
 
-// Per-thread scratch that only grows (fp16 operands widened into it; split-k's fp32 C).
+// Per-thread scratch that only grows (fp16 and bf16 operands widened into it; split-k's fp32 C).
 float* scratch(size_t floats) { return thread_scratch<struct MatmulScratch>(floats); }
 
-constexpr int64_t kF16TileFloats = int64_t{1} << 22;  // 16 MiB of widened A and B per k-tile
+constexpr int64_t kWidenTileFloats = int64_t{1} << 22;  // 16 MiB of widened A and B per k-tile
 
 // Converts a rows x cols matrix (row strides ld_src / ld_dst, in elements): one cast when both
 // are packed, else one per row.
@@ -184,43 +185,62 @@ void cast_rows(const void* src, DType st, int64_t ld_src, void* dst, DType dt, i
     cast(CastArgs{cols, static_cast<const char*>(src) + r * ld_src * dtype_size(st), st,
                   static_cast<char*>(dst) + r * ld_dst * dtype_size(dt), dt});
 }
-void widen_f16(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
-  cast_rows(src, DType::f16, ld, dst, DType::f32, cols, rows, cols);
+// Whether oneDNN builds bf16 matmuls on this CPU: it needs AVX-512 (avx512_core) or AMX for
+// them, and an AVX2-only CPU (many desktop and cloud parts) refuses every bf16 primitive. Asked
+// once, by building a small one.
+bool native_bf16() {
+  static const bool yes = [] {
+    try {
+      const memory::desc md(Dims{16, 16}, memory::data_type::bf16, Dims{16, 1});
+      const memory::desc cd(Dims{16, 16}, memory::data_type::f32, Dims{16, 1});
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, cd), dnnl::primitive_attr(), engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return yes;
 }
 
-// fp16 inputs: per batch item and k-tile, widen op(A)[:, k0:k1] and op(B)[k0:k1, :] to fp32
-// (keeping their stored orientation) and run an fp32 primitive; the first tile applies the
-// caller's beta, later ones accumulate (beta = 1). An fp16 C is widened once and narrowed back.
-void matmul_f16(const MatmulArgs& a, const Key& key) {
-  const int64_t kt = std::max<int64_t>(1, std::min<int64_t>(a.k, kF16TileFloats / (a.m + a.n)));
-  const bool c_f16 = a.c_dtype == DType::f16;
-  float* tile = scratch(static_cast<size_t>((a.m + a.n) * kt + (c_f16 ? a.m * a.n : 0)));
+// Operands oneDNN does not multiply here (fp16 always, bf16 where !native_bf16()): per batch
+// item and k-tile, widen op(A)[:, k0:k1] and op(B)[k0:k1, :] to fp32 (exactly: every fp16 and
+// bf16 value is an fp32 one), keeping their stored orientation, and run an fp32 primitive; the
+// first tile applies the caller's beta, later ones accumulate (beta = 1). A narrow C is widened
+// once and rounded back once at the end, as oneDNN's fp32-accumulating kernels do.
+void matmul_widened(const MatmulArgs& a, const Key& key) {
+  const DType ab = a.ab_dtype;
+  const int64_t kt = std::max<int64_t>(1, std::min<int64_t>(a.k, kWidenTileFloats / (a.m + a.n)));
+  const bool narrow_c = a.c_dtype != DType::f32;
+  float* tile = scratch(static_cast<size_t>((a.m + a.n) * kt + (narrow_c ? a.m * a.n : 0)));
   float* ta = tile;                 // op(A) tile, stored (m, kt) or (kt, m) when trans_a
   float* tb = tile + a.m * kt;      // op(B) tile, stored (kt, n) or (n, kt) when trans_b
-  float* tc = tb + a.n * kt;        // (m, n) fp32 copy of an fp16 C
+  float* tc = tb + a.n * kt;        // (m, n) fp32 copy of a narrow C
+  const auto widen = [ab](const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+    cast_rows(src, ab, ld, dst, DType::f32, cols, rows, cols);
+  };
   for (int64_t bi = 0; bi < a.batch; ++bi) {
     const auto* A = static_cast<const uint16_t*>(a.a) + bi * key.stride_a;
     const auto* B = static_cast<const uint16_t*>(a.b) + bi * key.stride_b;
     void* C = static_cast<char*>(a.c) + bi * key.stride_c * dtype_size(a.c_dtype);
     float* c_out = static_cast<float*>(C);
     int64_t ldc = key.ldc;
-    if (c_f16) {
+    if (narrow_c) {
       c_out = tc, ldc = a.n;
-      if (a.beta != 0.f) cast_rows(C, DType::f16, key.ldc, tc, DType::f32, a.n, a.m, a.n);
+      if (a.beta != 0.f) cast_rows(C, a.c_dtype, key.ldc, tc, DType::f32, a.n, a.m, a.n);
     }
     for (int64_t k0 = 0; k0 < a.k; k0 += kt) {
       const int64_t kk = std::min(kt, a.k - k0);
-      if (a.trans_a) widen_f16(A + k0 * key.lda, kk, a.m, key.lda, ta);  // (kk, m)
-      else widen_f16(A + k0, a.m, kk, key.lda, ta);                       // (m, kk)
-      if (a.trans_b) widen_f16(B + k0, a.n, kk, key.ldb, tb);             // (n, kk)
-      else widen_f16(B + k0 * key.ldb, kk, a.n, key.ldb, tb);             // (kk, n)
+      if (a.trans_a) widen(A + k0 * key.lda, kk, a.m, key.lda, ta);  // (kk, m)
+      else widen(A + k0, a.m, kk, key.lda, ta);                       // (m, kk)
+      if (a.trans_b) widen(B + k0, a.n, kk, key.ldb, tb);             // (n, kk)
+      else widen(B + k0 * key.ldb, kk, a.n, key.ldb, tb);             // (kk, n)
       MatmulArgs t;
       t.ab_dtype = DType::f32, t.c_dtype = DType::f32;
       t.m = a.m, t.n = a.n, t.k = kk, t.trans_a = a.trans_a, t.trans_b = a.trans_b, t.ldc = ldc;
       t.alpha = a.alpha, t.beta = k0 == 0 ? a.beta : 1.f;
       execute(cache().get(resolve(t)), ta, tb, c_out);
     }
-    if (c_f16) cast_rows(tc, DType::f32, a.n, C, DType::f16, key.ldc, a.m, a.n);
+    if (narrow_c) cast_rows(tc, DType::f32, a.n, C, a.c_dtype, key.ldc, a.m, a.n);
   }
 }
 
@@ -281,10 +301,16 @@ void matmul_split_m(const MatmulArgs& a, const Key& key) {
 
 size_t matmul_primitives_built() { return cache().size(); }
 
+namespace {
+std::atomic<bool> g_widen_bf16{false};
+}
+bool bf16_widened() { return g_widen_bf16.load(std::memory_order_relaxed) || !native_bf16(); }
+void widen_bf16_for_tests(bool on) { g_widen_bf16.store(on, std::memory_order_relaxed); }
+
 void matmul(const MatmulArgs& a) {
   const Key key = resolve(a);
-  if (a.ab_dtype == DType::f16) {
-    matmul_f16(a, key);
+  if (a.ab_dtype == DType::f16 || (a.ab_dtype == DType::bf16 && bf16_widened())) {
+    matmul_widened(a, key);
     return;
   }
   if (a.batch == 1 && a.m > kMaxBlockM) return matmul_split_m(a, key);

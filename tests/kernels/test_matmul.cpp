@@ -135,27 +135,31 @@ TEST(Matmul, Fp32AlphaBeta) {
   check({.m = 1, .n = 1, .k = 7, .alpha = -3.f, .beta = 1.f}, seed++);
 }
 
-TEST(Matmul, Bf16InputsFp32AndBf16Output) {
-  uint32_t seed = 300;
-  for (DType c : {DType::f32, DType::bf16})
+// Narrow operands (ab) into an fp32 C and into a C of their own dtype, in every layout, batched
+// with padded strides, alpha and beta.
+static void check_narrow_inputs(DType ab, uint32_t seed) {
+  for (DType c : {DType::f32, ab})
     for (int t = 0; t < 4; ++t) {
       const bool ta = (t & 1) != 0, tb = (t & 2) != 0;
-      check({.m = 7, .n = 33, .k = 129, .ta = ta, .tb = tb, .ab = DType::bf16, .c = c}, seed++);
+      check({.m = 7, .n = 33, .k = 129, .ta = ta, .tb = tb, .ab = ab, .c = c}, seed++);
       check({.m = 33, .n = 17, .k = 64, .ta = ta, .tb = tb, .batch = 3, .pad_ld = 3, .pad_stride = 5,
-             .alpha = 0.5f, .beta = 1.f, .ab = DType::bf16, .c = c}, seed++);
+             .alpha = 0.5f, .beta = 1.f, .ab = ab, .c = c}, seed++);
     }
 }
 
-TEST(Matmul, Fp16InputsFp32AndFp16Output) {
-  uint32_t seed = 400;
-  for (DType c : {DType::f32, DType::f16})
-    for (int t = 0; t < 4; ++t) {
-      const bool ta = (t & 1) != 0, tb = (t & 2) != 0;
-      check({.m = 7, .n = 33, .k = 129, .ta = ta, .tb = tb, .ab = DType::f16, .c = c}, seed++);
-      check({.m = 33, .n = 17, .k = 64, .ta = ta, .tb = tb, .batch = 3, .pad_ld = 3, .pad_stride = 5,
-             .alpha = 0.5f, .beta = 1.f, .ab = DType::f16, .c = c}, seed++);
-    }
+TEST(Matmul, Bf16InputsFp32AndBf16Output) { check_narrow_inputs(DType::bf16, 300); }
+
+// Where oneDNN has no bf16 kernels (an AVX2-only CPU) bf16 operands are widened to fp32, as
+// fp16 ones are: the same problems through that path, on any CPU, a long k across its tiles too.
+TEST(Matmul, Bf16WidenedToFp32WhereOneDnnHasNoBf16Kernels) {
+  cpu::widen_bf16_for_tests(true);
+  ASSERT_TRUE(cpu::bf16_widened());
+  check_narrow_inputs(DType::bf16, 350);
+  check({.m = 2, .n = 1, .k = (int64_t{1} << 21) + 5, .ta = true, .beta = 0.5f, .ab = DType::bf16, .c = DType::bf16}, 370);
+  cpu::widen_bf16_for_tests(false);
 }
+
+TEST(Matmul, Fp16InputsFp32AndFp16Output) { check_narrow_inputs(DType::f16, 400); }
 
 // fp16 inputs are widened in k-tiles of at most 4M floats of A and B: a long k takes several
 // tiles, the later ones accumulating (beta = 1) onto the first.
