@@ -60,13 +60,19 @@ class HfCheckpoint {
 };
 
 // A tensor to save: name, shape, dtype and a callback that fills its bytes (so huge models can
-// be streamed out from wherever their parameters live).
+// be streamed out from wherever their parameters live). With fill_range the save stages the
+// tensor a piece (kSavePieceBytes) at a time, not whole: a vocabulary-sized tensor would
+// otherwise be one more copy of itself in the writer (2 GiB for llama-8b's embedding in fp32).
 struct TensorToSave {
   std::string name;
   std::vector<int64_t> shape;
   kernels::DType dtype = kernels::DType::f32;
   std::function<void(void* dst)> fill;  // writes numel × dtype_size bytes
+  // Writes bytes [offset, offset + n) of the tensor (whole elements) to dst; used where set.
+  std::function<void(void* dst, uint64_t offset, uint64_t n)> fill_range = nullptr;
 };
+// The most bytes of one tensor a save stages at a time where the tensor has a fill_range.
+inline constexpr uint64_t kSavePieceBytes = 64ull << 20;
 
 // One safetensors file written from callbacks (one tensor staged at a time), fsynced: its size
 // and crc32c (of every byte of the file, as written).

@@ -58,17 +58,25 @@ WrittenFile write_shard(const fs::path& path, const std::vector<TensorToSave>& t
   for (size_t k = 0; k < shard.tensors.size(); ++k) {
     const TensorToSave& t = tensors[shard.tensors[k]];
     const uint64_t n = entries[k].end - entries[k].begin;
-    // Zeroed, so a callback that writes fewer bytes than promised still saves deterministically.
-    buffer.assign(n, std::byte{0});
-    if (n == 0) continue;  // nothing to fill (and buffer.data() may be null)
-    try {
-      t.fill(buffer.data());
-    } catch (const std::exception& e) {
-      throw std::runtime_error(path.string() + ": producing tensor '" + t.name + "' failed: " + e.what());
+    // In pieces where the tensor can be filled by ranges (kSavePieceBytes: whole elements of
+    // every dtype), else whole.
+    const uint64_t piece = t.fill_range ? std::min(n, kSavePieceBytes) : n;
+    for (uint64_t at = 0; at < n; at += piece) {
+      const uint64_t len = std::min(piece, n - at);
+      // Zeroed, so a callback that writes fewer bytes than promised still saves deterministically.
+      buffer.assign(len, std::byte{0});
+      try {
+        if (t.fill_range)
+          t.fill_range(buffer.data(), at, len);
+        else
+          t.fill(buffer.data());
+      } catch (const std::exception& e) {
+        throw std::runtime_error(path.string() + ": producing tensor '" + t.name + "' failed: " + e.what());
+      }
+      write_all(fd.get(), buffer.data(), len, path, file_offset);
+      crc = io::crc32c(buffer.data(), len, crc);
+      file_offset += len;
     }
-    write_all(fd.get(), buffer.data(), n, path, file_offset);
-    crc = io::crc32c(buffer.data(), n, crc);
-    file_offset += n;
   }
   fsync_fd(fd.get(), path);
   fd.close_checked(path);
@@ -83,7 +91,8 @@ WrittenFile write_safetensors_file(const std::filesystem::path& path, const std:
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].name.empty() || tensors[i].name == "__metadata__" || !names.insert(tensors[i].name).second)
       throw std::invalid_argument(path.string() + ": tensor name '" + tensors[i].name + "' is empty, reserved or repeated");
-    if (!tensors[i].fill) throw std::invalid_argument(path.string() + ": tensor '" + tensors[i].name + "' has no fill");
+    if (!tensors[i].fill && !tensors[i].fill_range)
+      throw std::invalid_argument(path.string() + ": tensor '" + tensors[i].name + "' has no fill");
     all.tensors.push_back(i);
   }
   std::vector<std::byte> buffer;
@@ -190,7 +199,8 @@ void save_hf_model(const std::filesystem::path& out_dir_in, const ModelConfig& c
       throw std::invalid_argument("save_hf_model: invalid tensor name '" + t.name + "'");
     if (!names.insert(t.name).second)
       throw std::invalid_argument("save_hf_model: tensor '" + t.name + "' given twice");
-    if (!t.fill) throw std::invalid_argument("save_hf_model: tensor '" + t.name + "' has no fill callback");
+    if (!t.fill && !t.fill_range)
+      throw std::invalid_argument("save_hf_model: tensor '" + t.name + "' has no fill callback");
     total += tensor_bytes(t);
   }
 

@@ -366,15 +366,19 @@ std::vector<float> Trainer::Impl::gather_unit(Role role, int u, int64_t offset) 
 // the tensors as its writer asks for them (get), and every rank ends with finish(), which produces
 // what no one asked for (the other ranks' whole share). A failed write on rank 0 takes the job
 // down (report_fatal_error), the other ranks' gathers with it. Inside an aside (TieredMemory::begin_step)
-// on every rank.
+// on every rank. Made for pieces (a save's writer, TensorToSave::fill_range) on a grid of ZeRO
+// shards alone (no tp, no pp), it stages nothing at all: each kSavePieceBytes piece of a tensor
+// goes from the shards that hold it into the writer's buffer (fill).
 class Trainer::Impl::TensorStream {
  public:
   using Offset = std::function<int64_t(int)>;
   // before: a stream of the same save whose tensors are written first; it finishes before this
   // one produces anything (were a writer to ask out of that order, get throws instead of the
   // ranks running different collectives).
-  TensorStream(Impl& m, Role role, std::vector<Offset> parts, TensorStream* before = nullptr)
-      : m_(m), role_(role), parts_(std::move(parts)), before_(before), unit_parts_(parts_.size()),
+  // in_pieces: the writer takes the tensors through fill() (TensorToSave::fill_range), not get();
+  // on a grid of data-parallel shards alone (pieces()) nothing whole is then staged.
+  TensorStream(Impl& m, Role role, std::vector<Offset> parts, TensorStream* before = nullptr, bool in_pieces = false)
+      : m_(m), role_(role), parts_(std::move(parts)), before_(before), in_pieces_(in_pieces), unit_parts_(parts_.size()),
         tensor_(parts_.size()), current_(parts_.size(), nullptr) {
     const std::vector<ParamInfo>& ps = m_.model->params();
     for (size_t pi = 0; pi < ps.size(); ++pi)
@@ -404,8 +408,35 @@ class Trainer::Impl::TensorStream {
       throw std::logic_error("TensorStream: parameter " + std::to_string(pi) + " asked for after a later one");
     return current_.at(k);
   }
+  // Rank 0: bytes [at, at + n) of part k of parameter pi's whole values into dst, where the
+  // writer stages a tensor kSavePieceBytes at a time (the pieces in order, parameter by
+  // parameter and part by part within one: a checkpoint's optimizer file has each tensor's m,
+  // then its v). On pieces() grids each piece is gathered from the shards that hold it straight
+  // into dst (what the other ranks' finish() sends, in the same order), else copied from get().
+  void fill(void* dst, size_t pi, size_t k, uint64_t at, uint64_t n) {
+    if (!in_pieces_) throw std::logic_error("TensorStream::fill on a stream made for get()");
+    if (!pieces()) {
+      std::memcpy(dst, get(pi, k) + at / 4, n);
+      return;
+    }
+    if (before_) before_->finish();
+    if (!next_piece() || next_.pi != pi || next_.k != k || next_.at != at || piece_bytes(next_) != n)
+      throw std::logic_error("TensorStream: piece [" + std::to_string(at) + ", +" + std::to_string(n) + ") of parameter " +
+                             std::to_string(pi) + " part " + std::to_string(k) + " asked for out of order");
+    gather_piece(next_, static_cast<float*>(dst));
+    advance();
+  }
   void finish() {
     if (before_) before_->finish();
+    if (pieces()) {
+      std::vector<float> drop;  // (rank 0: pieces its writer did not ask for)
+      while (next_piece()) {
+        if (m_.sh.rank == 0) drop.resize(piece_bytes(next_) / 4);
+        gather_piece(next_, m_.sh.rank == 0 ? drop.data() : nullptr);
+        advance();
+      }
+      return;
+    }
     while (produced_ < order_.size()) produce(order_[produced_++]);
     for (auto& v : unit_parts_) std::vector<float>().swap(v);
     for (auto& v : tensor_) std::vector<float>().swap(v);
@@ -417,6 +448,53 @@ class Trainer::Impl::TensorStream {
     return unit.trainable && unit.held;
   }
   bool sends() const { return m_.pp().on() && m_.sh.rank == 0 && m_.tp().rank == 0; }
+  bool pieces() const { return in_pieces_ && m_.sh.sharded_optimizer() && !m_.tp().on() && !m_.pp().on(); }
+  // The pieces' sequence: parameter order_[oi], part k, bytes from `at`.
+  struct Piece {
+    size_t oi = 0, pi = 0, k = 0;
+    uint64_t at = 0;
+  };
+  uint64_t tensor_bytes(size_t pi) const { return static_cast<uint64_t>(hf_numel(m_.model->params()[pi])) * 4; }
+  uint64_t piece_bytes(const Piece& c) const { return std::min(kSavePieceBytes, tensor_bytes(c.pi) - c.at); }
+  // Whether a piece is left; next_ set to it (skipping empty tensors).
+  bool next_piece() {
+    while (next_.oi < order_.size()) {
+      next_.pi = order_[next_.oi];
+      if (next_.at < tensor_bytes(next_.pi)) return true;
+      next_.at = 0;
+      if (++next_.k == parts_.size()) next_.k = 0, ++next_.oi;
+    }
+    return false;
+  }
+  void advance() { next_.at += kSavePieceBytes; }
+  // A piece from the data-parallel shards that hold it: each sends its overlap to rank 0
+  // (stream-ordered, as gather_unit), which copies its own and receives the rest into dst.
+  void gather_piece(const Piece& c, float* dst) {
+    const ParamInfo& p = m_.model->params()[c.pi];
+    const int u = p.unit;
+    const int64_t s = m_.sh.shard(m_.model->units()[static_cast<size_t>(u)].numel), at_k = parts_[c.k](u);
+    const int64_t e0 = p.unit_offset + static_cast<int64_t>(c.at / 4), e1 = e0 + static_cast<int64_t>(piece_bytes(c) / 4);
+    Communicator& dp = m_.groups->dp();
+    const float* src = static_cast<const float*>(m_.mem->acquire(role_, u, offload::Mode::read, Side::host));
+    try {
+      for (int r = 0; r < m_.sh.world; ++r) {
+        const int64_t lo = std::max(e0, r * s), hi = std::min(e1, (r + 1) * s);
+        if (lo >= hi) continue;
+        const auto count = static_cast<size_t>(hi - lo);
+        if (m_.sh.rank == 0 && r == 0)
+          std::memcpy(dst + (lo - e0), src + at_k + lo, count * 4);
+        else if (m_.sh.rank == 0)
+          dp.recv(dst + (lo - e0), count, DType::f32, r, *m_.stream);
+        else if (m_.sh.rank == r)
+          dp.send(src + at_k + (lo - r * s), count, DType::f32, 0, *m_.stream);
+      }
+      m_.stream->synchronize();
+    } catch (...) {
+      m_.mem->release(role_, u);
+      throw;
+    }
+    m_.mem->release(role_, u);
+  }
   void produce(size_t pi) {
     const ParamInfo& p = m_.model->params()[pi];
     const int u = p.unit;
@@ -466,6 +544,8 @@ class Trainer::Impl::TensorStream {
   Role role_;
   std::vector<Offset> parts_;
   TensorStream* before_;
+  bool in_pieces_;
+  Piece next_;                 // pieces(): the next piece to gather
   std::vector<size_t> order_;  // the trainable parameters, in parameter order
   size_t produced_ = 0;        // order_[0, produced_) have been produced
   int unit_ = -1;              // the unit in unit_parts_
@@ -517,26 +597,36 @@ std::vector<float> Trainer::Impl::whole_tensor(const ParamInfo& p, const float* 
 
 namespace {
 
-// A tensor's fp32 bytes, checked finite on the way: a last update can overflow (a diverging
-// run whose loss was still finite), and such weights never become a save or a checkpoint.
-void copy_finite(void* dst, const float* src, size_t bytes, const std::string& what) {
-  static int64_t fills = 0;  // (STRATA_FAULT=save-fill:N, tests only)
-  if (++fills == faults().save_fill_nth)
-    throw std::runtime_error("STRATA_FAULT=save-fill:" + std::to_string(fills) + ": this tensor failed on purpose");
-  std::memcpy(dst, src, bytes);
+// A tensor's fp32 bytes (a piece of them: TensorToSave::fill_range, `first` its first
+// element) checked finite on their way to a save: a last update can overflow (a diverging run
+// whose loss was still finite), and such weights never become a save or a checkpoint.
+void check_finite(const void* dst, size_t bytes, const std::string& what, uint64_t first) {
   const float* f = static_cast<const float*>(dst);
   for (size_t i = 0; i < bytes / 4; ++i)
-    if (!std::isfinite(f[i])) throw std::runtime_error(what + " (element " + std::to_string(i) + ")");
+    if (!std::isfinite(f[i])) throw std::runtime_error(what + " (element " + std::to_string(first + i) + ")");
+}
+// (STRATA_FAULT=save-fill:N, tests only: the N-th tensor a save produces fails, at its first piece)
+void save_fill_fault(uint64_t first) {
+  static int64_t fills = 0;
+  if (first == 0 && ++fills == faults().save_fill_nth)
+    throw std::runtime_error("STRATA_FAULT=save-fill:" + std::to_string(fills) + ": this tensor failed on purpose");
+}
+void copy_finite(void* dst, const float* src, size_t bytes, const std::string& what, uint64_t first) {
+  save_fill_fault(first);
+  std::memcpy(dst, src, bytes);
+  check_finite(dst, bytes, what, first);
 }
 
-// A save callback for one tensor: `bytes` from element `offset` of a unit's `role` block,
-// acquired on the host side of an aside for the copy only, non-finite values refused (`what`).
-std::function<void(void*)> fill_from_block(TieredMemory* mem, Role role, int unit, int64_t offset, size_t bytes,
-                                           std::string what) {
-  return [mem, role, unit, offset, bytes, what = std::move(what)](void* dst) {
+using FillRange = std::function<void(void*, uint64_t, uint64_t)>;
+
+// A save callback for one fp32 tensor: its bytes [at, at + n) from element `offset` of a unit's
+// `role` block, acquired on the host side of an aside for the copy only, non-finite values
+// refused (`what`).
+FillRange fill_from_block(TieredMemory* mem, Role role, int unit, int64_t offset, std::string what) {
+  return [mem, role, unit, offset, what = std::move(what)](void* dst, uint64_t at, uint64_t n) {
     const float* src = static_cast<const float*>(mem->acquire(role, unit, offload::Mode::read, Side::host));
     try {
-      copy_finite(dst, src + offset, bytes, what);
+      copy_finite(dst, src + offset + at / 4, n, what, at / 4);
     } catch (...) {
       mem->release(role, unit);
       throw;
@@ -545,13 +635,22 @@ std::function<void(void*)> fill_from_block(TieredMemory* mem, Role role, int uni
   };
 }
 
-
 }  // namespace
 
+// A save callback for part k of parameter pi, from a TensorStream made for pieces.
+std::function<void(void*, uint64_t, uint64_t)> Trainer::Impl::streamed(TensorStream* s, size_t pi, size_t k, std::string what) {
+  return [s, pi, k, what = std::move(what)](void* dst, uint64_t at, uint64_t n) {
+    save_fill_fault(at / 4);
+    s->fill(dst, pi, k, at, n);
+    check_finite(dst, n, what, at / 4);
+  };
+}
+
 // The master weights, unit by unit from wherever they live, through the save's per-tensor
-// callbacks: no more than one tensor's bytes are staged at once, or (sharded, tensor-parallel,
-// pipelined: saves_gathered) one unit gathered whole on rank 0 (TensorStream). Collective:
-// every rank calls it; rank 0 alone writes.
+// callbacks, kSavePieceBytes of a tensor at a time; sharded, tensor-parallel or pipelined
+// (saves_gathered) through a TensorStream (ZeRO shards alone: a piece at a time too, gathered
+// into the writer's buffer; with tp or pp one unit gathered whole on rank 0). Collective: every
+// rank calls it; rank 0 alone writes.
 void Trainer::save(const std::string& out_dir) const {
   Impl& m = *impl_;
   ModelConfig c = m.cfg;
@@ -573,20 +672,20 @@ void Trainer::save(const std::string& out_dir) const {
   m.mem->begin_step(TieredMemory::Schedule::aside);
   try {
     std::unique_ptr<Impl::TensorStream> stream;
-    if (gathered) stream = std::make_unique<Impl::TensorStream>(m, Role::master, std::vector<Impl::TensorStream::Offset>{
-                                                                                     [](int) { return int64_t{0}; }});
+    if (gathered)
+      stream = std::make_unique<Impl::TensorStream>(
+          m, Role::master, std::vector<Impl::TensorStream::Offset>{[](int) { return int64_t{0}; }}, nullptr, true);
     if (m.rank0()) {
       std::vector<TensorToSave> tensors;
       for (const ParamInfo& p : m.model->params()) {
         if (lora && !m.model->units()[static_cast<size_t>(p.unit)].trainable) continue;
         const auto pi = static_cast<size_t>(&p - m.model->params().data());
-        const auto bytes = static_cast<size_t>(hf_numel(p)) * 4;
-        tensors.push_back(
-            {lora ? "base_model.model." + p.name : p.name, p.full_shape, DType::f32,
-             gathered ? std::function<void(void*)>([s = stream.get(), pi, bytes, diverged](void* dst) {
-               copy_finite(dst, s->get(pi, 0), bytes, diverged);
-             })
-                      : fill_from_block(mem, Role::master, p.unit, p.unit_offset, bytes, diverged)});
+        tensors.push_back({.name = lora ? "base_model.model." + p.name : p.name,
+                           .shape = p.full_shape,
+                           .dtype = DType::f32,
+                           .fill = {},
+                           .fill_range = gathered ? Impl::streamed(stream.get(), pi, 0, diverged)
+                                                  : fill_from_block(mem, Role::master, p.unit, p.unit_offset, diverged)});
       }
       // The tokenizer of --model goes along: `strata generate` and `strata data` read the saved
       // directory as they read the one it was trained from. (Read before the save replaces
@@ -611,9 +710,9 @@ void Trainer::save(const std::string& out_dir) const {
 int64_t Trainer::steps_done() const { return impl_->steps_done; }
 
 // The whole training state after the last step (its pending update applied first), each
-// tensor streamed from wherever its unit lives: at most one unit's block is staged at a time.
-// Sharded (stage >= 1), tensor-parallel or pipelined: master, m and v gathered a unit at a time
-// to rank 0 (TensorStream), which writes them unsharded by name, so a checkpoint does not
+// tensor streamed from wherever its unit lives, kSavePieceBytes at a time. Sharded (stage >= 1),
+// tensor-parallel or pipelined: master, m and v gathered to rank 0 (TensorStream: a piece at a
+// time, or with tp or pp a unit at a time), which writes them unsharded by name, so a checkpoint does not
 // depend on the grid it was written on. Collective: every rank calls it; rank 0 alone writes
 // (the others return "").
 std::string Trainer::save_checkpoint() {
@@ -636,9 +735,9 @@ std::string Trainer::save_checkpoint() {
         };
       };
       masters = std::make_unique<Impl::TensorStream>(
-          m, Role::master, std::vector<Impl::TensorStream::Offset>{[](int) { return int64_t{0}; }});
+          m, Role::master, std::vector<Impl::TensorStream::Offset>{[](int) { return int64_t{0}; }}, nullptr, true);
       moments = std::make_unique<Impl::TensorStream>(
-          m, Role::adam, std::vector<Impl::TensorStream::Offset>{adam_at(false), adam_at(true)}, masters.get());
+          m, Role::adam, std::vector<Impl::TensorStream::Offset>{adam_at(false), adam_at(true)}, masters.get(), true);
     }
     if (m.rank0()) {
       TrainCheckpointContent c;
@@ -653,16 +752,18 @@ std::string Trainer::save_checkpoint() {
         const std::string diverged =
             "'" + p.name + "' is not finite: the run diverged; no checkpoint written, the previous one is kept";
         const auto pi = static_cast<size_t>(&p - m.model->params().data());
-        const auto bytes = static_cast<size_t>(hf_numel(p)) * 4;
-        auto from = [&](Role role, int64_t offset, Impl::TensorStream* s, size_t part) -> std::function<void(void*)> {
-          if (!gathered) return fill_from_block(mem, role, p.unit, offset, bytes, diverged);
-          return [s, pi, part, bytes, diverged](void* dst) { copy_finite(dst, s->get(pi, part), bytes, diverged); };
+        auto from = [&](Role role, int64_t offset, Impl::TensorStream* s, size_t part) -> FillRange {
+          if (!gathered) return fill_from_block(mem, role, p.unit, offset, diverged);
+          return Impl::streamed(s, pi, part, diverged);
         };
-        c.model.push_back({p.name, p.full_shape, DType::f32, from(Role::master, p.unit_offset, masters.get(), 0)});
-        c.optimizer.push_back({exp_avg_name(p.name), p.full_shape, DType::f32,
-                               from(Role::adam, al.m_offset() + p.unit_offset, moments.get(), 0)});
-        c.optimizer.push_back({exp_avg_sq_name(p.name), p.full_shape, DType::f32,
-                               from(Role::adam, al.v_offset() + p.unit_offset, moments.get(), 1)});
+        const auto tensor = [&](std::string name, FillRange fill) {
+          return TensorToSave{.name = std::move(name), .shape = p.full_shape, .dtype = DType::f32, .fill = {},
+                              .fill_range = std::move(fill)};
+        };
+        c.model.push_back(tensor(p.name, from(Role::master, p.unit_offset, masters.get(), 0)));
+        c.optimizer.push_back(tensor(exp_avg_name(p.name), from(Role::adam, al.m_offset() + p.unit_offset, moments.get(), 0)));
+        c.optimizer.push_back(
+            tensor(exp_avg_sq_name(p.name), from(Role::adam, al.v_offset() + p.unit_offset, moments.get(), 1)));
       }
       path = write_train_checkpoint(m.o.checkpoint_dir, m.steps_done, c,
                                     static_cast<int>(std::min<int64_t>(m.o.keep, 1 << 30)));

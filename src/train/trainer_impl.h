@@ -126,9 +126,12 @@ struct Trainer::Impl {
   // of each rank's block, S = the shard size), in rank order. Collective: every rank calls it in
   // the same order; rank 0 gets numel elements, the others an empty vector.
   std::vector<float> gather_unit(Role role, int u, int64_t offset);
-  // Every trainable tensor's whole HF values of a role's block, one unit at a time, on the
-  // job's rank 0, for a sharded, tensor-parallel or pipelined save (train_state.cpp).
+  // Every trainable tensor's whole HF values of a role's block, a piece or a unit at a time, on
+  // the job's rank 0, for a sharded, tensor-parallel or pipelined save (train_state.cpp).
   class TensorStream;
+  // A save's TensorToSave::fill_range for part k of parameter pi, from a stream made for pieces,
+  // non-finite values refused (`what`).
+  static std::function<void(void*, uint64_t, uint64_t)> streamed(TensorStream* s, size_t pi, size_t k, std::string what);
   // Every trainable tensor's whole HF values (by parameter index) of `role`, from element
   // offset(u) of each unit's block, kept on the job's rank 0 (empty elsewhere): a TensorStream
   // collected whole, for --merge-adapter's save. Collective: every rank calls it.

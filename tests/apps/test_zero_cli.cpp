@@ -408,12 +408,14 @@ TEST_F(ZeroCli, ShardedCheckpointResumesBitExact) {
   }
 }
 
-// A sharded checkpoint reaches rank 0 a unit at a time (TensorStream): writing one raises rank
-// 0's peak RSS by a few units' worth (the largest unit's m and v, and the writer's copy of a
-// tensor), not by the whole model's master, m and v (12 bytes a parameter: +1.46 GiB on
-// gpt2-124m when they were gathered whole). --metrics' peak_rss_bytes is rank 0's, and the
-// checkpoint of step 2 is written before step 2's line: step 2 against step 1.
-TEST_F(ZeroCli, ShardedCheckpointStagesAUnitAtATimeOnRankZero) {
+// A sharded checkpoint reaches rank 0 a piece at a time (TensorStream: kSavePieceBytes of one
+// tensor, gathered from the shards that hold it straight into the writer's buffer): writing one
+// raises rank 0's peak RSS by about one piece (64 MiB), not by the largest unit's m and v (the
+// tied embedding: 2 x 147 MiB, when it went a unit at a time) nor by the whole model's master, m
+// and v (12 bytes a parameter: +1.46 GiB on gpt2-124m when they were gathered whole).
+// --metrics' peak_rss_bytes is rank 0's, and the checkpoint of step 2 is written before step 2's
+// line: step 2 against step 1.
+TEST_F(ZeroCli, ShardedCheckpointStagesAPieceAtATimeOnRankZero) {
   const fs::path ck = dir_ / "ck", m = dir_ / "m.jsonl";
   CliResult r = run(2,
                     "train --preset gpt2-124m --threads 1 --seq 16 --batch 1 --steps 3 --zero-stage 3 "
@@ -425,9 +427,8 @@ TEST_F(ZeroCli, ShardedCheckpointStagesAUnitAtATimeOnRankZero) {
   ASSERT_EQ(j.size(), 3u);
   const double before = j[0]["peak_rss_bytes"].get<double>(), after = j[1]["peak_rss_bytes"].get<double>();
   EXPECT_GT(before, 1e9);  // (the pools: 2 GB at stage 3 on 2 ranks)
-  const double params = 124.44e6;
-  EXPECT_LT(after - before, 6 * params) << "the checkpoint raised rank 0's peak RSS from " << before / (1 << 20)
-                                        << " to " << after / (1 << 20) << " MiB";
+  EXPECT_LT(after - before, 160.0 * (1 << 20)) << "the checkpoint raised rank 0's peak RSS from " << before / (1 << 20)
+                                               << " to " << after / (1 << 20) << " MiB";
 }
 
 // Rank 0 failing in the middle of a sharded checkpoint (STRATA_FAULT=save-fill: the tiny model's

@@ -402,6 +402,56 @@ TEST_F(CheckpointDir, BrokenIndexNamesIndexAndShard) {
   expect_dir_error(root_ / "nothing_here", (root_ / "nothing_here").string(), {"model.safetensors"});
 }
 
+// A tensor with fill_range is staged a piece (kSavePieceBytes) at a time, in order, each piece
+// whole elements, and the file is byte for byte the one a whole fill writes; a failing piece
+// names the tensor.
+TEST_F(CheckpointDir, ARangedFillIsStagedInPiecesAndSavesTheSameBytes) {
+  const int64_t rows = static_cast<int64_t>(kSavePieceBytes / 2 / 64) * 2 + 3;  // bf16, 64 wide: 2 pieces and a bit
+  HostTensor big;
+  big.name = "model.big_table.weight";
+  big.shape = {rows, 64};
+  big.dtype = DType::bf16;
+  big.bytes.resize(static_cast<size_t>(rows) * 64 * 2);
+  for (size_t i = 0; i < big.bytes.size(); ++i) big.bytes[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  const std::vector<HostTensor> small = sample_tensors();
+  std::vector<TensorToSave> whole = to_save(small);
+  whole.push_back({.name = big.name, .shape = big.shape, .dtype = big.dtype,
+                   .fill = [&big](void* dst) { std::memcpy(dst, big.bytes.data(), big.bytes.size()); }, .fill_range = {}});
+  save_hf_model(root_ / "whole", tiny_config(), whole);
+
+  std::vector<TensorToSave> ranged = to_save(small);
+  std::vector<std::pair<uint64_t, uint64_t>> asked;
+  ranged.push_back({.name = big.name, .shape = big.shape, .dtype = big.dtype, .fill = {},
+                    .fill_range = [&](void* dst, uint64_t at, uint64_t n) {
+                      asked.emplace_back(at, n);
+                      std::memcpy(dst, big.bytes.data() + at, n);
+                    }});
+  save_hf_model(root_ / "ranged", tiny_config(), ranged);
+  ASSERT_EQ(asked.size(), 3u);
+  uint64_t next = 0;
+  for (const auto& [at, n] : asked) {
+    EXPECT_EQ(at, next);
+    EXPECT_LE(n, kSavePieceBytes);
+    EXPECT_EQ(n % 2, 0u);
+    next = at + n;
+  }
+  EXPECT_EQ(next, big.bytes.size());
+  EXPECT_EQ(read_file(root_ / "ranged" / "model.safetensors"), read_file(root_ / "whole" / "model.safetensors"));
+
+  ranged.back().fill_range = [](void*, uint64_t at, uint64_t) {
+    if (at > 0) throw std::runtime_error("piece fetch failed");
+  };
+  try {
+    save_hf_model(root_ / "ranged", tiny_config(), ranged);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("piece fetch failed"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(big.name), std::string::npos) << msg;
+  }
+  EXPECT_EQ(read_file(root_ / "ranged" / "model.safetensors"), read_file(root_ / "whole" / "model.safetensors"));
+}
+
 TEST_F(CheckpointDir, FailedSaveLeavesOldDirectoryIntact) {
   fs::path dir = root_ / "model";
   save_hf_model(dir, tiny_config(), to_save(sample_tensors()));
