@@ -329,23 +329,24 @@ void Trainer::Impl::restore_state(const nlohmann::json& man) {
       }
 }
 
-std::vector<float> Trainer::Impl::gather_unit(Role role, int u, int64_t offset) {
-  const Unit& unit = model->units()[static_cast<size_t>(u)];
-  const int64_t n = sh.shard(unit.numel);
+void Trainer::Impl::gather_range(Role role, int u, int64_t offset, int64_t e0, int64_t e1, float* dst) {
+  const int64_t n = sh.shard(model->units()[static_cast<size_t>(u)].numel);
   // To rank 0 alone (an all-gather would stage the whole unit on every rank), stream-ordered
   // like the step's collectives, so a rank that dies fails the others' waits instead of
-  // leaving them blocked in a host call.
+  // leaving them blocked in a host call. Rank r holds the unit's [r n, (r + 1) n).
   Communicator& dp = groups->dp();
-  std::vector<float> whole(sh.rank == 0 ? static_cast<size_t>(unit.numel) : 0);
   const float* src = static_cast<const float*>(mem->acquire(role, u, offload::Mode::read, Side::host));
   try {
-    if (sh.rank == 0) {
-      std::memcpy(whole.data(), src + offset, static_cast<size_t>(n) * 4);
-      for (int r = 1; r < sh.world; ++r)
-        dp.recv(whole.data() + static_cast<size_t>(r) * static_cast<size_t>(n), static_cast<size_t>(n), DType::f32, r,
-                *stream);
-    } else {
-      dp.send(src + offset, static_cast<size_t>(n), DType::f32, 0, *stream);
+    for (int r = 0; r < sh.world; ++r) {
+      const int64_t lo = std::max(e0, r * n), hi = std::min(e1, (r + 1) * n);
+      if (lo >= hi) continue;
+      const auto count = static_cast<size_t>(hi - lo);
+      if (sh.rank == 0 && r == 0)
+        std::memcpy(dst + (lo - e0), src + offset + lo, count * 4);
+      else if (sh.rank == 0)
+        dp.recv(dst + (lo - e0), count, DType::f32, r, *stream);
+      else if (sh.rank == r)
+        dp.send(src + offset + (lo - r * n), count, DType::f32, 0, *stream);
     }
     stream->synchronize();
   } catch (...) {
@@ -353,6 +354,12 @@ std::vector<float> Trainer::Impl::gather_unit(Role role, int u, int64_t offset) 
     throw;
   }
   mem->release(role, u);
+}
+
+std::vector<float> Trainer::Impl::gather_unit(Role role, int u, int64_t offset) {
+  const int64_t numel = model->units()[static_cast<size_t>(u)].numel;
+  std::vector<float> whole(sh.rank == 0 ? static_cast<size_t>(numel) : 0);
+  gather_range(role, u, offset, 0, numel, whole.data());
   return whole;
 }
 
@@ -420,7 +427,7 @@ class Trainer::Impl::TensorStream {
       return;
     }
     if (before_) before_->finish();
-    if (!next_piece() || next_.pi != pi || next_.k != k || next_.at != at || piece_bytes(next_) != n)
+    if (!next_piece() || order_[next_.oi] != pi || next_.k != k || next_.at != at || piece_bytes(next_) != n)
       throw std::logic_error("TensorStream: piece [" + std::to_string(at) + ", +" + std::to_string(n) + ") of parameter " +
                              std::to_string(pi) + " part " + std::to_string(k) + " asked for out of order");
     gather_piece(next_, static_cast<float*>(dst));
@@ -451,49 +458,26 @@ class Trainer::Impl::TensorStream {
   bool pieces() const { return in_pieces_ && m_.sh.sharded_optimizer() && !m_.tp().on() && !m_.pp().on(); }
   // The pieces' sequence: parameter order_[oi], part k, bytes from `at`.
   struct Piece {
-    size_t oi = 0, pi = 0, k = 0;
+    size_t oi = 0, k = 0;
     uint64_t at = 0;
   };
   uint64_t tensor_bytes(size_t pi) const { return static_cast<uint64_t>(hf_numel(m_.model->params()[pi])) * 4; }
-  uint64_t piece_bytes(const Piece& c) const { return std::min(kSavePieceBytes, tensor_bytes(c.pi) - c.at); }
+  uint64_t piece_bytes(const Piece& c) const { return std::min(kSavePieceBytes, tensor_bytes(order_[c.oi]) - c.at); }
   // Whether a piece is left; next_ set to it (skipping empty tensors).
   bool next_piece() {
     while (next_.oi < order_.size()) {
-      next_.pi = order_[next_.oi];
-      if (next_.at < tensor_bytes(next_.pi)) return true;
+      if (next_.at < tensor_bytes(order_[next_.oi])) return true;
       next_.at = 0;
       if (++next_.k == parts_.size()) next_.k = 0, ++next_.oi;
     }
     return false;
   }
   void advance() { next_.at += kSavePieceBytes; }
-  // A piece from the data-parallel shards that hold it: each sends its overlap to rank 0
-  // (stream-ordered, as gather_unit), which copies its own and receives the rest into dst.
+  // A piece from the data-parallel shards that hold it (gather_range), into dst on rank 0.
   void gather_piece(const Piece& c, float* dst) {
-    const ParamInfo& p = m_.model->params()[c.pi];
-    const int u = p.unit;
-    const int64_t s = m_.sh.shard(m_.model->units()[static_cast<size_t>(u)].numel), at_k = parts_[c.k](u);
+    const ParamInfo& p = m_.model->params()[order_[c.oi]];
     const int64_t e0 = p.unit_offset + static_cast<int64_t>(c.at / 4), e1 = e0 + static_cast<int64_t>(piece_bytes(c) / 4);
-    Communicator& dp = m_.groups->dp();
-    const float* src = static_cast<const float*>(m_.mem->acquire(role_, u, offload::Mode::read, Side::host));
-    try {
-      for (int r = 0; r < m_.sh.world; ++r) {
-        const int64_t lo = std::max(e0, r * s), hi = std::min(e1, (r + 1) * s);
-        if (lo >= hi) continue;
-        const auto count = static_cast<size_t>(hi - lo);
-        if (m_.sh.rank == 0 && r == 0)
-          std::memcpy(dst + (lo - e0), src + at_k + lo, count * 4);
-        else if (m_.sh.rank == 0)
-          dp.recv(dst + (lo - e0), count, DType::f32, r, *m_.stream);
-        else if (m_.sh.rank == r)
-          dp.send(src + at_k + (lo - r * s), count, DType::f32, 0, *m_.stream);
-      }
-      m_.stream->synchronize();
-    } catch (...) {
-      m_.mem->release(role_, u);
-      throw;
-    }
-    m_.mem->release(role_, u);
+    m_.gather_range(role_, p.unit, parts_[c.k](p.unit), e0, e1, dst);
   }
   void produce(size_t pi) {
     const ParamInfo& p = m_.model->params()[pi];

@@ -126,6 +126,9 @@ struct Trainer::Impl {
   // of each rank's block, S = the shard size), in rank order. Collective: every rank calls it in
   // the same order; rank 0 gets numel elements, the others an empty vector.
   std::vector<float> gather_unit(Role role, int u, int64_t offset);
+  // Elements [e0, e1) of that whole into dst on rank 0 (null elsewhere): each rank sends the
+  // part its shard holds. Collective over the data-parallel ranks, in the same order on each.
+  void gather_range(Role role, int u, int64_t offset, int64_t e0, int64_t e1, float* dst);
   // Every trainable tensor's whole HF values of a role's block, a piece or a unit at a time, on
   // the job's rank 0, for a sharded, tensor-parallel or pipelined save (train_state.cpp).
   class TensorStream;
